@@ -1,0 +1,41 @@
+# The two commands a user needs: `make demo` and `make test`. Each does all set-up on a fresh machine.
+SHELL := /bin/bash
+PYTHON ?= python3
+VENV := .venv
+PY := $(VENV)/bin/python
+PIP := $(VENV)/bin/pip
+STAMP := $(VENV)/.installed
+NPROC_TEST ?= 2
+
+.PHONY: venv test test-unit test-dist test-gpu demo lint bench clean
+
+venv: $(STAMP)
+
+# torch: on a CPU machine pin the CPU build that lies on disk, so pip never pulls a CUDA torch.
+$(STAMP): setup.py
+	test -d $(VENV) || $(PYTHON) -m venv $(VENV)
+	$(PIP) install -q --upgrade pip
+	if ! command -v nvidia-smi >/dev/null 2>&1; then $(PIP) install -q torch==2.13.0; fi
+	$(PIP) install -q -e '.[test]'
+	touch $(STAMP)
+
+test: venv
+	$(PY) -m pytest -q tests
+
+test-unit: venv
+	$(PY) -m pytest -q tests -m "not dist and not slow"
+
+test-dist: venv
+	$(PY) -m pytest -q tests -m dist
+
+test-gpu: venv
+	$(PY) -m pytest -q tests -m gpu
+
+demo: venv
+	bash launch/demo.sh
+
+lint: venv
+	$(VENV)/bin/ruff check rlhf_mcore kernels tools tests
+
+clean:
+	rm -rf $(VENV) runs .pytest_cache

@@ -1,0 +1,27 @@
+from setuptools import find_packages, setup
+
+setup(
+    name="rlhf-mcore",
+    version="0.1.0",
+    description="RL post-training (PPO, GRPO and variants) for LLMs on megatron-core, one SPMD program.",
+    packages=find_packages(include=["rlhf_mcore", "rlhf_mcore.*", "kernels", "kernels.*"]),
+    python_requires=">=3.11",
+    install_requires=[
+        "torch>=2.6",
+        "megatron-core==0.16.1",
+        "psutil",  # megatron dist_checkpointing needs it but does not declare it (hangs without it)
+        "pyyaml",
+        "numpy",
+        "sentencepiece",
+        "transformers",
+        "safetensors",
+        "pyarrow",
+        "tqdm",
+        "tensorboard",
+        "gguf",
+    ],
+    extras_require={
+        "gpu": ["transformer-engine", "sglang"],
+        "test": ["pytest", "pytest-timeout", "ruff", "accelerate"],
+    },
+)
