@@ -1,0 +1,261 @@
+"""The experiment schema: nested dataclasses mirrored 1:1 by the YAML files in configs/.
+
+Single-section rules live in each section's `__post_init__` (as `_checks`, collected, never raised one by
+one); cross-section rules live in `rlhf_mcore.config_validate.validate`. Loading, `a.b=value` overrides
+and error reporting live in `rlhf_mcore.config_load`.
+"""
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from typing import Optional
+
+DC = dict(kw_only=True, slots=True)
+
+
+def choice(key: str, value, options) -> list[str]:
+    """One error when `value` is not among `options`."""
+    if value in options:
+        return []
+    return [f"{key}: must be one of {', '.join(map(str, options))} (got {value!r}). Pick one of those."]
+
+
+def positive(key: str, value, allow_zero: bool = False) -> list[str]:
+    if value > 0 or (allow_zero and value == 0):
+        return []
+    bound = ">= 0" if allow_zero else "> 0"
+    return [f"{key}: must be {bound} (got {value!r}). Set a {'non-negative' if allow_zero else 'positive'} value."]
+
+
+@dataclass(**DC)
+class ModelConfig:
+    """The policy architecture. With `hf_path` the architecture comes from its config.json and the
+    inline fields below must stay unset; without it they describe a fresh model (tests, tiny runs)."""
+
+    hf_path: str = ""  # HF directory: config.json + tokenizer (+ weights for conversion)
+    load: str = ""  # megatron dist-checkpoint of the initial policy ("" = random init)
+    tokenizer: str = ""  # tokenizer dir or SentencePiece .model ("" = hf_path)
+    family: str = "llama"  # model registry name, used when hf_path is empty
+    num_layers: Optional[int] = None
+    hidden_size: Optional[int] = None
+    ffn_hidden_size: Optional[int] = None
+    num_attention_heads: Optional[int] = None
+    num_query_groups: Optional[int] = None
+    vocab_size: Optional[int] = None
+    max_position_embeddings: int = 4096
+    rope_theta: float = 10000.0
+    norm_eps: float = 1e-6
+    tie_embeddings: bool = False
+    dtype: str = "fp32"  # fp32 | bf16
+    attention_backend: str = "auto"  # auto (te if importable, else sdpa) | sdpa | local | te
+    recompute: str = "none"  # none | full | selective
+    make_vocab_size_divisible_by: int = 128
+    init_std: float = 0.02
+
+    def _checks(self, p: str) -> list[str]:
+        errs = choice(f"{p}.dtype", self.dtype, ("fp32", "bf16"))
+        errs += choice(f"{p}.attention_backend", self.attention_backend, ("auto", "sdpa", "local", "te"))
+        errs += choice(f"{p}.recompute", self.recompute, ("none", "full", "selective"))
+        errs += positive(f"{p}.make_vocab_size_divisible_by", self.make_vocab_size_divisible_by)
+        return errs
+
+
+@dataclass(**DC)
+class ParallelConfig:
+    """tp x pp (x cp) model parallelism; dp = world_size / (tp * pp * cp) is derived, never set."""
+
+    tp: int = 1
+    pp: int = 1
+    cp: int = 1  # reserved: context parallelism is not supported yet
+    sequence_parallel: bool = False  # GPU only (needs a fused norm)
+    use_distributed_optimizer: bool = False
+
+    def _checks(self, p: str) -> list[str]:
+        errs = positive(f"{p}.tp", self.tp) + positive(f"{p}.pp", self.pp)
+        if self.cp != 1:
+            errs.append(f"{p}.cp: context parallelism is not supported yet (got {self.cp}). Set {p}.cp=1.")
+        return errs
+
+
+@dataclass(**DC)
+class DataConfig:
+    train_files: str = ""  # verl-schema parquet
+    val_files: str = ""
+    train_batch_size: int = 8  # prompts per step (all DP ranks together)
+    val_batch_size: int = 0  # prompts per validation generate call (0 = all at once)
+    max_prompt_length: int = 512
+    filter_overlong_prompts: bool = True
+    shuffle: bool = True
+
+    def _checks(self, p: str) -> list[str]:
+        return positive(f"{p}.train_batch_size", self.train_batch_size) + positive(
+            f"{p}.max_prompt_length", self.max_prompt_length) + positive(
+            f"{p}.val_batch_size", self.val_batch_size, allow_zero=True)
+
+
+@dataclass(**DC)
+class RolloutConfig:
+    engine: str = "native"  # native (megatron modules) | sglang (embedded engine, GPU)
+    n: int = 1  # samples per prompt
+    max_response_length: int = 256
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = -1  # -1 = off
+    stop: list[str] = field(default_factory=list)
+    val_temperature: float = 0.0  # 0 = greedy
+    micro_batch_size: int = 0  # sequences decoded together per rank (0 = all)
+    gpu_memory_utilization: float = 0.5  # sglang: fraction of GPU memory for weights + KV cache
+
+    def _checks(self, p: str) -> list[str]:
+        errs = choice(f"{p}.engine", self.engine, ("native", "sglang"))
+        errs += positive(f"{p}.n", self.n) + positive(f"{p}.max_response_length", self.max_response_length)
+        errs += positive(f"{p}.temperature", self.temperature, allow_zero=True)
+        if not 0.0 < self.top_p <= 1.0:
+            errs.append(f"{p}.top_p: must be in (0, 1] (got {self.top_p}). Use 1.0 to turn nucleus sampling off.")
+        if self.top_k == 0 or self.top_k < -1:
+            errs.append(f"{p}.top_k: must be -1 (off) or >= 1 (got {self.top_k}). Use -1 to turn it off.")
+        return errs
+
+
+@dataclass(**DC)
+class OptimConfig:
+    lr: float = 1e-6
+    weight_decay: float = 0.01
+    adam_beta1: float = 0.9
+    adam_beta2: float = 0.999
+    adam_eps: float = 1e-8
+    grad_clip: float = 1.0  # 0 = off
+    lr_warmup_steps: int = 0
+    lr_schedule: str = "constant"  # constant | cosine
+    min_lr_ratio: float = 0.0
+
+    def _checks(self, p: str) -> list[str]:
+        return choice(f"{p}.lr_schedule", self.lr_schedule, ("constant", "cosine")) + positive(
+            f"{p}.lr", self.lr) + positive(f"{p}.grad_clip", self.grad_clip, allow_zero=True)
+
+
+@dataclass(**DC)
+class ActorConfig:
+    optim: OptimConfig = field(default_factory=OptimConfig)
+    ppo_mini_batch_size: int = 8  # prompts per optimizer step (x rollout.n samples)
+    ppo_epochs: int = 1
+    micro_batch_size_per_gpu: int = 2  # samples per forward/backward
+    use_dynamic_bsz: bool = False  # pack micro-batches up to max_tokens_per_gpu instead
+    max_tokens_per_gpu: int = 8192
+    policy_loss: str = "vanilla"  # rlhf_mcore.algorithms.POLICY_LOSSES
+    clip_ratio_low: float = 0.2
+    clip_ratio_high: float = 0.2
+    clip_ratio_c: float = 3.0
+    loss_agg_mode: str = "token-mean"
+    entropy_coeff: float = 0.0
+    use_kl_loss: bool = False
+    kl_loss_coef: float = 0.001
+    kl_loss_type: str = "k3"
+    rollout_correction: str = "none"  # none | token | sequence (truncated importance sampling)
+    rollout_correction_mode: str = "truncate"  # truncate | mask
+    rollout_correction_threshold: float = 2.0
+
+    def _checks(self, p: str) -> list[str]:
+        errs = self.optim._checks(f"{p}.optim")
+        errs += positive(f"{p}.ppo_mini_batch_size", self.ppo_mini_batch_size)
+        errs += positive(f"{p}.micro_batch_size_per_gpu", self.micro_batch_size_per_gpu)
+        errs += positive(f"{p}.ppo_epochs", self.ppo_epochs) + positive(f"{p}.max_tokens_per_gpu", self.max_tokens_per_gpu)
+        errs += choice(f"{p}.loss_agg_mode", self.loss_agg_mode,
+                       ("token-mean", "seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm"))
+        errs += choice(f"{p}.rollout_correction", self.rollout_correction, ("none", "token", "sequence"))
+        errs += choice(f"{p}.rollout_correction_mode", self.rollout_correction_mode, ("truncate", "mask"))
+        return errs
+
+
+@dataclass(**DC)
+class CriticConfig:
+    optim: OptimConfig = field(default_factory=lambda: OptimConfig(lr=1e-5))
+    load: str = ""  # megatron dist-checkpoint of the critic ("" = start from the actor's weights)
+    ppo_mini_batch_size: int = 8
+    ppo_epochs: int = 1
+    micro_batch_size_per_gpu: int = 2
+    cliprange_value: float = 0.5
+
+    def _checks(self, p: str) -> list[str]:
+        return self.optim._checks(f"{p}.optim") + positive(f"{p}.ppo_mini_batch_size", self.ppo_mini_batch_size) + \
+            positive(f"{p}.micro_batch_size_per_gpu", self.micro_batch_size_per_gpu)
+
+
+@dataclass(**DC)
+class RefConfig:
+    load: str = ""  # "" = a frozen copy of the actor's initial weights
+
+    def _checks(self, p: str) -> list[str]:
+        return []
+
+
+@dataclass(**DC)
+class RewardConfig:
+    custom_fn: str = ""  # path/to/file.py:function_name (overrides the data_source registry)
+    timeout_s: float = 10.0
+    num_workers: int = 2
+    model_path: str = ""  # HF *ForSequenceClassification dir or mcore checkpoint: a reward model
+    overlong_buffer: int = 0  # DAPO soft overlong punishment: tokens before max length (0 = off)
+    overlong_penalty_factor: float = 1.0
+
+    def _checks(self, p: str) -> list[str]:
+        return positive(f"{p}.timeout_s", self.timeout_s) + positive(f"{p}.num_workers", self.num_workers)
+
+
+@dataclass(**DC)
+class AlgorithmConfig:
+    adv_estimator: str = "grpo"  # rlhf_mcore.algorithms.ADVANTAGES
+    gamma: float = 1.0
+    lam: float = 1.0
+    norm_adv_by_std: bool = True  # false = Dr.GRPO
+    use_kl_in_reward: bool = False
+    kl_penalty: str = "k1"  # KL estimator used in the reward
+    kl_ctrl_type: str = "fixed"  # fixed | adaptive
+    kl_coef: float = 0.001
+    target_kl: float = 0.1
+    kl_horizon: int = 10000
+
+    def _checks(self, p: str) -> list[str]:
+        return choice(f"{p}.kl_ctrl_type", self.kl_ctrl_type, ("fixed", "adaptive"))
+
+
+@dataclass(**DC)
+class TrainerConfig:
+    total_steps: int = 0  # 0 = run total_epochs over the train set
+    total_epochs: int = 1
+    save_freq: int = -1  # -1 = only at the end
+    test_freq: int = -1  # -1 = never
+    val_before_train: bool = False
+    output_dir: str = "runs/default"
+    seed: int = 1
+    logger: list[str] = field(default_factory=lambda: ["console", "jsonl", "tensorboard"])
+    resume: str = "auto"  # auto | disable | <path to global_step_N>
+    max_checkpoints_to_keep: int = 2
+    offload_during_rollout: bool = False
+    export_hf: bool = True  # write the final actor as an HF checkpoint
+
+    def _checks(self, p: str) -> list[str]:
+        errs = positive(f"{p}.total_steps", self.total_steps, allow_zero=True)
+        errs += positive(f"{p}.total_epochs", self.total_epochs)
+        errs += positive(f"{p}.max_checkpoints_to_keep", self.max_checkpoints_to_keep)
+        for name in self.logger:
+            errs += choice(f"{p}.logger", name, ("console", "jsonl", "tensorboard"))
+        return errs
+
+
+@dataclass(**DC)
+class Config:
+    model: ModelConfig = field(default_factory=ModelConfig)
+    parallel: ParallelConfig = field(default_factory=ParallelConfig)
+    data: DataConfig = field(default_factory=DataConfig)
+    rollout: RolloutConfig = field(default_factory=RolloutConfig)
+    actor: ActorConfig = field(default_factory=ActorConfig)
+    critic: CriticConfig = field(default_factory=CriticConfig)
+    ref: RefConfig = field(default_factory=RefConfig)
+    reward: RewardConfig = field(default_factory=RewardConfig)
+    algorithm: AlgorithmConfig = field(default_factory=AlgorithmConfig)
+    trainer: TrainerConfig = field(default_factory=TrainerConfig)
+
+    def section_errors(self) -> list[str]:
+        """Every single-section rule, collected."""
+        return [e for f in dataclasses.fields(self) for e in getattr(self, f.name)._checks(f.name)]

@@ -1,0 +1,76 @@
+"""Core attention through `torch.nn.functional.scaled_dot_product_attention` for megatron's local spec.
+
+The stock local `DotProductAttention` materialises the [b, np, sq, sk] score matrix in fp32 and a
+softmax copy of it (133 GiB peak at 1.2B params, seq 2048, micro-batch 8 on an H200). SDPA dispatches
+to flash / memory-efficient kernels on GPU and to a fused math path on CPU. It has no parameters, so
+state-dict names are those of the stock local spec and checkpoints move freely between the two.
+"""
+from __future__ import annotations
+
+import math
+from typing import Optional
+
+import torch
+import torch.nn.functional as F
+from megatron.core.transformer.enums import AttnMaskType
+from megatron.core.transformer.module import MegatronModule
+from megatron.core.utils import divide
+
+
+def bottom_right_causal_mask(sq: int, sk: int, device) -> torch.Tensor:
+    """[sq, sk] bool, True = may attend. Query i sits at absolute position sk - sq + i (KV-cache decode).
+
+    >>> bottom_right_causal_mask(1, 3, "cpu").tolist()
+    [[True, True, True]]
+    >>> bottom_right_causal_mask(2, 2, "cpu").tolist()
+    [[True, False], [True, True]]
+    """
+    rows = torch.arange(sq, device=device).unsqueeze(1) + (sk - sq)
+    return torch.arange(sk, device=device).unsqueeze(0) <= rows
+
+
+class SDPAttention(MegatronModule):
+    """Drop-in for megatron's `DotProductAttention` (same constructor and forward signature)."""
+
+    def __init__(
+        self,
+        config,
+        layer_number: int,
+        attn_mask_type: AttnMaskType,
+        attention_type: str,
+        attention_dropout: Optional[float] = None,
+        softmax_scale: Optional[float] = None,
+        cp_comm_type: Optional[str] = None,
+        pg_collection=None,
+    ):
+        super().__init__(config=config)
+        if config.context_parallel_size != 1:
+            raise ValueError("SDPAttention does not support context parallelism; set parallel.cp=1.")
+        tp_size = pg_collection.tp.size() if pg_collection is not None else 1
+        self.attn_mask_type = attn_mask_type
+        self.num_heads = divide(config.num_attention_heads, tp_size)
+        self.num_groups = divide(config.num_query_groups, tp_size)
+        head_dim = divide(config.kv_channels * config.num_attention_heads, config.num_attention_heads)
+        self.softmax_scale = softmax_scale if softmax_scale is not None else 1.0 / math.sqrt(head_dim)
+        self.dropout_p = config.attention_dropout if attention_dropout is None else attention_dropout
+
+    def forward(self, query, key, value, attention_mask, attn_mask_type=None, attention_bias=None,
+                packed_seq_params=None):
+        """query [sq, b, np, hn], key/value [sk, b, ng, hn]; attention_mask: None (causal) or
+        bool broadcastable to [b, np, sq, sk] with True = masked out (megatron's convention)."""
+        if packed_seq_params is not None or attention_bias is not None:
+            raise NotImplementedError("SDPAttention: packed sequences and attention bias are not supported")
+        sq, b, sk = query.size(0), query.size(1), key.size(0)
+        q, k, v = (t.permute(1, 2, 0, 3) for t in (query, key, value))  # [b, heads, s, hn]
+        if attention_mask is not None:
+            allowed = ~attention_mask.bool()
+        elif sq == sk:
+            allowed = None
+        else:
+            allowed = bottom_right_causal_mask(sq, sk, q.device)
+        out = F.scaled_dot_product_attention(
+            q, k, v, attn_mask=allowed, is_causal=allowed is None and attention_mask is None,
+            dropout_p=self.dropout_p if self.training else 0.0, scale=self.softmax_scale,
+            enable_gqa=self.num_heads != self.num_groups,
+        )
+        return out.permute(2, 0, 1, 3).reshape(sq, b, -1)  # [sq, b, np * hn]

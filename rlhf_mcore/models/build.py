@@ -1,0 +1,73 @@
+"""Build the megatron models of every role from one HF config dict.
+
+actor / ref -> GPTModel with `HiddenStatesHead` (log-probs from hidden states + output weight)
+critic      -> GPTModel with a per-token `ScalarHead` (value)
+reward      -> GPTModel with a `ScalarHead` read at the last valid token (score)
+All live on every rank, in the same TP/PP/DP groups.
+"""
+from __future__ import annotations
+
+import logging
+
+import torch
+
+from rlhf_mcore.models.heads import HiddenStatesHead, ScalarHead
+from rlhf_mcore.models.layer_spec import choose_layer_spec
+from rlhf_mcore.models.transformer_config import padded_vocab_size, rope_theta, to_transformer_config
+
+log = logging.getLogger(__name__)
+ROLES = ("actor", "ref", "critic", "reward")
+_logged_backend: set[str] = set()
+
+
+def build_model(role: str, hf: dict, model_cfg, parallel_cfg, ctx, source: str = "config.json"):
+    """One GPTModel chunk for this rank's pipeline stage, on ctx.device, not yet wrapped for DDP."""
+    from megatron.core.models.gpt import GPTModel
+
+    if role not in ROLES:
+        raise ValueError(f"unknown model role {role!r}. Available: {', '.join(ROLES)}.")
+    tc = to_transformer_config(hf, model_cfg, parallel_cfg, source)
+    layer_spec, backend = choose_layer_spec(model_cfg.attention_backend)
+    if backend not in _logged_backend:
+        log.info("layer spec: %s (attention backend %s)", "transformer-engine" if backend == "te"
+                 else "megatron local", backend)
+        _logged_backend.add(backend)
+    lm_head = role in ("actor", "ref")
+    tied = lm_head and bool(hf.get("tie_word_embeddings", False))
+    model = GPTModel(
+        config=tc,
+        transformer_layer_spec=layer_spec,
+        vocab_size=padded_vocab_size(hf["vocab_size"], model_cfg.make_vocab_size_divisible_by),
+        max_sequence_length=hf.get("max_position_embeddings", model_cfg.max_position_embeddings),
+        pre_process=ctx.is_first_stage,
+        post_process=ctx.is_last_stage,
+        share_embeddings_and_output_weights=tied,
+        position_embedding_type="rope",
+        rotary_base=rope_theta(hf, source),
+        parallel_output=True,
+    )
+    if ctx.is_last_stage:
+        tp_group = ctx.pgs.tp
+        if lm_head:
+            model.output_layer = HiddenStatesHead(model.output_layer, tp_group)
+        else:
+            model.output_layer = ScalarHead(tc.hidden_size, 1, tc.init_method_std, tc.params_dtype,
+                                            tc.sequence_parallel, tp_group)
+    model.vocab_size_unpadded = hf["vocab_size"]
+    model.role = role
+    model.to(ctx.device)
+    if role == "ref" or (role == "reward"):
+        model.requires_grad_(False)
+        model.eval()
+    return model
+
+
+def lm_output_weight(model) -> torch.Tensor:
+    """The vocab-parallel output weight [V/tp, h] used by log-prob and sampling code (last stage)."""
+    if model.share_embeddings_and_output_weights:
+        return model.shared_embedding_or_output_weight()
+    return model.output_layer.weight
+
+
+def count_parameters(model) -> int:
+    return sum(p.numel() for p in model.parameters())

@@ -1,0 +1,186 @@
+"""Reading and writing Hugging Face checkpoint directories, without building an HF model.
+
+A directory holds `config.json`, weights as `model.safetensors` (or shards listed in
+`model.safetensors.index.json`; `pytorch_model.bin` is read too), and tokenizer / generation files that
+are copied through unchanged. Every write goes to a temporary sibling directory that is renamed into
+place at the end, so a crash never leaves a half-written checkpoint behind.
+"""
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import os
+import shutil
+import tempfile
+from pathlib import Path
+from typing import Iterator
+
+import torch
+from safetensors.torch import load_file, save_file
+
+log = logging.getLogger(__name__)
+
+CONFIG_FILE = "config.json"
+SAFETENSORS_FILE = "model.safetensors"
+SAFETENSORS_INDEX = "model.safetensors.index.json"
+TORCH_BIN_FILE = "pytorch_model.bin"
+MAX_SHARD_BYTES = 5 * 1024**3  # transformers' default `max_shard_size="5GB"` (binary GiB here)
+# Copied verbatim beside converted weights: tokenizer, chat template, generation defaults.
+AUX_FILES = (
+    "tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "added_tokens.json",
+    "tokenizer.model", "vocab.json", "merges.txt", "chat_template.jinja", "chat_template.json",
+    "generation_config.json",
+)
+
+
+def read_hf_config(hf_dir: str | os.PathLike) -> dict:
+    """config.json of an HF checkpoint directory, as a dict."""
+    path = Path(hf_dir) / CONFIG_FILE
+    if not path.is_file():
+        raise ValueError(f"{path}: no config.json. Pass a Hugging Face checkpoint directory.")
+    try:
+        return json.loads(path.read_text())
+    except json.JSONDecodeError as err:
+        raise ValueError(f"{path}: not valid JSON ({err}).") from err
+
+
+def weight_files(hf_dir: str | os.PathLike) -> list[Path]:
+    """The weight files of a directory: one safetensors file, the shards of an index, or a torch .bin."""
+    hf_dir = Path(hf_dir)
+    index = hf_dir / SAFETENSORS_INDEX
+    if index.is_file():
+        weight_map = json.loads(index.read_text()).get("weight_map")
+        if not isinstance(weight_map, dict) or not weight_map:
+            raise ValueError(f"{index}: no 'weight_map' entries.")
+        files = [hf_dir / name for name in sorted(set(weight_map.values()))]
+        missing = [str(f) for f in files if not f.is_file()]
+        if missing:
+            raise ValueError(f"{index}: lists shards that do not exist: {', '.join(missing)}.")
+        return files
+    for name in (SAFETENSORS_FILE, TORCH_BIN_FILE):
+        if (hf_dir / name).is_file():
+            return [hf_dir / name]
+    raise ValueError(
+        f"{hf_dir}: no weights found (looked for {SAFETENSORS_INDEX}, {SAFETENSORS_FILE}, {TORCH_BIN_FILE})."
+    )
+
+
+def load_hf_state_dict(hf_dir: str | os.PathLike) -> tuple[dict[str, torch.Tensor], str]:
+    """(name -> tensor, description of the source files) for every tensor of an HF checkpoint dir."""
+    files = weight_files(hf_dir)
+    state_dict: dict[str, torch.Tensor] = {}
+    for path in files:
+        if path.suffix == ".safetensors":
+            part = load_file(str(path))
+        else:
+            part = torch.load(str(path), map_location="cpu", weights_only=True)
+        clash = sorted(set(part) & set(state_dict))
+        if clash:
+            raise ValueError(f"{path}: tensor '{clash[0]}' also appears in another shard.")
+        state_dict.update(part)
+    source = str(files[0]) if len(files) == 1 else f"{files[0].parent}/{SAFETENSORS_INDEX}"
+    return state_dict, source
+
+
+def plan_shards(state_dict: dict[str, torch.Tensor], max_shard_bytes: int) -> list[list[str]]:
+    """Tensor names grouped into shards of at most `max_shard_bytes` (a larger single tensor stands alone).
+
+    >>> sd = {n: torch.zeros(4) for n in "abc"}  # 16 bytes each
+    >>> plan_shards(sd, 32)
+    [['a', 'b'], ['c']]
+    """
+    shards: list[list[str]] = [[]]
+    size = 0
+    for name, tensor in state_dict.items():
+        nbytes = tensor.numel() * tensor.element_size()
+        if shards[-1] and size + nbytes > max_shard_bytes:
+            shards.append([])
+            size = 0
+        shards[-1].append(name)
+        size += nbytes
+    return shards
+
+
+def save_safetensors(
+    out_dir: Path, state_dict: dict[str, torch.Tensor], max_shard_bytes: int = MAX_SHARD_BYTES
+) -> list[str]:
+    """Write `model.safetensors`, or numbered shards plus `model.safetensors.index.json` past the limit."""
+    # safetensors refuses tensors that share storage (tied weights) or are not contiguous.
+    tensors = {name: t.detach().to("cpu").contiguous().clone() for name, t in state_dict.items()}
+    shards = plan_shards(tensors, max_shard_bytes)
+    metadata = {"format": "pt"}
+    if len(shards) == 1:
+        save_file(tensors, str(out_dir / SAFETENSORS_FILE), metadata=metadata)
+        return [SAFETENSORS_FILE]
+    names, weight_map = [], {}
+    for number, shard in enumerate(shards, start=1):
+        name = f"model-{number:05d}-of-{len(shards):05d}.safetensors"
+        save_file({k: tensors[k] for k in shard}, str(out_dir / name), metadata=metadata)
+        log.info("wrote shard %s (%d tensors)", name, len(shard))
+        weight_map.update({k: name for k in shard})
+        names.append(name)
+    total = sum(t.numel() * t.element_size() for t in tensors.values())
+    index = {"metadata": {"total_size": total}, "weight_map": weight_map}
+    (out_dir / SAFETENSORS_INDEX).write_text(json.dumps(index, indent=2, sort_keys=True) + "\n")
+    return names + [SAFETENSORS_INDEX]
+
+
+def copy_aux_files(src_dir: str | os.PathLike, dst_dir: str | os.PathLike) -> list[str]:
+    """Copy tokenizer / chat-template / generation files that exist in `src_dir`; returns their names."""
+    copied = []
+    for name in AUX_FILES:
+        src = Path(src_dir) / name
+        if src.is_file():
+            shutil.copy2(src, Path(dst_dir) / name)
+            copied.append(name)
+    return copied
+
+
+def write_config(out_dir: str | os.PathLike, hf_config: dict) -> None:
+    (Path(out_dir) / CONFIG_FILE).write_text(json.dumps(hf_config, indent=2, sort_keys=True) + "\n")
+
+
+@contextlib.contextmanager
+def atomic_dir(out_dir: str | os.PathLike, overwrite: bool = False) -> Iterator[Path]:
+    """Yield a fresh temporary sibling of `out_dir`; on success rename it to `out_dir`, on error delete it.
+
+    An existing non-empty `out_dir` is an error unless `overwrite`, in which case it is replaced only
+    after the new directory is complete.
+    """
+    out_dir = Path(out_dir).resolve()
+    if out_dir.exists() and any(out_dir.iterdir()) and not overwrite:
+        raise ValueError(f"{out_dir}: already exists and is not empty. Pass --overwrite or choose another --out.")
+    out_dir.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.tmp-", dir=out_dir.parent))
+    tmp.chmod(0o755)  # mkdtemp makes it owner-only; the result is shared like any other output
+    try:
+        yield tmp
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    old = None
+    if out_dir.exists():
+        old = out_dir.with_name(f".{out_dir.name}.old-{os.getpid()}")
+        out_dir.rename(old)
+    tmp.rename(out_dir)
+    if old is not None:
+        shutil.rmtree(old, ignore_errors=True)
+
+
+def save_hf_checkpoint(
+    out_dir: str | os.PathLike,
+    state_dict: dict[str, torch.Tensor],
+    hf_config: dict,
+    aux_src_dir: str | os.PathLike | None = None,
+    *,
+    max_shard_bytes: int = MAX_SHARD_BYTES,
+    overwrite: bool = False,
+) -> Path:
+    """Write a complete HF checkpoint directory atomically: config, weights, and aux files copied over."""
+    with atomic_dir(out_dir, overwrite=overwrite) as tmp:
+        if aux_src_dir is not None:
+            copy_aux_files(aux_src_dir, tmp)
+        write_config(tmp, hf_config)
+        save_safetensors(tmp, state_dict, max_shard_bytes)
+    return Path(out_dir)

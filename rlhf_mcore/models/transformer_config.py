@@ -1,0 +1,133 @@
+"""HF `config.json` dict -> megatron `TransformerConfig`, the one conversion every model build uses.
+
+A run without `model.hf_path` describes its model inline; `hf_config_from_model_config` turns those
+fields into the same HF-style dict, so there is a single path from config to megatron.
+"""
+from __future__ import annotations
+
+import json
+import math
+import os
+
+import torch
+import torch.nn.functional as F
+
+from rlhf_mcore.models.registry import MODEL_FAMILIES, ModelSpec, spec_for_hf_config
+
+INLINE_FIELDS = ("num_layers", "hidden_size", "ffn_hidden_size", "num_attention_heads", "num_query_groups",
+                 "vocab_size")
+
+
+def load_hf_config(model_cfg) -> dict:
+    """The HF config dict of the policy: read from model.hf_path, or built from the inline fields."""
+    if not model_cfg.hf_path:
+        return hf_config_from_model_config(model_cfg)
+    path = os.path.join(model_cfg.hf_path, "config.json")
+    if not os.path.isfile(path):
+        raise ValueError(f"model.hf_path: no config.json in {model_cfg.hf_path!r}. Point it at an HF model directory.")
+    with open(path) as f:
+        return json.load(f)
+
+
+def hf_config_from_model_config(m) -> dict:
+    """Inline model fields -> the HF config dict of that family (what transformers would write)."""
+    spec = MODEL_FAMILIES.get(m.family)
+    return {
+        "architectures": [spec.architectures[0]],
+        "model_type": spec.model_types[0],
+        "num_hidden_layers": m.num_layers,
+        "hidden_size": m.hidden_size,
+        "intermediate_size": m.ffn_hidden_size,
+        "num_attention_heads": m.num_attention_heads,
+        "num_key_value_heads": m.num_query_groups or m.num_attention_heads,
+        "vocab_size": m.vocab_size,
+        "max_position_embeddings": m.max_position_embeddings,
+        "rope_theta": m.rope_theta,
+        "rms_norm_eps": m.norm_eps,
+        "tie_word_embeddings": m.tie_embeddings,
+        "hidden_act": "silu",
+        "attention_bias": spec.qkv_bias,
+        "initializer_range": m.init_std,
+    }
+
+
+def rope_theta(hf: dict, source: str) -> float:
+    """RoPE base from either `rope_theta` (transformers < 5) or `rope_parameters` (>= 5)."""
+    params = hf.get("rope_parameters") or hf.get("rope_scaling") or {}
+    rope_type = params.get("rope_type", params.get("type", "default"))
+    if rope_type not in ("default", None):
+        raise ValueError(f"{source}: rope scaling type {rope_type!r} is not supported (field rope_parameters). "
+                         "Only plain RoPE ('default') converts today.")
+    return float(params.get("rope_theta", hf.get("rope_theta", 10000.0)))
+
+
+def _check_supported(hf: dict, spec: ModelSpec, source: str) -> None:
+    if hf.get("hidden_act", "silu") != "silu":
+        raise ValueError(f"{source}: hidden_act {hf['hidden_act']!r} is not supported. Only 'silu' (SwiGLU) is.")
+    if hf.get("mlp_bias"):
+        raise ValueError(f"{source}: mlp_bias=true is not supported (field mlp_bias). Use a model without MLP biases.")
+    if spec.name == "llama" and hf.get("attention_bias"):
+        raise ValueError(f"{source}: attention_bias=true is not supported for llama (biases on o_proj).")
+    for key in ("num_hidden_layers", "hidden_size", "intermediate_size", "num_attention_heads", "vocab_size"):
+        if not hf.get(key):
+            raise ValueError(f"{source}: missing required field {key!r}.")
+
+
+def padded_vocab_size(vocab_size: int, divisible_by: int) -> int:
+    """Vocab padded to a multiple of `divisible_by` (layout-independent: TP must divide divisible_by).
+
+    >>> padded_vocab_size(49152, 128), padded_vocab_size(250, 128)
+    (49152, 256)
+    """
+    return int(math.ceil(vocab_size / divisible_by) * divisible_by)
+
+
+def to_transformer_config(hf: dict, model_cfg, parallel_cfg, source: str = "config.json"):
+    """Build megatron's TransformerConfig for this model at this parallel layout."""
+    from megatron.core.transformer import TransformerConfig
+
+    spec = spec_for_hf_config(hf, source)
+    _check_supported(hf, spec, source)
+    heads = hf["num_attention_heads"]
+    bf16 = model_cfg.dtype == "bf16"
+    dtype = torch.bfloat16 if bf16 else torch.float32
+    recompute = {"none": {}, "full": dict(recompute_granularity="full", recompute_method="uniform",
+                                          recompute_num_layers=1),
+                 "selective": dict(recompute_granularity="selective")}[model_cfg.recompute]
+    on_gpu = torch.cuda.is_available()
+    return TransformerConfig(
+        num_layers=hf["num_hidden_layers"],
+        hidden_size=hf["hidden_size"],
+        ffn_hidden_size=hf["intermediate_size"],
+        num_attention_heads=heads,
+        num_query_groups=hf.get("num_key_value_heads") or heads,
+        kv_channels=hf.get("head_dim") or hf["hidden_size"] // heads,
+        normalization="RMSNorm",
+        layernorm_epsilon=float(hf.get("rms_norm_eps", 1e-6)),
+        gated_linear_unit=True,
+        activation_func=F.silu,
+        add_bias_linear=False,
+        add_qkv_bias=spec.qkv_bias,
+        hidden_dropout=0.0,
+        attention_dropout=0.0,
+        init_method_std=float(hf.get("initializer_range", model_cfg.init_std)),
+        tensor_model_parallel_size=parallel_cfg.tp,
+        pipeline_model_parallel_size=parallel_cfg.pp,
+        sequence_parallel=parallel_cfg.sequence_parallel,
+        params_dtype=dtype,
+        pipeline_dtype=dtype,
+        bf16=bf16,
+        use_cpu_initialization=True,  # identical initial weights at every TP/PP layout
+        perform_initialization=True,
+        batch_p2p_sync=on_gpu,  # the sync variant calls torch.cuda.synchronize after every p2p
+        variable_seq_lengths=True,  # micro-batches are padded to their own longest sequence
+        moe_token_dispatcher_type="alltoall",  # required by variable_seq_lengths even for dense models
+        calculate_per_token_loss=True,  # losses return (sum, count); megatron divides by the global count
+        bias_activation_fusion=False,
+        bias_dropout_fusion=False,
+        masked_softmax_fusion=False,
+        apply_rope_fusion=False,
+        gradient_accumulation_fusion=False,  # needs apex
+        deallocate_pipeline_outputs=True,
+        **recompute,
+    )

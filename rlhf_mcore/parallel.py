@@ -1,0 +1,148 @@
+"""Process groups: the one module that talks to megatron's `parallel_state`.
+
+Every rank runs the same program. `init_distributed()` reads torchrun's environment, creates the default
+group (NCCL with CUDA, gloo without), initialises megatron's TP/PP/DP groups once, seeds every RNG, and
+returns a `ParallelContext` that the rest of the code receives as an argument.
+"""
+from __future__ import annotations
+
+import dataclasses
+import logging
+import os
+import random
+from datetime import timedelta
+
+import numpy as np
+import torch
+import torch.distributed as dist
+
+from rlhf_mcore.cpu_compat import apply_cpu_patches
+
+log = logging.getLogger(__name__)
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class ParallelDims:
+    """tp x pp x dp = world_size (cp is reserved and must be 1)."""
+
+    tp: int
+    pp: int
+    dp: int
+    cp: int = 1
+
+    @property
+    def world_size(self) -> int:
+        return self.tp * self.pp * self.dp * self.cp
+
+    @classmethod
+    def from_world(cls, world_size: int, tp: int, pp: int, cp: int = 1) -> "ParallelDims":
+        """DP fills whatever TP x PP x CP leaves of the world."""
+        model_parallel = tp * pp * cp
+        if tp < 1 or pp < 1 or cp < 1 or world_size % model_parallel:
+            raise ValueError(
+                f"parallel: tp*pp*cp = {tp}*{pp}*{cp} = {model_parallel} must divide the world size "
+                f"(got {world_size}). Choose tp and pp whose product divides the number of ranks."
+            )
+        return cls(tp=tp, pp=pp, dp=world_size // model_parallel, cp=cp)
+
+
+@dataclasses.dataclass(frozen=True)
+class ParallelContext:
+    """What a rank needs to know about the layout: sizes, its ranks, and megatron's groups."""
+
+    dims: ParallelDims
+    rank: int
+    local_rank: int
+    device: torch.device
+    pgs: object  # megatron.core.process_groups_config.ProcessGroupCollection
+    tp_rank: int
+    pp_rank: int
+    dp_rank: int
+
+    @property
+    def is_first_stage(self) -> bool:
+        return self.pp_rank == 0
+
+    @property
+    def is_last_stage(self) -> bool:
+        return self.pp_rank == self.dims.pp - 1
+
+    @property
+    def is_logging_rank(self) -> bool:
+        return self.rank == 0
+
+
+def torchrun_env() -> tuple[int, int, int]:
+    """(rank, local_rank, world_size) from torchrun's variables; a plain `python` run is rank 0 of 1."""
+    return (
+        int(os.environ.get("RANK", 0)),
+        int(os.environ.get("LOCAL_RANK", 0)),
+        int(os.environ.get("WORLD_SIZE", 1)),
+    )
+
+
+def seed_everything(seed: int) -> None:
+    """Python, numpy, torch and megatron's model-parallel RNG tracker (same seed on every rank)."""
+    from megatron.core import tensor_parallel
+
+    random.seed(seed)
+    np.random.seed(seed)
+    torch.manual_seed(seed)
+    # On CPU the default tracker calls torch.cuda.get_rng_state; the inference tracker does not.
+    tensor_parallel.model_parallel_cuda_manual_seed(seed, inference_rng_tracker=not torch.cuda.is_available())
+
+
+def _init_default_group(rank: int, local_rank: int, world_size: int) -> torch.device:
+    if torch.cuda.is_available():
+        torch.cuda.set_device(local_rank)
+        device, backend = torch.device("cuda", local_rank), "nccl"
+    else:
+        device, backend = torch.device("cpu"), "gloo"
+    os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
+    os.environ.setdefault("MASTER_PORT", str(29500 + os.getpid() % 1000))
+    if not dist.is_initialized():
+        dist.init_process_group(backend, rank=rank, world_size=world_size, timeout=timedelta(minutes=30))
+    return device
+
+
+def init_distributed(tp: int = 1, pp: int = 1, seed: int = 1234) -> ParallelContext:
+    """Create the default group and megatron's TP/PP/DP groups; seed all RNGs. Call once per process."""
+    from megatron.core import parallel_state
+    from megatron.core.process_groups_config import ProcessGroupCollection
+
+    cpu_patched = apply_cpu_patches()
+    rank, local_rank, world_size = torchrun_env()
+    dims = ParallelDims.from_world(world_size, tp, pp)
+    device = _init_default_group(rank, local_rank, world_size)
+    if not parallel_state.model_parallel_is_initialized():
+        parallel_state.initialize_model_parallel(
+            tensor_model_parallel_size=dims.tp, pipeline_model_parallel_size=dims.pp
+        )
+    seed_everything(seed)
+    log.info(
+        "distributed: world=%d tp=%d pp=%d dp=%d backend=%s%s", world_size, dims.tp, dims.pp, dims.dp,
+        dist.get_backend(), " (CPU patches on)" if cpu_patched else "",
+    )
+    return ParallelContext(
+        dims=dims, rank=rank, local_rank=local_rank, device=device,
+        pgs=ProcessGroupCollection.use_mpu_process_groups(),
+        tp_rank=parallel_state.get_tensor_model_parallel_rank(),
+        pp_rank=parallel_state.get_pipeline_model_parallel_rank(),
+        dp_rank=parallel_state.get_data_parallel_rank(),
+    )
+
+
+def destroy_distributed() -> None:
+    from megatron.core import parallel_state
+
+    if parallel_state.model_parallel_is_initialized():
+        parallel_state.destroy_model_parallel()
+    if dist.is_initialized():
+        dist.destroy_process_group()
+
+
+def get_pipeline_groups():
+    """(pp_group, embedding_group) for code that needs the raw megatron groups (schedules, grads)."""
+    from megatron.core import parallel_state
+
+    return parallel_state.get_pipeline_model_parallel_group(), parallel_state.get_embedding_group()
