@@ -1,0 +1,179 @@
+"""YAML + `a.b=value` overrides -> a typed `Config`, with every error collected and reported at once.
+
+Errors have the form "<dotted.key>: <problem> (got <value>). <how to fix>." An unknown key is an error
+with a did-you-mean suggestion, never a warning.
+"""
+from __future__ import annotations
+
+import dataclasses
+import types
+import typing
+from typing import Any
+
+import yaml
+
+from rlhf_mcore.config import Config
+from rlhf_mcore.registry import suggest
+
+
+class ConfigError(ValueError):
+    """All problems found in one config, one line each."""
+
+    def __init__(self, errors: list[str]):
+        self.errors = errors
+        super().__init__("invalid config:\n" + "\n".join(f"  - {e}" for e in errors))
+
+
+def _field_types(cls) -> dict[str, Any]:
+    hints = typing.get_type_hints(cls)
+    return {f.name: hints[f.name] for f in dataclasses.fields(cls)}
+
+
+def all_keys(cls=Config, prefix: str = "") -> list[str]:
+    """Every dotted leaf key of the schema (the golden-list test freezes this)."""
+    keys = []
+    for name, tp in _field_types(cls).items():
+        if dataclasses.is_dataclass(tp):
+            keys += all_keys(tp, f"{prefix}{name}.")
+        else:
+            keys.append(f"{prefix}{name}")
+    return keys
+
+
+def _type_name(tp) -> str:
+    return getattr(tp, "__name__", str(tp)).replace("typing.", "")
+
+
+def coerce(key: str, value: Any, tp) -> Any:
+    """Convert a YAML or command-line value to the field's type, or raise ValueError with the key."""
+    origin = typing.get_origin(tp)
+    if origin in (typing.Union, types.UnionType):  # Optional[X]
+        if value is None or (isinstance(value, str) and value.lower() in ("null", "none")):
+            return None
+        (inner,) = [a for a in typing.get_args(tp) if a is not type(None)]
+        return coerce(key, value, inner)
+    if origin is list:
+        (inner,) = typing.get_args(tp)
+        if isinstance(value, str):
+            loaded = yaml.safe_load(value) if value.strip().startswith("[") else [v for v in value.split(",") if v]
+            value = loaded
+        if not isinstance(value, list):
+            raise ValueError(f"{key}: expected a list (got {value!r}). Write it as [a, b] or a,b.")
+        return [coerce(f"{key}[{i}]", v, inner) for i, v in enumerate(value)]
+    if tp is bool:
+        if isinstance(value, bool):
+            return value
+        if isinstance(value, str) and value.lower() in ("true", "false", "1", "0", "yes", "no"):
+            return value.lower() in ("true", "1", "yes")
+        raise ValueError(f"{key}: expected true or false (got {value!r}). Write true or false.")
+    if tp in (int, float):
+        return _number(key, value, tp)
+    if tp is str:
+        if isinstance(value, (dict, list)):
+            raise ValueError(f"{key}: expected a string (got {value!r}). Write a single value.")
+        return "" if value is None else str(value)
+    raise ValueError(f"{key}: unsupported field type {_type_name(tp)}")
+
+
+def _number(key: str, value: Any, tp):
+    fix = "Write a whole number." if tp is int else "Write a number."
+    if isinstance(value, bool) or isinstance(value, (list, dict)) or value is None:
+        raise ValueError(f"{key}: expected {tp.__name__} (got {value!r}). {fix}")
+    try:
+        number = float(value)
+    except ValueError:
+        raise ValueError(f"{key}: expected {tp.__name__} (got {value!r}). {fix}") from None
+    if tp is float:
+        return number
+    if not number.is_integer():
+        raise ValueError(f"{key}: expected int (got {value!r}). {fix}")
+    return int(number)
+
+
+def _build(cls, data: dict, prefix: str, errors: list[str]):
+    """Instantiate dataclass `cls` from a nested dict, collecting errors instead of raising."""
+    types_ = _field_types(cls)
+    kwargs = {}
+    for key, value in data.items():
+        dotted = f"{prefix}{key}"
+        if key not in types_:
+            errors.append(f"{dotted}: unknown key (got {value!r}).{suggest(key, types_)} "
+                          f"Valid keys here: {', '.join(types_)}.")
+            continue
+        tp = types_[key]
+        if dataclasses.is_dataclass(tp):
+            if not isinstance(value, dict):
+                errors.append(f"{dotted}: expected a section of keys (got {value!r}). Write it as a mapping.")
+                continue
+            kwargs[key] = _build(tp, value, f"{dotted}.", errors)
+            continue
+        try:
+            kwargs[key] = coerce(dotted, value, tp)
+        except ValueError as e:
+            errors.append(str(e))
+    return cls(**kwargs)
+
+
+def _set_dotted(data: dict, dotted: str, value: str, errors: list[str]) -> None:
+    parts = dotted.split(".")
+    cls, node = Config, data
+    for i, part in enumerate(parts):
+        types_ = _field_types(cls)
+        if part not in types_:
+            where = ".".join(parts[:i]) or "top level"
+            errors.append(f"{dotted}: unknown key (got {value!r}).{suggest(part, types_)} "
+                          f"Valid keys under {where}: {', '.join(types_)}.")
+            return
+        if i == len(parts) - 1:
+            if dataclasses.is_dataclass(types_[part]):
+                errors.append(f"{dotted}: is a section, not a value (got {value!r}). Override one of its keys.")
+                return
+            node[part] = value
+            return
+        cls = types_[part]
+        if not dataclasses.is_dataclass(cls):
+            errors.append(f"{dotted}: {'.'.join(parts[: i + 1])} is a value, not a section (got {value!r}).")
+            return
+        node = node.setdefault(part, {})
+
+
+def parse_overrides(overrides: list[str], data: dict, errors: list[str]) -> None:
+    for item in overrides:
+        if "=" not in item:
+            errors.append(f"{item}: an override must look like a.b=value (got {item!r}). Add =value.")
+            continue
+        key, value = item.split("=", 1)
+        _set_dotted(data, key.strip(), value, errors)
+
+
+def load_config(path: str | None = None, overrides: list[str] = (), world_size: int | None = None) -> Config:
+    """Read YAML, apply overrides, check every rule; raise ConfigError listing all problems."""
+    from rlhf_mcore.config_validate import validate
+
+    errors: list[str] = []
+    data: dict = {}
+    if path:
+        try:
+            with open(path) as f:
+                data = yaml.safe_load(f) or {}
+        except FileNotFoundError:
+            raise ConfigError([f"--config: file not found (got {path!r}). Pass a YAML from configs/."]) from None
+        except yaml.YAMLError as e:
+            raise ConfigError([f"--config: {path} is not valid YAML ({e})."]) from None
+        if not isinstance(data, dict):
+            raise ConfigError([f"--config: {path} must hold a mapping of sections (got {type(data).__name__})."])
+    parse_overrides(list(overrides), data, errors)
+    cfg = _build(Config, data, "", errors)
+    if not errors:
+        errors += cfg.section_errors() + validate(cfg, world_size)
+    if errors:
+        raise ConfigError(errors)
+    return cfg
+
+
+def to_dict(cfg) -> dict:
+    return dataclasses.asdict(cfg)
+
+
+def dump_yaml(cfg) -> str:
+    return yaml.safe_dump(to_dict(cfg), sort_keys=False)
