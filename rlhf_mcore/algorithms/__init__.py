@@ -1,0 +1,47 @@
+"""RL algorithm library: pure tensor functions, registered by the names users type in the config.
+
+    adv, returns = ADVANTAGES.get(cfg.algorithm.adv_estimator)(AdvantageInputs(...))
+    per_token, pg_metrics = POLICY_LOSSES.get(cfg.actor.policy_loss)(PolicyLossInputs(...))
+    loss_sum, count, agg_metrics = aggregate_loss(per_token, mask, cfg.actor.loss_agg_mode, norm_length=...)
+
+No torch.distributed, no config objects, no host syncs. Shapes: B responses, T response tokens.
+"""
+from rlhf_mcore.algorithms.advantages import ADVANTAGES, AdvantageInputs, discounted_returns, gae_advantages
+from rlhf_mcore.algorithms.aggregate import LOSS_AGG_MODES, aggregate_loss
+from rlhf_mcore.algorithms.kl import (
+    KL_CONTROLLERS,
+    KL_ESTIMATORS,
+    AdaptiveKLController,
+    FixedKLController,
+    apply_kl_penalty,
+    kl_penalty,
+)
+from rlhf_mcore.algorithms.losses import POLICY_LOSSES, PolicyLossInputs, compute_entropy_bonus
+from rlhf_mcore.algorithms.mismatch import MISMATCH_LEVELS, MISMATCH_MODES, compute_mismatch_weights
+from rlhf_mcore.algorithms.stats import masked_mean, masked_sum, masked_whiten
+from rlhf_mcore.algorithms.value import compute_value_loss
+
+__all__ = [
+    "ADVANTAGES",
+    "AdaptiveKLController",
+    "AdvantageInputs",
+    "FixedKLController",
+    "KL_CONTROLLERS",
+    "KL_ESTIMATORS",
+    "LOSS_AGG_MODES",
+    "MISMATCH_LEVELS",
+    "MISMATCH_MODES",
+    "POLICY_LOSSES",
+    "PolicyLossInputs",
+    "aggregate_loss",
+    "apply_kl_penalty",
+    "compute_entropy_bonus",
+    "compute_mismatch_weights",
+    "compute_value_loss",
+    "discounted_returns",
+    "gae_advantages",
+    "kl_penalty",
+    "masked_mean",
+    "masked_sum",
+    "masked_whiten",
+]
