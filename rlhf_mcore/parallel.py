@@ -132,6 +132,14 @@ def init_distributed(tp: int = 1, pp: int = 1, seed: int = 1234) -> ParallelCont
     )
 
 
+def reset_model_parallel() -> None:
+    """Drop megatron's TP/PP/DP groups (keeping the default group) so another layout can be initialised."""
+    from megatron.core import parallel_state
+
+    if parallel_state.model_parallel_is_initialized():
+        parallel_state.destroy_model_parallel()
+
+
 def destroy_distributed() -> None:
     from megatron.core import parallel_state
 

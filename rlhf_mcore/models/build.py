@@ -11,12 +11,14 @@ import logging
 
 import torch
 
+from rlhf_mcore.models.init import init_output_weight
 from rlhf_mcore.models.heads import HiddenStatesHead, ScalarHead
 from rlhf_mcore.models.layer_spec import choose_layer_spec
 from rlhf_mcore.models.transformer_config import padded_vocab_size, rope_theta, to_transformer_config
 
 log = logging.getLogger(__name__)
 ROLES = ("actor", "ref", "critic", "reward")
+EMBEDDING_SEED = 31337
 _logged_backend: set[str] = set()
 
 
@@ -34,6 +36,7 @@ def build_model(role: str, hf: dict, model_cfg, parallel_cfg, ctx, source: str =
         _logged_backend.add(backend)
     lm_head = role in ("actor", "ref")
     tied = lm_head and bool(hf.get("tie_word_embeddings", False))
+    torch.manual_seed(EMBEDDING_SEED)  # the embedding is drawn first, identically at every layout
     model = GPTModel(
         config=tc,
         transformer_layer_spec=layer_spec,
@@ -49,6 +52,8 @@ def build_model(role: str, hf: dict, model_cfg, parallel_cfg, ctx, source: str =
     if ctx.is_last_stage:
         tp_group = ctx.pgs.tp
         if lm_head:
+            if not tied:
+                init_output_weight(model.output_layer.weight, tc.init_method_std, ctx.tp_rank)
             model.output_layer = HiddenStatesHead(model.output_layer, tp_group)
         else:
             model.output_layer = ScalarHead(tc.hidden_size, 1, tc.init_method_std, tc.params_dtype,

@@ -8,6 +8,7 @@ import logging
 from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
 
 from rlhf_mcore.models.attention import SDPAttention
+from rlhf_mcore.models.init import seeded_layer_spec
 from rlhf_mcore.registry import Registry
 
 log = logging.getLogger(__name__)
@@ -49,4 +50,4 @@ def resolve_backend(name: str) -> str:
 def choose_layer_spec(name: str):
     """(ModuleSpec, backend name actually used)."""
     backend = resolve_backend(name)
-    return LAYER_SPECS.get(backend)(), backend
+    return seeded_layer_spec(LAYER_SPECS.get(backend)()), backend

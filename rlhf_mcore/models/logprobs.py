@@ -1,0 +1,49 @@
+"""Per-token log-probs and entropy of given tokens from the actor's final hidden states.
+
+The output weight stays vocab-parallel: `kernels.fused_logprob` reduces max / sum-exp / target logit
+across TP ranks chunk by chunk, so full-vocab logits of the whole batch never exist. Padded vocab rows
+(added for TP divisibility) are sliced off before the reduction, so they never leak into outputs.
+Outputs are aligned with the tokens: out[:, t] = log p(tokens[:, t] | tokens[:, :t]), out[:, 0] = 0.
+"""
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from kernels.fused_logprob import fused_logprob_entropy
+from rlhf_mcore.models.build import lm_output_weight
+
+
+def real_vocab_shard(weight: torch.Tensor, vocab_size: int, tp_rank: int) -> tuple[torch.Tensor, int]:
+    """(rows of this rank's shard that are real vocab entries, global id of its first row)."""
+    rows = weight.size(0)
+    start = tp_rank * rows
+    keep = max(0, min(rows, vocab_size - start))
+    return weight[:keep], start
+
+
+def token_logprobs(model, hidden: torch.Tensor, tokens: torch.Tensor, tp_group, temperature: float = 1.0,
+                   chunk_size: int = 4096) -> tuple[torch.Tensor, torch.Tensor]:
+    """hidden [b, s, h], tokens [b, s] -> (logp [b, s], entropy [b, s]), differentiable."""
+    weight, start = real_vocab_shard(lm_output_weight(model), model.vocab_size_unpadded, tp_group.rank())
+    b, s, h = hidden.shape
+    logp, entropy = fused_logprob_entropy(
+        hidden[:, :-1].reshape(-1, h), weight, tokens[:, 1:].reshape(-1),
+        tp_group=tp_group if tp_group.size() > 1 else None, vocab_start=start,
+        temperature=temperature, chunk_size=chunk_size,
+    )
+    pad = (1, 0)  # position 0 has no prediction
+    return F.pad(logp.view(b, s - 1), pad), F.pad(entropy.view(b, s - 1), pad)
+
+
+def full_logits(model, hidden: torch.Tensor, tp_group) -> torch.Tensor:
+    """hidden [..., h] -> logits [..., vocab_size] gathered over TP (for tests and small decode batches)."""
+    weight, _ = real_vocab_shard(lm_output_weight(model), model.vocab_size_unpadded, tp_group.rank())
+    local = torch.matmul(hidden, weight.t())
+    if tp_group.size() == 1:
+        return local
+    rows = lm_output_weight(model).size(0)
+    padded = F.pad(local, (0, rows - local.size(-1)))
+    parts = [torch.empty_like(padded) for _ in range(tp_group.size())]
+    torch.distributed.all_gather(parts, padded.contiguous(), group=tp_group)
+    return torch.cat(parts, dim=-1)[..., : model.vocab_size_unpadded]

@@ -1,0 +1,106 @@
+"""Wrap a trainable model for training: megatron DDP, megatron's optimizer, and the learning-rate schedule.
+
+Losses use megatron's per-token path (`calculate_per_token_loss`): each micro-batch returns
+(loss_sum, count); `finalize_model_grads` all-reduces the counts over DP and divides the gradients, so
+the update is the exact global mean however the batch is split across micro-batches and ranks.
+"""
+from __future__ import annotations
+
+import dataclasses
+import math
+
+import torch
+
+
+@dataclasses.dataclass
+class TrainState:
+    """One trainable role (actor or critic): the DDP-wrapped chunks and their optimizer."""
+
+    model: list  # [DistributedDataParallel] (one chunk per rank; a list for megatron's schedules)
+    optimizer: object  # megatron MegatronOptimizer
+    optim_cfg: object  # rlhf_mcore.config.OptimConfig
+
+    @property
+    def module(self):
+        """The unwrapped GPTModel."""
+        return self.model[0].module
+
+
+def lr_at(step: int, optim_cfg, total_steps: int) -> float:
+    """Linear warm-up, then constant or cosine decay to min_lr_ratio * lr.
+
+    >>> from rlhf_mcore.config import OptimConfig
+    >>> c = OptimConfig(lr=1.0, lr_warmup_steps=2, lr_schedule="cosine", min_lr_ratio=0.0)
+    >>> [round(lr_at(s, c, 6), 3) for s in range(6)]
+    [0.5, 1.0, 1.0, 0.854, 0.5, 0.146]
+    """
+    base = optim_cfg.lr
+    if step < optim_cfg.lr_warmup_steps:
+        return base * (step + 1) / optim_cfg.lr_warmup_steps
+    if optim_cfg.lr_schedule == "constant" or total_steps <= optim_cfg.lr_warmup_steps:
+        return base
+    progress = (step - optim_cfg.lr_warmup_steps) / max(1, total_steps - optim_cfg.lr_warmup_steps)
+    floor = base * optim_cfg.min_lr_ratio
+    return floor + (base - floor) * 0.5 * (1.0 + math.cos(math.pi * min(1.0, progress)))
+
+
+def set_lr(optimizer, lr: float) -> None:
+    for group in optimizer.param_groups:
+        group["lr"] = lr
+
+
+def build_train_state(model, optim_cfg, parallel_cfg) -> TrainState:
+    """DDP-wrap `model` (a GPTModel) and build megatron's Adam(W) for it."""
+    from megatron.core.distributed import DistributedDataParallel, DistributedDataParallelConfig, finalize_model_grads
+    from megatron.core.optimizer import OptimizerConfig, get_megatron_optimizer
+
+    tc = model.config
+    ddp_cfg = DistributedDataParallelConfig(
+        grad_reduce_in_fp32=True,
+        overlap_grad_reduce=False,
+        use_distributed_optimizer=parallel_cfg.use_distributed_optimizer,
+    )
+    ddp = DistributedDataParallel(config=tc, ddp_config=ddp_cfg, module=model)
+    opt_cfg = OptimizerConfig(
+        optimizer="adam",
+        lr=optim_cfg.lr,
+        weight_decay=optim_cfg.weight_decay,
+        adam_beta1=optim_cfg.adam_beta1,
+        adam_beta2=optim_cfg.adam_beta2,
+        adam_eps=optim_cfg.adam_eps,
+        clip_grad=optim_cfg.grad_clip,
+        bf16=tc.bf16,
+        params_dtype=tc.params_dtype,
+        use_distributed_optimizer=parallel_cfg.use_distributed_optimizer,
+    )
+    optimizer = get_megatron_optimizer(opt_cfg, [ddp])
+    # The schedule calls these: no grad sync between micro-batches, then one reduction and the
+    # division by the global token count at the end.
+    tc.no_sync_func = ddp.no_sync
+    tc.finalize_model_grads_func = finalize_model_grads
+    tc.grad_scale_func = optimizer.scale_loss
+    return TrainState(model=[ddp], optimizer=optimizer, optim_cfg=optim_cfg)
+
+
+def optimizer_step(state: TrainState, lr: float) -> tuple[bool, float]:
+    """(applied, grad_norm) after the gradients of one mini-batch are accumulated and finalised."""
+    set_lr(state.optimizer, lr)
+    applied, grad_norm, _ = state.optimizer.step()
+    return bool(applied), float(grad_norm) if grad_norm is not None else float("nan")
+
+
+def zero_grads(state: TrainState) -> None:
+    for chunk in state.model:
+        chunk.zero_grad_buffer()
+    state.optimizer.zero_grad()
+
+
+def offload_optimizer(state: TrainState, to: str) -> None:
+    """Move optimizer states to `to` ("cpu" or "cuda") around rollout (trainer.offload_during_rollout)."""
+    device = torch.device(to)
+    for opt in getattr(state.optimizer, "chained_optimizers", [state.optimizer]):
+        inner = getattr(opt, "optimizer", opt)
+        for per_param in inner.state.values():
+            for key, value in per_param.items():
+                if torch.is_tensor(value) and value.dim() > 0:
+                    per_param[key] = value.to(device, non_blocking=True)

@@ -1,0 +1,27 @@
+"""Rule-based rewards with verl's signature, looked up by data_source, and a batch scorer with time-outs.
+
+The trainer calls ``score_batch(...) -> RewardResult`` once per step; everything else is for tests, tools and
+custom reward files.
+"""
+from rlhf_mcore.rewards import gsm8k, hendrycks_math  # noqa: F401  (register the built-in rewards)
+from rlhf_mcore.rewards.batch import RewardResult, score_batch
+from rlhf_mcore.rewards.custom import load_custom_reward
+from rlhf_mcore.rewards.dispatch import REWARDS, get_reward_fn, register_reward, split_output
+from rlhf_mcore.rewards.gsm8k import compute_gsm8k_score, extract_gsm8k_answer
+from rlhf_mcore.rewards.hendrycks_math import compute_math_score, extract_boxed_answer, is_math_equiv
+from rlhf_mcore.rewards.penalties import (
+    FORMAT_CHECKS,
+    apply_penalties,
+    format_penalties,
+    format_penalty,
+    overlong_penalties,
+    overlong_penalty,
+)
+
+__all__ = [
+    "FORMAT_CHECKS", "REWARDS", "RewardResult", "apply_penalties", "compute_gsm8k_score",
+    "compute_math_score",
+    "extract_boxed_answer", "extract_gsm8k_answer", "format_penalties", "format_penalty", "get_reward_fn",
+    "is_math_equiv", "load_custom_reward", "overlong_penalties", "overlong_penalty", "register_reward",
+    "score_batch", "split_output",
+]

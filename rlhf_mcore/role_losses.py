@@ -1,0 +1,75 @@
+"""Loss functions of the trainable roles, in megatron's schedule contract.
+
+Each is called on the last pipeline stage as loss_fn(micro_batch, output, non_loss_data=False):
+training returns (loss_sum, count, metrics) for megatron's per-token path; forward-only
+(non_loss_data=True) returns per-token tensors aligned with the tokens. The maths is the registered
+pure functions of `rlhf_mcore.algorithms`; this module only wires micro-batch fields to them.
+"""
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from rlhf_mcore.algorithms import (
+    POLICY_LOSSES,
+    PolicyLossInputs,
+    aggregate_loss,
+    compute_entropy_bonus,
+    compute_value_loss,
+    kl_penalty,
+)
+from rlhf_mcore.algorithms.stats import masked_mean
+from rlhf_mcore.models.logprobs import token_logprobs
+
+
+def actor_loss(mb, output, non_loss_data=False, *, model, tp_group, actor_cfg, temperature, norm_length):
+    """output = final hidden states [b, s, h]."""
+    logp, entropy = token_logprobs(model, output, mb["tokens"], tp_group, temperature)  # [b, s]
+    if non_loss_data:
+        return {"logp": logp.detach(), "entropy": entropy.detach()}
+    mask = mb["response_mask"]
+    inputs = PolicyLossInputs(
+        logp=logp, old_logp=mb["old_logp"], advantages=mb["advantages"], response_mask=mask,
+        clip_ratio_low=actor_cfg.clip_ratio_low, clip_ratio_high=actor_cfg.clip_ratio_high,
+        clip_ratio_c=actor_cfg.clip_ratio_c, is_weights=mb.get("is_weights"),
+    )
+    per_token, metrics = POLICY_LOSSES.get(actor_cfg.policy_loss)(inputs)
+    metrics = {f"actor/{k}": v for k, v in metrics.items()}
+    metrics["actor/pg_loss"] = masked_mean(per_token.detach(), mask)
+    if actor_cfg.entropy_coeff:
+        bonus, _ = compute_entropy_bonus(entropy, mask, actor_cfg.entropy_coeff)
+        per_token = per_token + bonus
+    if actor_cfg.use_kl_loss:
+        kl = kl_penalty(logp, mb["ref_logp"], actor_cfg.kl_loss_type)
+        per_token = per_token + actor_cfg.kl_loss_coef * kl
+        metrics["actor/kl_loss"] = masked_mean(kl.detach(), mask)
+    metrics["actor/entropy"] = masked_mean(entropy.detach(), mask)
+    loss_sum, count, _ = aggregate_loss(per_token, mask, actor_cfg.loss_agg_mode, norm_length=norm_length)
+    return loss_sum, count, {**metrics, "actor/loss_sum": loss_sum.detach(), "actor/loss_count": count}
+
+
+def shift_values(output: torch.Tensor) -> torch.Tensor:
+    """Scalar head output [b, s, 1] -> [b, s] with out[:, t] = V(tokens[:, :t]) (the state before token t)."""
+    return F.pad(output[..., 0][:, :-1].float(), (1, 0))
+
+
+def critic_loss(mb, output, non_loss_data=False, *, cliprange_value):
+    values = shift_values(output)
+    if non_loss_data:
+        return {"values": values.detach()}
+    mask = mb["response_mask"]
+    per_token, metrics = compute_value_loss(values, mb["returns"], mb["old_values"], mask, cliprange_value)
+    loss_sum, count, _ = aggregate_loss(per_token, mask, "token-mean")
+    metrics = {f"critic/{k}": v for k, v in metrics.items()}
+    metrics["critic/vf_loss"] = masked_mean(per_token.detach(), mask)
+    return loss_sum, count, {**metrics, "critic/loss_sum": loss_sum.detach(), "critic/loss_count": count}
+
+
+def reward_model_scores(mb, output, non_loss_data=True):
+    """Sequence score = the score head at the last valid token, placed at that position of a [b, s] map."""
+    scores = output[..., 0].float()  # [b, s]
+    last = (mb["lengths"] - 1).clamp(min=0)
+    out = torch.zeros_like(scores)
+    rows = torch.arange(scores.size(0), device=scores.device)
+    out[rows, last] = scores[rows, last]
+    return {"scores": out.detach()}

@@ -1,0 +1,97 @@
+"""Micro-batching and megatron's forward-backward schedule (PP-aware), shared by every role and phase.
+
+A batch is a dict of tensors whose first dim is the sample and whose per-token fields are aligned with
+`tokens` [B, S]. `split_micro_batches` cuts it into fixed-size or token-budget micro-batches, each trimmed
+to its own longest sequence. `run_schedule` feeds them through `get_forward_backward_func()`; `loss_fn`
+runs on the last pipeline stage only.
+"""
+from __future__ import annotations
+
+from functools import partial
+from typing import Callable
+
+import torch
+
+Batch = dict[str, torch.Tensor]
+
+
+def take(batch: Batch, index: torch.Tensor | slice) -> Batch:
+    return {k: v[index] for k, v in batch.items()}
+
+
+def trim(batch: Batch) -> Batch:
+    """Cut per-token fields to the longest sequence in this micro-batch (`lengths` [b])."""
+    s = int(batch["lengths"].max())
+    return {k: (v[:, :s] if v.dim() >= 2 and k != "lengths" else v) for k, v in batch.items()}
+
+
+def split_micro_batches(batch: Batch, micro_batch_size: int = 0, max_tokens: int = 0) -> list[Batch]:
+    """Fixed size (`micro_batch_size`) or packed to a token budget (`max_tokens`, sorted first-fit:
+    sequences are taken in order and a micro-batch closes when (rows * longest) would pass the budget)."""
+    num = batch["tokens"].size(0)
+    if not max_tokens:
+        return [trim(take(batch, slice(i, i + micro_batch_size))) for i in range(0, num, micro_batch_size)]
+    groups, current, longest = [], [], 0
+    for i, length in enumerate(batch["lengths"].tolist()):
+        if current and (len(current) + 1) * max(longest, length) > max_tokens:
+            groups.append(current)
+            current, longest = [], 0
+        current.append(i)
+        longest = max(longest, length)
+    groups.append(current)
+    return [trim(take(batch, torch.tensor(g))) for g in groups]
+
+
+def _forward_step(loss_fn: Callable, data_iterator, model):
+    mb = next(data_iterator)
+    tokens = mb["tokens"]
+    position_ids = torch.arange(tokens.size(1), device=tokens.device).unsqueeze(0).expand_as(tokens)
+    output = model(tokens, position_ids, None)
+    return output, partial(loss_fn, mb)
+
+
+def run_schedule(models: list, micro_batches: list[Batch], loss_fn: Callable, forward_only: bool) -> list:
+    """Run forward (+ backward) over all micro-batches. Returns what `loss_fn` reported per micro-batch
+    on the last stage ([] elsewhere). loss_fn(mb, output, non_loss_data=False) must return
+    (loss_sum, count, metrics) for training, or any object when called with non_loss_data=True."""
+    from megatron.core.pipeline_parallel import get_forward_backward_func
+
+    longest = max(mb["tokens"].size(1) for mb in micro_batches)
+    return get_forward_backward_func()(
+        forward_step_func=partial(_forward_step, loss_fn),
+        data_iterator=iter(micro_batches),
+        model=models,
+        num_microbatches=len(micro_batches),
+        seq_length=longest,
+        micro_batch_size=micro_batches[0]["tokens"].size(0),
+        forward_only=forward_only,
+        collect_non_loss_data=forward_only,
+    )
+
+
+def to_device(batch: Batch, device) -> Batch:
+    return {k: v.to(device, non_blocking=True) for k, v in batch.items()}
+
+
+def forward_collect(models: list, micro_batches: list[Batch], loss_fn: Callable, keys: tuple[str, ...],
+                    seq_len: int, pp_group) -> dict[str, torch.Tensor]:
+    """Forward-only pass returning per-token outputs [B, seq_len] for `keys`, on every pipeline stage.
+
+    The last stage computes them (loss_fn(mb, output, non_loss_data=True) -> {key: [b, s_mb]}); they are
+    padded back to seq_len, concatenated in batch order, and broadcast to the other stages of the pipe.
+    """
+    with torch.no_grad():
+        outputs = run_schedule(models, micro_batches, loss_fn, forward_only=True)
+    num = sum(mb["tokens"].size(0) for mb in micro_batches)
+    device = micro_batches[0]["tokens"].device
+    result = {}
+    for key in keys:
+        if outputs:
+            parts = [torch.nn.functional.pad(o[key].float(), (0, seq_len - o[key].size(1))) for o in outputs]
+            result[key] = torch.cat(parts, dim=0)
+        else:
+            result[key] = torch.empty(num, seq_len, device=device)
+        if pp_group.size() > 1:
+            last = torch.distributed.get_process_group_ranks(pp_group)[-1]
+            torch.distributed.broadcast(result[key], src=last, group=pp_group)
+    return result

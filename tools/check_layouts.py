@@ -1,0 +1,143 @@
+"""Check that a parallel layout gives the same numbers as another: the core promise of rlhf-mcore.
+
+    torchrun --nproc_per_node 4 tools/check_layouts.py --config configs/tiny_grpo.yaml --layouts 1x1,2x1,1x2,2x2
+
+Layouts are TPxPP; DP fills the rest of the world. At each layout the same batch goes through the
+actor (forward-only log-probs, then a PPO forward + backward + optimizer step) and the critic (value
+loss forward + backward + step). Per layout it prints loss, grad norm and the max abs difference of
+per-token log-probs / values (before and after the step) against the first layout, and exits 1 when a
+relative difference passes --tolerance.
+"""
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import sys
+from functools import partial
+
+import torch
+import torch.distributed as dist
+
+from rlhf_mcore.config_load import ConfigError, load_config
+from rlhf_mcore.logs import init_logger
+from rlhf_mcore.metrics import reduce_outputs
+from rlhf_mcore.models.build import build_model
+from rlhf_mcore.models.transformer_config import load_hf_config
+from rlhf_mcore.optim import build_train_state, optimizer_step, zero_grads
+from rlhf_mcore.parallel import init_distributed, reset_model_parallel, torchrun_env
+from rlhf_mcore.role_losses import actor_loss, critic_loss
+from rlhf_mcore.schedule import forward_collect, run_schedule, split_micro_batches, to_device
+
+
+def synthetic_batch(num: int, seq: int, vocab: int, seed: int) -> dict:
+    """A fixed batch of variable-length sequences with response masks, advantages and returns."""
+    g = torch.Generator().manual_seed(seed)
+    lengths = torch.randint(seq // 2, seq + 1, (num,), generator=g)
+    prompt = torch.randint(2, seq // 3 + 1, (num,), generator=g)
+    pos = torch.arange(seq).unsqueeze(0)
+    valid = pos < lengths.unsqueeze(1)
+    return {
+        "tokens": torch.randint(0, vocab, (num, seq), generator=g) * valid,
+        "lengths": lengths,
+        "response_mask": (valid & (pos >= prompt.unsqueeze(1))).float(),
+        "advantages": torch.randn(num, seq, generator=g),
+        "returns": torch.randn(num, seq, generator=g),
+        "old_values": torch.zeros(num, seq),
+    }
+
+
+def dp_shard(batch: dict, ctx) -> dict:
+    per = batch["tokens"].size(0) // ctx.dims.dp
+    return {k: v[ctx.dp_rank * per:(ctx.dp_rank + 1) * per] for k, v in batch.items()}
+
+
+def gather_dp(t: torch.Tensor, ctx) -> torch.Tensor:
+    parts = [torch.empty_like(t) for _ in range(ctx.dims.dp)]
+    dist.all_gather(parts, t.contiguous(), group=ctx.pgs.dp)
+    return torch.cat(parts)
+
+
+def run_role(role, cfg, hf, ctx, batch, section, loss_fn, key):
+    """(global loss, grad norm, per-token output before the step, after the step) for one role."""
+    state = build_train_state(build_model(role, hf, cfg.model, cfg.parallel, ctx), section.optim, cfg.parallel)
+    model = state.module
+    fn = partial(loss_fn, model=model, tp_group=ctx.pgs.tp, actor_cfg=section, temperature=1.0,
+                 norm_length=float(batch["tokens"].size(1))) if role == "actor" else \
+        partial(loss_fn, cliprange_value=section.cliprange_value)
+    mbs = split_micro_batches(batch, section.micro_batch_size_per_gpu)
+    seq = batch["tokens"].size(1)
+    before = forward_collect(state.model, mbs, fn, (key,), seq, ctx.pgs.pp)[key]
+    if role == "actor":
+        batch = {**batch, "old_logp": before}
+        mbs = split_micro_batches(batch, section.micro_batch_size_per_gpu)
+    zero_grads(state)
+    outputs = run_schedule(state.model, mbs, fn, forward_only=False)
+    _, grad_norm = optimizer_step(state, section.optim.lr)
+    loss = reduce_outputs(outputs, ctx)[f"{role}/loss"]
+    after = forward_collect(state.model, mbs, fn, (key,), seq, ctx.pgs.pp)[key]
+    mask = batch["response_mask"]
+    return loss, grad_norm, gather_dp(before * mask, ctx), gather_dp(after * mask, ctx)
+
+
+def check_layout(cfg, layout: tuple[int, int], seed: int, num: int, seq: int) -> dict:
+    tp, pp = layout
+    cfg = dataclasses.replace(cfg, parallel=dataclasses.replace(cfg.parallel, tp=tp, pp=pp))
+    reset_model_parallel()
+    ctx = init_distributed(tp, pp, seed=seed)
+    hf = load_hf_config(cfg.model)
+    batch = to_device(dp_shard(synthetic_batch(num, seq, hf["vocab_size"], seed), ctx), ctx.device)
+    result = {"layout": f"tp{tp} pp{pp} dp{ctx.dims.dp}"}
+    for role, section, fn, key in (("actor", cfg.actor, actor_loss, "logp"),
+                                   ("critic", cfg.critic, critic_loss, "values")):
+        loss, norm, before, after = run_role(role, cfg, hf, ctx, batch, section, fn, key)
+        result.update({f"{role}_loss": loss, f"{role}_grad_norm": norm, f"{role}_before": before,
+                       f"{role}_after": after})
+    return result
+
+
+def compare(results: list[dict], tol: float) -> tuple[list[str], bool]:
+    ref, ok, lines = results[0], True, []
+    header = f"{'layout':<16}{'actor loss':>14}{'actor gnorm':>14}{'logp diff':>11}{'logp diff*':>11}" \
+             f"{'critic loss':>14}{'critic gnorm':>14}{'value diff':>11}{'value diff*':>12}"
+    lines.append(header)
+    for r in results:
+        diffs = {k: float((r[k] - ref[k]).abs().max()) for k in
+                 ("actor_before", "actor_after", "critic_before", "critic_after")}
+        for k in ("actor_loss", "actor_grad_norm", "critic_loss", "critic_grad_norm"):
+            ok &= abs(r[k] - ref[k]) <= tol * max(1.0, abs(ref[k]))
+        ok &= all(d <= tol * 10 for d in diffs.values())
+        lines.append(f"{r['layout']:<16}{r['actor_loss']:>14.8f}{r['actor_grad_norm']:>14.8f}"
+                     f"{diffs['actor_before']:>11.2e}{diffs['actor_after']:>11.2e}{r['critic_loss']:>14.8f}"
+                     f"{r['critic_grad_norm']:>14.8f}{diffs['critic_before']:>11.2e}{diffs['critic_after']:>12.2e}")
+    lines.append("(* = after one optimizer step; diffs are max abs vs the first layout)")
+    return lines, ok
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--config", required=True)
+    parser.add_argument("--layouts", default="1x1,2x1,1x2,2x2", help="comma-separated TPxPP")
+    parser.add_argument("--tolerance", type=float, default=1e-5, help="relative tolerance (fp32 on CPU: 1e-5)")
+    parser.add_argument("--num-samples", type=int, default=8)
+    parser.add_argument("--seq-len", type=int, default=24)
+    parser.add_argument("--seed", type=int, default=1234)
+    parser.add_argument("overrides", nargs="*")
+    args = parser.parse_args(argv)
+    rank, _, world = torchrun_env()
+    init_logger(rank)
+    layouts = [tuple(int(x) for x in item.lower().split("x")) for item in args.layouts.split(",")]
+    try:
+        cfg = load_config(args.config, args.overrides)
+    except ConfigError as e:
+        print(e, file=sys.stderr)
+        return 2
+    results = [check_layout(cfg, layout, args.seed, args.num_samples, args.seq_len) for layout in layouts]
+    lines, ok = compare(results, args.tolerance)
+    if rank == 0:
+        print("\n".join(lines))
+        print("PASS" if ok else f"FAIL: a difference passed the tolerance {args.tolerance}")
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
