@@ -19,7 +19,7 @@ from rlhf_mcore.algorithms.stats import masked_mean
 from rlhf_mcore.registry import Registry
 
 KL_ESTIMATORS: Registry = Registry("KL estimator (algorithm.kl_penalty / actor.kl_loss_type)")
-KL_CONTROLLERS: Registry = Registry("KL controller (algorithm.kl_ctrl.type)")
+KL_CONTROLLERS: Registry = Registry("KL controller (algorithm.kl_ctrl_type)")
 
 _MAX_LOG_RATIO = 20.0  # exp(20) ~ 5e8: beyond this k3 is numerically meaningless
 
@@ -118,9 +118,9 @@ class AdaptiveKLController:
     def __post_init__(self):
         if self.target_kl <= 0 or self.horizon <= 0:
             raise ValueError(
-                f"algorithm.kl_ctrl: target_kl and horizon must be > 0 "
+                f"algorithm.target_kl / algorithm.kl_horizon: must be > 0 "
                 f"(got {self.target_kl}, {self.horizon}). "
-                "Set both to positive numbers, or use kl_ctrl.type=fixed."
+                "Set both to positive numbers, or use algorithm.kl_ctrl_type=fixed."
             )
 
     def update(self, current_kl: float, num_steps: int) -> None:

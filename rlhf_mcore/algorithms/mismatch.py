@@ -17,8 +17,8 @@ from torch import Tensor
 from rlhf_mcore.algorithms.stats import masked_max, masked_mean, masked_sum
 from rlhf_mcore.registry import Registry
 
-MISMATCH_LEVELS: Registry = Registry("mismatch correction level (algorithm.rollout_correction.level)")
-MISMATCH_MODES: Registry = Registry("mismatch correction mode (algorithm.rollout_correction.mode)")
+MISMATCH_LEVELS: Registry = Registry("mismatch correction level (actor.rollout_correction)")
+MISMATCH_MODES: Registry = Registry("mismatch correction mode (actor.rollout_correction_mode)")
 
 _MAX_LOG_WEIGHT = 20.0
 
@@ -69,7 +69,7 @@ def compute_mismatch_weights(
     """
     if not 0.0 <= threshold_low < threshold:
         raise ValueError(
-            f"algorithm.rollout_correction: need 0 <= threshold_low < threshold "
+            f"actor.rollout_correction_threshold: need 0 <= threshold_low < threshold "
             f"(got {threshold_low}, {threshold}). Typical: threshold=2.0, threshold_low=0."
         )
     mask = response_mask
