@@ -35,9 +35,12 @@ def spec_for_hf_config(hf_cfg: dict, source: str = "config.json") -> ModelSpec:
     """The registered spec whose architectures (or model_type) match an HF config dict."""
     archs = hf_cfg.get("architectures") or []
     model_type = hf_cfg.get("model_type")
-    for name in MODEL_FAMILIES:
-        spec = MODEL_FAMILIES.get(name)
-        if any(a in spec.architectures for a in archs) or model_type in spec.model_types:
+    specs = [MODEL_FAMILIES.get(name) for name in MODEL_FAMILIES]
+    for spec in specs:  # the architectures list wins over model_type
+        if any(a in spec.architectures for a in archs):
+            return spec
+    for spec in specs:
+        if model_type in spec.model_types:
             return spec
     known = sorted(a for n in MODEL_FAMILIES for a in MODEL_FAMILIES.get(n).architectures)
     raise ValueError(

@@ -68,6 +68,7 @@ def _check_supported(hf: dict, spec: ModelSpec, source: str) -> None:
         raise ValueError(f"{source}: mlp_bias=true is not supported (field mlp_bias). Use a model without MLP biases.")
     if spec.name == "llama" and hf.get("attention_bias"):
         raise ValueError(f"{source}: attention_bias=true is not supported for llama (biases on o_proj).")
+    rope_theta(hf, source)
     for key in ("num_hidden_layers", "hidden_size", "intermediate_size", "num_attention_heads", "vocab_size"):
         if not hf.get(key):
             raise ValueError(f"{source}: missing required field {key!r}.")

@@ -1,0 +1,41 @@
+"""The megatron-core CPU patches: each still has its call site (an upgrade that moves one fails here
+loudly), and each call site runs on CPU once patched."""
+import importlib
+import inspect
+
+import pytest
+import torch
+
+from rlhf_mcore import cpu_compat
+
+pytestmark = pytest.mark.skipif(torch.cuda.is_available(), reason="CPU patches apply only without CUDA")
+
+
+@pytest.mark.parametrize("module", sorted(cpu_compat.CUDA_LITERAL_MODULES))
+def test_each_cuda_literal_site_still_exists(module, mcore_ctx):
+    source = inspect.getsource(importlib.import_module(module))
+    assert "device='cuda'" in source or 'device="cuda"' in source, (
+        f"megatron-core no longer builds tensors with device='cuda' in {module}: "
+        f"remove it from cpu_compat.CUDA_LITERAL_MODULES (served: {cpu_compat.CUDA_LITERAL_MODULES[module]})")
+
+
+def test_patched_sites_run_on_cpu(mcore_ctx):
+    from megatron.core.optimizer import clip_grads, grad_scaler
+    from megatron.core.transformer import utils
+
+    assert torch.cuda.current_device() == "cpu"  # P1
+    assert utils.get_default_causal_mask(4).device.type == "cpu"  # P2 (transformer.utils)
+    assert grad_scaler.ConstantGradScaler(2.0).scale.device.type == "cpu"  # P2 (optimizer.grad_scaler)
+    p = torch.nn.Parameter(torch.ones(3))
+    p.grad = torch.full((3,), 2.0)
+    norm = clip_grads.get_grad_norm_fp32([p.grad])  # P2 (optimizer.clip_grads)
+    assert abs(float(norm) - 12 ** 0.5) < 1e-6
+    torch.cuda.synchronize()  # P3: a no-op, not an error
+    assert torch.ones(1).type() == "torch.cuda.FloatTensor"  # P4
+    assert torch.ones(1, dtype=torch.bfloat16).type() == "torch.cuda.BFloat16Tensor"
+    assert torch.ones(1).type(torch.float64).dtype == torch.float64  # with an argument: untouched
+
+
+def test_apply_is_idempotent(mcore_ctx):
+    assert cpu_compat.apply_cpu_patches() is True
+    assert cpu_compat.apply_cpu_patches() is True
