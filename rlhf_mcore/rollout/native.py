@@ -1,0 +1,186 @@
+"""The native rollout engine: batched KV-cache decoding with the actor's own megatron modules.
+
+Its weights ARE the actor's (same module objects), so there is nothing to copy or sync. Per micro-batch of
+rows (prompt x sample): left-pad the prompts, prefill them in one forward (causal AND not-padding mask),
+then decode one token per step for the whole batch until every row has finished.
+
+- KV cache: megatron's `StaticInferenceContext` (`rlhf_mcore.rollout.kv_cache`); the engine advances its
+  `sequence_len_offset`. When at most half of the cached rows are still running, the running rows are
+  moved to the front of the cache and the finished ones are no longer decoded.
+- TP: local logits = hidden @ W_local.T, all-gathered over the vocab shards, padded ids masked; every TP
+  rank draws the same tokens from identical logits with a generator seeded by (seed, DP rank) only.
+- PP: each forward runs the stages in turn (hidden [s, b, h] sent stage to stage); the last stage samples
+  and broadcasts tokens, log-probs and finished flags, so every rank of a replica returns the same batch.
+  Micro-batches are not interleaved across stages (one stage computes at a time).
+"""
+from __future__ import annotations
+
+import contextlib
+from typing import Optional
+
+import torch
+from tqdm import tqdm
+
+from rlhf_mcore.rollout import comm, kv_cache
+from rlhf_mcore.rollout.base import ROLLOUT_ENGINES
+from rlhf_mcore.rollout.responses import Response, ResponseBuffer, assemble_batch
+from rlhf_mcore.rollout.sampling import replica_seed, sample
+from rlhf_mcore.rollout.stopping import Decode, is_stop_token, stop_string_hits, tail_window
+from rlhf_mcore.rollout.types import RolloutBatch, SamplingParams
+
+
+def unwrap_model(model):
+    """The GPTModel inside DDP / Float16Module wrappers (a single chunk: no virtual pipeline)."""
+    if isinstance(model, (list, tuple)):
+        if len(model) != 1:
+            raise ValueError(f"native rollout: expected one model chunk (got {len(model)}). Virtual pipeline "
+                             "parallelism is not supported by the native engine.")
+        model = model[0]
+    while hasattr(model, "module"):
+        model = model.module
+    return model
+
+
+@contextlib.contextmanager
+def inference_mode(model):
+    """no_grad + eval() (megatron uses the inference context only in eval), train mode restored after."""
+    was_training = model.training
+    model.eval()
+    try:
+        with torch.no_grad():
+            yield
+    finally:
+        model.train(was_training)
+
+
+def check_request(prompts: list[list[int]], params: SamplingParams) -> None:
+    if params.n < 1 or params.max_new_tokens < 1:
+        raise ValueError(f"SamplingParams: n and max_new_tokens must be >= 1 (got n={params.n}, "
+                         f"max_new_tokens={params.max_new_tokens}). Set rollout.n / max_response_length >= 1.")
+    empty = [i for i, p in enumerate(prompts) if len(p) == 0]
+    if empty:
+        raise ValueError(f"rollout prompts: prompt(s) {empty[:5]} have no tokens. Filter empty prompts out.")
+
+
+@ROLLOUT_ENGINES.register("native")
+class NativeRolloutEngine:
+    """generate() with the actor's megatron modules; see `rlhf_mcore.rollout.base` for the contract."""
+
+    def __init__(self, model, ctx, pad_id: int, decode: Optional[Decode] = None, micro_batch_size: int = 0):
+        self.model = unwrap_model(model)
+        self.ctx = ctx
+        self.pad_id = pad_id
+        self.decode = decode
+        self.micro_batch_size = micro_batch_size  # rows decoded together; 0 = all of them
+        self._kv = None  # StaticInferenceContext, kept between calls while it is large enough
+        self._released = False
+
+    # ---- the RolloutEngine protocol ------------------------------------------------------------------
+    def generate(self, prompts: list[list[int]], params: SamplingParams, show_progress: bool = False) -> RolloutBatch:
+        if self._released:
+            raise RuntimeError("native rollout: generate() after release_memory(); call resume_memory() first.")
+        check_request(prompts, params)
+        rows = [p for p in prompts for _ in range(params.n)]  # row i = sample i % n of prompt i // n
+        size = self.micro_batch_size or len(rows)
+        chunks = [rows[i:i + size] for i in range(0, len(rows), size)]
+        generator = torch.Generator(device=self.ctx.device).manual_seed(replica_seed(params.seed, self.ctx.dp_rank))
+        bar = tqdm(total=len(chunks) * params.max_new_tokens, desc="rollout", unit="step", leave=False,
+                   disable=not (show_progress and self.ctx.rank == 0))
+        with inference_mode(self.model), bar:
+            responses = [r for chunk in chunks for r in self._generate_chunk(chunk, params, generator, bar)]
+        return assemble_batch(rows, responses, self.pad_id, self.ctx.device)
+
+    def update_weights(self, actor_model) -> None:
+        """No-op: the engine decodes with the actor's own modules, so it always sees the current weights."""
+        if unwrap_model(actor_model) is not self.model:
+            raise ValueError("native rollout: update_weights() got a different model than the engine was built "
+                             "with. The native engine shares the actor's modules; build it with that model.")
+
+    def release_memory(self) -> None:
+        """Drop the KV cache (the weights are the actor's and stay)."""
+        self._kv = None
+        self._released = True
+        if torch.cuda.is_available():
+            torch.cuda.empty_cache()
+
+    def resume_memory(self) -> None:
+        """Allow generate() again; the KV cache is reallocated by the attention layers at the next prefill."""
+        self._released = False
+
+    # ---- decoding ------------------------------------------------------------------------------------
+    def _context(self, batch_size: int, sequence_length: int):
+        if kv_cache.fits(self._kv, batch_size, sequence_length):
+            self._kv.reset()
+        else:
+            self._kv = None  # free the old buffers before the new ones are allocated
+            self._kv = kv_cache.new_context(batch_size, sequence_length)
+        return self._kv
+
+    def _generate_chunk(self, rows: list[list[int]], params: SamplingParams, generator, bar) -> list[Response]:
+        prompt, valid = kv_cache.left_pad(rows, self.pad_id, self.ctx.device)  # [B, P]
+        num_rows, max_new = len(rows), params.max_new_tokens
+        kv = self._context(num_rows, prompt.size(1) + max_new)
+        key_valid = None if bool(valid.all()) else torch.cat([valid, valid.new_ones(num_rows, max_new)], dim=1)
+        out = ResponseBuffer.empty(num_rows, max_new, self.pad_id, self.ctx.device)
+        slots = torch.arange(num_rows, device=self.ctx.device)  # chunk row held by each KV-cache slot
+        alive = torch.ones(num_rows, dtype=torch.bool, device=self.ctx.device)
+        step_input, mask = prompt, kv_cache.prefill_mask(valid)
+        for step in range(max_new):
+            hidden = self._forward(step_input, mask, kv)
+            tokens, logprobs, finished = self._next_tokens(hidden, params, generator, out, slots, alive, step)
+            out.record(slots[alive], step, tokens[alive], logprobs[alive])
+            done = finished & alive
+            out.finish(slots[done], step, stopped=True)
+            alive &= ~finished
+            bar.update(1)
+            num_alive = int(alive.sum())  # the one host sync per step
+            if num_alive == 0 or step == max_new - 1:
+                bar.update(max_new - 1 - step)
+                break
+            if num_alive <= alive.numel() // 2:  # stop decoding the finished rows
+                keep = alive.nonzero().squeeze(1)
+                kv_cache.compact(kv, keep)
+                slots, alive, tokens = slots[keep], alive[keep], tokens[keep]
+                key_valid = None if key_valid is None else key_valid[keep]
+            step_input = torch.where(alive, tokens, self.pad_id).unsqueeze(1)  # [b, 1]
+            mask = kv_cache.decode_mask(key_valid, kv.sequence_len_offset + 1)
+            kv.enable_decode_mode()
+        out.finish(slots[alive], max_new - 1, stopped=False)
+        return out.to_responses()
+
+    def _forward(self, input_ids: torch.Tensor, mask: Optional[torch.Tensor], kv) -> Optional[torch.Tensor]:
+        """One forward of this stage's layers over input_ids [b, s] at the cache offset; the hidden state of
+        the last position [b, h] on the last stage, None elsewhere (activations go to the next stage)."""
+        b, s = input_ids.shape
+        start = kv.sequence_len_offset
+        position_ids = torch.arange(start, start + s, device=input_ids.device).expand(b, s)  # RoPE uses slots
+        if not self.ctx.is_first_stage:
+            cfg = self.model.config
+            self.model.set_input_tensor(comm.recv_from_prev_stage((s, b, cfg.hidden_size), cfg.params_dtype, self.ctx))
+        output = self.model(input_ids, position_ids, mask, inference_context=kv, runtime_gather_output=True)
+        kv.increment_sequence_len_offset(s)
+        if not self.ctx.is_first_stage:
+            self.model.set_input_tensor(None)
+        if not self.ctx.is_last_stage:
+            comm.send_to_next_stage(output, self.ctx)  # [s, b, h]
+            return None
+        return output[:, -1]  # [b, 1, h] (megatron keeps the last position only) -> [b, h]
+
+    def _next_tokens(self, hidden, params: SamplingParams, generator, out: ResponseBuffer, slots, alive, step):
+        """(tokens [b], logprobs [b], finished [b]) of every cache slot, sampled on the last stage and
+        broadcast to the other stages; finished = a stop token or stop string ended the row."""
+        if self.ctx.is_last_stage:
+            from rlhf_mcore.models.build import lm_output_weight
+
+            logits = comm.full_vocab_logits(hidden, lm_output_weight(self.model), self.model.vocab_size_unpadded,
+                                       self.ctx)  # [b, V_padded] fp32
+            tokens, logprobs = sample(logits, params.temperature, params.top_k, params.top_p, generator)
+            finished = is_stop_token(tokens, params.stop_token_ids)  # [b] bool
+            if params.stop_strings:
+                tails = out.tails(slots[alive], step, tokens[alive], tail_window(params.stop_strings))
+                hits = torch.tensor(stop_string_hits(tails, params.stop_strings, self.decode), device=tokens.device)
+                finished[alive.nonzero().squeeze(1)] |= hits
+            payload = comm.pack_step(tokens, logprobs, finished)
+        else:
+            payload = torch.empty(3, slots.numel(), dtype=torch.float64, device=self.ctx.device)
+        return comm.unpack_step(comm.broadcast_from_last_stage(payload, self.ctx))
