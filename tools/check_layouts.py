@@ -43,6 +43,7 @@ def synthetic_batch(num: int, seq: int, vocab: int, seed: int) -> dict:
         "advantages": torch.randn(num, seq, generator=g),
         "returns": torch.randn(num, seq, generator=g),
         "old_values": torch.zeros(num, seq),
+        "nudge": torch.randn(num, seq, generator=g),  # old log-probs = current ones + 0.1 * nudge
     }
 
 
@@ -67,8 +68,8 @@ def run_role(role, cfg, hf, ctx, batch, section, loss_fn, key):
     mbs = split_micro_batches(batch, section.micro_batch_size_per_gpu)
     seq = batch["tokens"].size(1)
     before = forward_collect(state.model, mbs, fn, (key,), seq, ctx.pgs.pp)[key]
-    if role == "actor":
-        batch = {**batch, "old_logp": before}
+    if role == "actor":  # old policy = current one, nudged, so the ratio and clipping are exercised
+        batch = {**batch, "old_logp": before + 0.1 * batch["nudge"] * batch["response_mask"]}
         mbs = split_micro_batches(batch, section.micro_batch_size_per_gpu)
     zero_grads(state)
     outputs = run_schedule(state.model, mbs, fn, forward_only=False)
