@@ -2,15 +2,6 @@ r"""GSM8K reward: the number after ``#### `` (strict) or the last number in the 
 
 Answers are normalised before comparison: thousands commas, ``$`` and a trailing ``.`` are dropped, and
 numbers compare by exact value (``72.00`` equals ``72``).
-
->>> compute_gsm8k_score("openai/gsm8k", "48/2 = 24, so 48 + 24 = 72.\n#### 72", "72")
-{'score': 1.0, 'acc': 1.0, 'pred': '72'}
->>> compute_gsm8k_score("gsm8k", "She earns $1,000.", "1000")  # strict needs '#### '
-{'score': 0.0, 'acc': 0.0, 'pred': None}
->>> compute_gsm8k_score("gsm8k", "She earns $1,000.", "1000", method="flexible")
-{'score': 1.0, 'acc': 1.0, 'pred': '1000'}
->>> compute_gsm8k_score("gsm8k", "#### 71", "72", format_score=0.1)
-{'score': 0.1, 'acc': 0.0, 'pred': '71'}
 """
 from __future__ import annotations
 
@@ -64,7 +55,17 @@ def compute_gsm8k_score(
     format_score: float = 0.0,
     score: float = 1.0,
 ) -> dict:
-    """``score`` for a correct answer, ``format_score`` for a well-formed wrong one, 0 when none is found."""
+    r"""``score`` for a correct answer, ``format_score`` for a well-formed wrong one, 0 when none is found.
+
+    >>> compute_gsm8k_score("openai/gsm8k", "48/2 = 24, so 48 + 24 = 72.\n#### 72", "72")
+    {'score': 1.0, 'acc': 1.0, 'pred': '72'}
+    >>> compute_gsm8k_score("gsm8k", "She earns $1,000.", "1000")  # strict needs '#### '
+    {'score': 0.0, 'acc': 0.0, 'pred': None}
+    >>> compute_gsm8k_score("gsm8k", "She earns $1,000.", "1000", method="flexible")
+    {'score': 1.0, 'acc': 1.0, 'pred': '1000'}
+    >>> compute_gsm8k_score("gsm8k", "#### 71", "72", format_score=0.1)
+    {'score': 0.1, 'acc': 0.0, 'pred': '71'}
+    """
     pred = extract_gsm8k_answer(solution_str, method)
     if pred is None:
         return {"score": 0.0, "acc": 0.0, "pred": None}

@@ -2,13 +2,6 @@ r"""MATH (Hendrycks) reward: the last ``\boxed{...}`` answer, normalised, agains
 
 Normalisation follows the MATH paper's ``is_equiv`` (fractions, ``\left``/``\right``, degrees, percent, units,
 spaces, ``x = ...``) and adds exact numeric equality, so ``0.5``, ``1/2`` and ``\frac{1}{2}`` all match.
-
->>> compute_math_score("lighteval/MATH", "Half of it: $\\boxed{\\dfrac{1}{2}}$.", "0.5")
-{'score': 1.0, 'acc': 1.0, 'pred': '\\dfrac{1}{2}'}
->>> compute_math_score("math", "The set is \\boxed{\\{1, \\{2\\}\\}}", "\\{1,\\{2\\}\\}")["score"]
-1.0
->>> compute_math_score("math", "no boxed answer: 1/2", "1/2")
-{'score': 0.0, 'acc': 0.0, 'pred': None}
 """
 from __future__ import annotations
 
@@ -118,6 +111,13 @@ def compute_math_score(
     r"""``score`` when the last boxed answer equals the ground truth, ``format_score`` for a wrong boxed one.
 
     A ground truth that itself holds ``\boxed{...}`` is unwrapped first.
+
+    >>> compute_math_score("lighteval/MATH", "Half of it: $\\boxed{\\dfrac{1}{2}}$.", "0.5")
+    {'score': 1.0, 'acc': 1.0, 'pred': '\\dfrac{1}{2}'}
+    >>> compute_math_score("math", "The set is \\boxed{\\{1, \\{2\\}\\}}", "\\{1,\\{2\\}\\}")["score"]
+    1.0
+    >>> compute_math_score("math", "no boxed answer: 1/2", "1/2")
+    {'score': 0.0, 'acc': 0.0, 'pred': None}
     """
     pred = extract_boxed_answer(solution_str)
     if pred is None:

@@ -16,7 +16,7 @@ import re
 from fractions import Fraction
 
 _DECIMAL = r"\d+(?:\.\d*)?|\.\d+"
-_DECIMAL_RE = re.compile(rf"[+-]?(?:{_DECIMAL})(?:[eE][+-]?\d+)?")
+_DECIMAL_RE = re.compile(rf"[+-]?(?:{_DECIMAL})(?:[eE][+-]?\d{{1,2}})?")
 _THOUSANDS_RE = re.compile(r"^[+-]?\d{1,3}(?:,\d{3})+(?:\.\d+)?$")
 _SLASH_RE = re.compile(rf"([+-]?(?:{_DECIMAL}))/([+-]?(?:{_DECIMAL}))")
 _FRAC_RE = re.compile(rf"([+-]?)\\[dt]?frac\{{([+-]?(?:{_DECIMAL}))\}}\{{([+-]?(?:{_DECIMAL}))\}}")
