@@ -120,3 +120,21 @@ def test_gpu_bf16_triton_matches_reference_and_torch_path():
     torch.testing.assert_close(tri[0], torch_path[0], atol=1e-3, rtol=1e-3)  # same bf16 logits, same maths
     torch.testing.assert_close(tri[1], torch_path[1], atol=1e-3, rtol=1e-3)
     assert rel_err(tri[2], torch_path[2]) < 1e-2 and rel_err(tri[3], torch_path[3]) < 1e-2
+
+
+@pytest.mark.gpu
+def test_gpu_triton_on_a_vocab_shard_matches_torch_path():
+    """One TP rank's view (no group): rows [1000, 3500) of the vocab, most targets on other shards."""
+    if not HAS_TRITON:
+        pytest.skip("triton not installed")
+    hidden, weight, targets, coef = problem(n=700, h=64, v=5003, dtype=torch.float32, device="cuda", scale=0.5)
+    shard = weight[1000:3500]
+    kw = dict(vocab_start=1000, temperature=1.3, chunk_size=128)
+    tri = values_and_grads(fused_logprob_entropy, hidden, shard, targets, coef, backend="triton", **kw)
+    ref = values_and_grads(fused_logprob_entropy, hidden, shard, targets, coef, backend="torch", **kw)
+    for got, want in zip(tri, ref):
+        torch.testing.assert_close(got, want, atol=1e-4, rtol=1e-4)
+    on_shard = (targets >= 1000) & (targets < 3500)
+    assert 0 < int(on_shard.sum()) < len(targets)
+    lse = torch.logsumexp(hidden @ shard.t() / 1.3, -1)
+    torch.testing.assert_close(tri[0][~on_shard], -lse[~on_shard], atol=1e-4, rtol=1e-4)
