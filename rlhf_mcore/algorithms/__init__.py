@@ -4,7 +4,8 @@
     per_token, pg_metrics = POLICY_LOSSES.get(cfg.actor.policy_loss)(PolicyLossInputs(...))
     loss_sum, count, agg_metrics = aggregate_loss(per_token, mask, cfg.actor.loss_agg_mode, norm_length=...)
 
-No torch.distributed, no config objects, no host syncs. Shapes: B responses, T response tokens.
+No torch.distributed, no config objects, no `.item()`. Shapes: B responses, T response tokens.
+Group estimators compact `group_index` with torch.unique (one implicit device sync on CUDA, once a step).
 """
 from rlhf_mcore.algorithms.advantages import ADVANTAGES, AdvantageInputs, discounted_returns, gae_advantages
 from rlhf_mcore.algorithms.aggregate import LOSS_AGG_MODES, aggregate_loss

@@ -1,6 +1,6 @@
 """Masked and grouped statistics shared by the algorithm library.
 
-Pure tensor functions: no host syncs (`.item()`), no process groups. Masks may be bool, int or float;
+Pure tensor functions: no `.item()`, no process groups. Masks may be bool, int or float;
 a position counts as valid where the mask is non-zero. Padded positions never leak into a result,
 even when they hold `inf`/`nan`, because values are selected with `torch.where`, not multiplied.
 """
