@@ -9,6 +9,8 @@ from rlhf_mcore.config import Config
 
 # Estimators that compare the samples of one prompt: they need rollout.n >= 2.
 GROUP_ESTIMATORS = ("grpo", "rloo", "reinforce_plus_plus_baseline", "opo", "grpo_passk", "gpg")
+# Estimators that need critic values (a critic is built and trained for them).
+VALUE_ESTIMATORS = ("gae",)
 REQUIRED_INLINE = ("num_layers", "hidden_size", "ffn_hidden_size", "num_attention_heads", "vocab_size")
 
 

@@ -1,0 +1,16 @@
+#!/usr/bin/env bash
+# One node: launch the SPMD trainer on every local GPU (or NPROC CPU ranks).
+#   launch/torchrun.sh configs/gsm8k_grpo_smollm2.yaml [a.b=value ...]
+#   NPROC=2 DRY_RUN=1 launch/torchrun.sh configs/tiny_grpo.yaml trainer.total_steps=2   # print, don't run
+set -euo pipefail
+CONFIG=${1:?usage: launch/torchrun.sh CONFIG [a.b=value ...]}
+shift
+if [[ -z "${NPROC:-}" ]]; then
+  if command -v nvidia-smi >/dev/null 2>&1; then NPROC=$(nvidia-smi -L | wc -l); else NPROC=1; fi
+fi
+PYTHON=${PYTHON:-$(dirname "$0")/../.venv/bin/python}
+[[ -x "$PYTHON" ]] || PYTHON=python3
+CMD=("$PYTHON" -m torch.distributed.run --standalone --nproc_per_node "$NPROC" --local-ranks-filter 0
+     -m rlhf_mcore.train --config "$CONFIG" "$@")
+if [[ -n "${DRY_RUN:-}" ]]; then printf '%q ' "${CMD[@]}"; echo; exit 0; fi
+exec "${CMD[@]}"

@@ -1,0 +1,86 @@
+"""`train(cfg)`: the RL loop, one SPMD program on every rank. `train_step` reads top to bottom:
+rollout -> rewards -> old/ref log-probs and values -> advantages -> critic and actor updates -> weight
+refresh -> log."""
+from __future__ import annotations
+
+import logging
+import time
+from functools import partial
+
+import torch
+
+from rlhf_mcore import phases
+from rlhf_mcore.logs import timer
+from rlhf_mcore.metrics import reduce_outputs
+from rlhf_mcore.optim import lr_at, offload_optimizer
+from rlhf_mcore.role_losses import actor_loss, critic_loss
+from rlhf_mcore.run import Run, finish_run, start_run
+from rlhf_mcore.step_log import step_metrics
+
+log = logging.getLogger(__name__)
+
+
+def train_step(run: Run, step: int) -> dict:
+    cfg, ctx, roles, timings = run.cfg, run.ctx, run.roles, {}
+    prompts = run.sampler.next_batch()
+    with timer("gen", timings):
+        offload_during(run, "cpu")
+        rollout = run.engine.generate([p.prompt_ids for p in prompts], phases.sampling_params(
+            cfg, run.stop_ids, step), show_progress=ctx.is_logging_rank)
+        run.engine.release_memory()
+        offload_during(run, ctx.device.type)
+    with timer("reward", timings):
+        scores, reward_metrics = run.scorer(rollout, prompts, cfg.rollout.n)
+        batch = phases.make_batch(rollout, scores, run.group_index(len(prompts)), run.seq_len)
+        if roles.reward is not None:
+            batch["token_level_scores"] = batch["token_level_scores"] + phases.reward_model_pass(roles, batch, cfg, ctx)
+    with timer("old_log_prob", timings):
+        batch.update(phases.forward_passes(roles, batch, cfg, ctx))
+    with timer("adv", timings):
+        batch, adv_metrics = phases.compute_advantages(batch, cfg, run.kl_ctrl.value, ctx)
+        batch, mismatch_metrics = phases.rollout_correction(batch, cfg.actor)
+    reports = []
+    if roles.critic is not None:
+        with timer("update_critic", timings):
+            fn = partial(critic_loss, cliprange_value=cfg.critic.cliprange_value)
+            reports += phases.update_role("critic", roles.critic, batch, fn, cfg.critic, run.rows_per_mini("critic"),
+                                          lr_at(step, cfg.critic.optim, run.total_steps))
+    with timer("update_actor", timings):
+        fn = partial(actor_loss, model=roles.actor.module, tp_group=ctx.pgs.tp, actor_cfg=cfg.actor,
+                     temperature=cfg.rollout.temperature, norm_length=float(cfg.rollout.max_response_length))
+        reports += phases.update_role("actor", roles.actor, batch, fn, cfg.actor, run.rows_per_mini("actor"),
+                                      lr_at(step, cfg.actor.optim, run.total_steps))
+    with timer("sync_weights", timings):
+        run.engine.update_weights(roles.actor.model[0])
+        run.engine.resume_memory()
+    metrics = step_metrics(batch, reduce_outputs(reports, ctx), {**reward_metrics, **adv_metrics, **mismatch_metrics},
+                           timings, ctx)
+    if cfg.algorithm.use_kl_in_reward:
+        run.kl_ctrl.update(metrics.get("actor/reward_kl", 0.0), cfg.data.train_batch_size)
+    return metrics
+
+
+def offload_during(run: Run, device: str) -> None:
+    if run.cfg.trainer.offload_during_rollout and torch.cuda.is_available():
+        for state in run.roles.trainable().values():
+            offload_optimizer(state, device)
+
+
+def train(cfg) -> Run:
+    run = start_run(cfg)
+    try:
+        if cfg.trainer.val_before_train and run.val_sampler is not None:
+            run.log_validation(run.start_step)
+        for step in range(run.start_step, run.total_steps):
+            start = time.perf_counter()
+            metrics = train_step(run, step)
+            metrics["timing_s/step"] = time.perf_counter() - start
+            run.log_step(step + 1, metrics)
+            if cfg.trainer.test_freq > 0 and (step + 1) % cfg.trainer.test_freq == 0:
+                run.log_validation(step + 1)
+            if cfg.trainer.save_freq > 0 and (step + 1) % cfg.trainer.save_freq == 0:
+                run.save(step + 1)
+        finish_run(run)
+    finally:
+        run.close()
+    return run
