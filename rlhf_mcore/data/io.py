@@ -1,0 +1,62 @@
+"""Reading jsonl sources and reading/writing verl-schema parquet, with errors that name file and line/row."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Iterable, Sequence
+
+from rlhf_mcore.data.schema import REQUIRED_COLUMNS, check_row
+
+
+def read_jsonl(path: str | Path, required_keys: Sequence[str] = ()) -> list[tuple[int, dict]]:
+    """``(line_number, object)`` for every non-blank line of a jsonl file (1-based line numbers).
+
+    Raises ValueError naming the file and line for invalid JSON, a non-object line or a missing key.
+    """
+    path = Path(path)
+    if not path.is_file():
+        raise ValueError(f"{path}: file not found")
+    records = []
+    with path.open(encoding="utf-8") as f:
+        for line_no, line in enumerate(f, start=1):
+            if not line.strip():
+                continue
+            try:
+                record = json.loads(line)
+            except json.JSONDecodeError as err:
+                raise ValueError(f"{path}:{line_no}: invalid JSON ({err.msg} at column {err.colno})") from err
+            if not isinstance(record, dict):
+                raise ValueError(f"{path}:{line_no}: expected a JSON object (got {type(record).__name__})")
+            missing = [k for k in required_keys if k not in record]
+            if missing:
+                raise ValueError(f"{path}:{line_no}: missing key(s) {missing} (has {sorted(record)})")
+            records.append((line_no, record))
+    return records
+
+
+def read_parquet_rows(path: str | Path) -> list[dict]:
+    """All rows of a verl-schema parquet file as dicts (columns checked, rows not yet validated)."""
+    import pyarrow.parquet as pq
+
+    path = Path(path)
+    if not path.is_file():
+        raise ValueError(f"{path}: file not found. Run tools/prepare_gsm8k.py (or prepare_math.py) first.")
+    table = pq.read_table(path)
+    missing = [c for c in REQUIRED_COLUMNS if c not in table.column_names]
+    if missing:
+        raise ValueError(f"{path}: missing column(s) {missing} (has {table.column_names}); expected verl's schema")
+    return table.to_pylist()
+
+
+def write_prompt_parquet(rows: Iterable[dict], path: str | Path) -> int:
+    """Validate every row, then write them as one parquet file; returns the row count."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    rows = list(rows)
+    for i, row in enumerate(rows):
+        check_row(row, f"{path}: row {i}", i)
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    pq.write_table(pa.Table.from_pylist(rows), path)
+    return len(rows)

@@ -1,0 +1,71 @@
+"""GSM8K jsonl ({"question", "answer"}, answer ending in "#### N") -> verl-schema parquet.
+
+    python tools/prepare_gsm8k.py --input-dir data/gsm8k --output-dir runs/data/gsm8k --max-train 64
+
+Writes ``train.parquet`` and ``test.parquet``: data_source "openai/gsm8k", one user message (question plus
+the step-by-step instruction), ability "math", reward_model {"style": "rule", "ground_truth": N} and
+extra_info {split, index, answer, question}. Rows are taken in file order; --max-* keep the first N.
+"""
+from __future__ import annotations
+
+import argparse
+import re
+import sys
+from pathlib import Path
+
+from rlhf_mcore.data import make_row, read_jsonl, write_prompt_parquet
+
+REPO = Path(__file__).resolve().parents[1]
+DATA_SOURCE = "openai/gsm8k"
+INSTRUCTION = 'Let\'s think step by step and output the final answer after "####".'
+_ANSWER_RE = re.compile(r"#### (-?[0-9.,]+)")
+
+
+def gsm8k_ground_truth(answer: str) -> str | None:
+    """The number after ``#### `` in a reference answer, commas removed (verl's ``extract_solution``).
+
+    >>> gsm8k_ground_truth("48/2 = 24 clips.\\n#### 1,072")
+    '1072'
+    """
+    found = _ANSWER_RE.search(answer)
+    return found.group(1).replace(",", "") if found else None
+
+
+def gsm8k_rows(path: Path, split: str, limit: int | None = None) -> list[dict]:
+    """verl rows of one split; a line without ``#### N`` raises ValueError naming file and line."""
+    rows = []
+    for line_no, record in read_jsonl(path, ("question", "answer"))[:limit]:
+        truth = gsm8k_ground_truth(str(record["answer"]))
+        if truth is None:
+            raise ValueError(f"{path}:{line_no}: answer has no final '#### <number>' line")
+        question = str(record["question"])
+        extra = {"split": split, "index": len(rows), "answer": record["answer"], "question": question}
+        rows.append(make_row(DATA_SOURCE, f"{question} {INSTRUCTION}", "math", truth, extra))
+    return rows
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--input-dir", type=Path, default=REPO.parent / "shared" / "data" / "gsm8k",
+                        help="folder with train.jsonl and test.jsonl (default: ../shared/data/gsm8k)")
+    parser.add_argument("--output-dir", type=Path, default=REPO / "runs" / "data" / "gsm8k")
+    parser.add_argument("--max-train", type=int, default=None, help="keep the first N training rows")
+    parser.add_argument("--max-test", type=int, default=None, help="keep the first N test rows")
+    return parser.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    for split, limit in (("train", args.max_train), ("test", args.max_test)):
+        if limit is not None and limit <= 0:
+            raise SystemExit(f"--max-{split} must be positive (got {limit})")
+        src = args.input_dir / f"{split}.jsonl"
+        if not src.is_file():
+            raise SystemExit(f"{src}: not found. Pass --input-dir (the repo ships a subset in data/gsm8k).")
+        num = write_prompt_parquet(gsm8k_rows(src, split, limit), args.output_dir / f"{split}.parquet")
+        print(f"{split}: {num} rows -> {args.output_dir / f'{split}.parquet'}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

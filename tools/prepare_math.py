@@ -1,0 +1,67 @@
+r"""MATH jsonl (Hendrycks: {"problem", "solution", "level", "type"}) -> verl-schema parquet.
+
+    python tools/prepare_math.py --input-dir data/math_sample --output-dir runs/data/math
+
+Reads ``train.jsonl`` and/or ``test.jsonl`` (whichever exist) and writes ``<split>.parquet``: data_source
+"DigitalLearningGmbH/MATH-lighteval", one user message (problem plus the \boxed{} instruction), ability
+"math", reward_model {"style": "rule", "ground_truth": <last \boxed{} of the solution>} and extra_info
+{split, index, level, type, answer, question}.
+"""
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+from rlhf_mcore.data import make_row, read_jsonl, write_prompt_parquet
+from rlhf_mcore.rewards.hendrycks_math import extract_boxed_answer
+
+REPO = Path(__file__).resolve().parents[1]
+DATA_SOURCE = "DigitalLearningGmbH/MATH-lighteval"
+INSTRUCTION = "Let's think step by step and output the final answer within \\boxed{}."
+SPLITS = ("train", "test")
+
+
+def math_rows(path: Path, split: str, limit: int | None = None) -> list[dict]:
+    """verl rows of one split; a solution without a complete \\boxed{} raises naming file and line."""
+    rows = []
+    for line_no, record in read_jsonl(path, ("problem", "solution"))[:limit]:
+        truth = extract_boxed_answer(str(record["solution"]))
+        if not truth:
+            raise ValueError(f"{path}:{line_no}: solution has no complete \\boxed{{...}} answer")
+        problem = str(record["problem"])
+        extra = {
+            "split": split, "index": len(rows), "level": str(record.get("level", "")),
+            "type": str(record.get("type", "")), "answer": record["solution"], "question": problem,
+        }
+        rows.append(make_row(DATA_SOURCE, f"{problem} {INSTRUCTION}", "math", truth, extra))
+    return rows
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--input-dir", type=Path, default=REPO / "data" / "math_sample",
+                        help="folder with train.jsonl and/or test.jsonl (default: data/math_sample)")
+    parser.add_argument("--output-dir", type=Path, default=REPO / "runs" / "data" / "math")
+    parser.add_argument("--max-train", type=int, default=None, help="keep the first N training rows")
+    parser.add_argument("--max-test", type=int, default=None, help="keep the first N test rows")
+    return parser.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    limits = {"train": args.max_train, "test": args.max_test}
+    found = [s for s in SPLITS if (args.input_dir / f"{s}.jsonl").is_file()]
+    if not found:
+        raise SystemExit(f"{args.input_dir}: no train.jsonl or test.jsonl. Pass --input-dir.")
+    for split in found:
+        if limits[split] is not None and limits[split] <= 0:
+            raise SystemExit(f"--max-{split} must be positive (got {limits[split]})")
+        rows = math_rows(args.input_dir / f"{split}.jsonl", split, limits[split])
+        out = args.output_dir / f"{split}.parquet"
+        print(f"{split}: {write_prompt_parquet(rows, out)} rows -> {out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
