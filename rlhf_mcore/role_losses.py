@@ -58,7 +58,7 @@ def critic_loss(mb, output, non_loss_data=False, *, cliprange_value):
     if non_loss_data:
         return {"values": values.detach()}
     mask = mb["response_mask"]
-    per_token, metrics = compute_value_loss(values, mb["returns"], mb["old_values"], mask, cliprange_value)
+    per_token, metrics = compute_value_loss(values, mb["returns"], mb["values"], mask, cliprange_value)
     loss_sum, count, _ = aggregate_loss(per_token, mask, "token-mean")
     metrics = {f"critic/{k}": v for k, v in metrics.items()}
     metrics["critic/vf_loss"] = masked_mean(per_token.detach(), mask)

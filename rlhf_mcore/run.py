@@ -87,6 +87,8 @@ def _total_steps(cfg, sampler) -> int:
 
 
 def _resume(run: Run) -> None:
+    if run.cfg.trainer.resume == "disable":
+        return
     from rlhf_mcore.checkpoint import load_checkpoint, resolve_resume
 
     path = resolve_resume(run.cfg.trainer, run.run_dir)

@@ -2,9 +2,12 @@
 from __future__ import annotations
 
 import json
+import logging
 import os
 
 from rlhf_mcore.tokenizer_bytes import ByteTokenizer
+
+log = logging.getLogger(__name__)
 
 
 def load_run_tokenizer(cfg):
@@ -30,5 +33,35 @@ def stop_token_ids(cfg, tokenizer) -> tuple[int, ...]:
     return tuple(dict.fromkeys(int(i) for i in ids))
 
 
+class ValShard:
+    """The validation set split over DP ranks: row i goes to rank i % dp. Ranks with fewer rows repeat
+    their first one so every rank generates the same count (collectives stay in step); keep=False marks
+    the repeats, which metrics skip."""
+
+    def __init__(self, dataset, dp_rank: int, dp_size: int):
+        self.rows = [dataset[i] for i in range(dp_rank, len(dataset), dp_size)]
+        self.count = -(-len(dataset) // dp_size)
+
+    def shard(self):
+        pad = self.count - len(self.rows)
+        return self.rows + self.rows[:1] * pad, [True] * len(self.rows) + [False] * pad
+
+
+def _load(paths: str, tokenizer, cfg):
+    from rlhf_mcore.data.dataset import load_prompt_dataset
+
+    dataset = load_prompt_dataset(paths.split(","), tokenizer, cfg.data.max_prompt_length,
+                                  filter_overlong=cfg.data.filter_overlong_prompts)
+    log.info("data: %d prompts from %s (%d longer than %d tokens filtered out)", len(dataset), paths,
+             dataset.num_filtered, cfg.data.max_prompt_length)
+    return dataset
+
+
 def build_samplers(cfg, tokenizer, ctx):
-    raise NotImplementedError("waiting for rlhf_mcore.data")
+    """(training PromptSampler for this DP rank, ValShard or None)."""
+    from rlhf_mcore.data.sampler import PromptSampler
+
+    sampler = PromptSampler(_load(cfg.data.train_files, tokenizer, cfg), cfg.data.train_batch_size,
+                            dp_rank=ctx.dp_rank, dp_size=ctx.dims.dp, seed=cfg.trainer.seed, shuffle=cfg.data.shuffle)
+    val = ValShard(_load(cfg.data.val_files, tokenizer, cfg), ctx.dp_rank, ctx.dims.dp) if cfg.data.val_files else None
+    return sampler, val

@@ -10,7 +10,7 @@ from rlhf_mcore.phases import sampling_params
 def validate(run) -> dict[str, float]:
     cfg, ctx = run.cfg, run.ctx
     prompts, keep = run.val_sampler.shard()  # every DP rank gets the same count; keep[i] = False on padding rows
-    rollout = run.engine.generate([p.prompt_ids for p in prompts],
+    rollout = run.engine.generate([list(p.prompt_ids) for p in prompts],
                                   sampling_params(cfg, run.stop_ids, 0, validation=True),
                                   show_progress=ctx.is_logging_rank)
     scores, _ = run.scorer(rollout, prompts, 1)

@@ -9,7 +9,7 @@ from rlhf_mcore.phases import gather_dp
 LINE_FIELDS = (
     ("reward", "critic/score/mean", "{:.3f}"), ("±", "critic/score/std", "{:.3f}"),
     ("acc", "critic/acc/mean", "{:.3f}"), ("pg", "actor/pg_loss", "{:+.4f}"), ("vf", "critic/vf_loss", "{:.4f}"),
-    ("kl", "actor/kl_loss", "{:.4f}"), ("ent", "actor/entropy", "{:.3f}"), ("clip", "actor/pg_clipfrac", "{:.3f}"),
+    ("kl", "actor/kl", "{:.4f}"), ("ent", "actor/entropy", "{:.3f}"), ("clip", "actor/pg_clipfrac", "{:.3f}"),
     ("gnorm", "actor/grad_norm", "{:.3f}"), ("len", "response_length/mean", "{:.1f}"),
     ("max", "response_length/max", "{:.0f}"), ("tok/s", "perf/throughput", "{:.0f}"),
     ("mem", "perf/max_memory_gb", "{:.2f}GB"),
@@ -49,6 +49,9 @@ def step_metrics(batch: dict, loss_metrics: dict, extra: dict, timings: dict, ct
         metrics.update(_masked("critic/values", gather_dp(batch["values"], ctx), mask))
     metrics.update({k: float(v) for k, v in extra.items()})
     metrics.update(loss_metrics)
+    kl = metrics.get("actor/kl_loss", metrics.get("actor/reward_kl"))
+    if kl is not None:
+        metrics["actor/kl"] = kl
     total_tokens = float((g["response_lengths"] + g["prompt_lengths"]).sum())
     step_time = sum(timings.values())
     metrics.update({f"timing_s/{k}": v for k, v in timings.items()})

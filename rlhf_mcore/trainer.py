@@ -25,7 +25,7 @@ def train_step(run: Run, step: int) -> dict:
     prompts = run.sampler.next_batch()
     with timer("gen", timings):
         offload_during(run, "cpu")
-        rollout = run.engine.generate([p.prompt_ids for p in prompts], phases.sampling_params(
+        rollout = run.engine.generate([list(p.prompt_ids) for p in prompts], phases.sampling_params(
             cfg, run.stop_ids, step), show_progress=ctx.is_logging_rank)
         run.engine.release_memory()
         offload_during(run, ctx.device.type)

@@ -42,7 +42,7 @@ def synthetic_batch(num: int, seq: int, vocab: int, seed: int) -> dict:
         "response_mask": (valid & (pos >= prompt.unsqueeze(1))).float(),
         "advantages": torch.randn(num, seq, generator=g),
         "returns": torch.randn(num, seq, generator=g),
-        "old_values": torch.zeros(num, seq),
+        "values": torch.zeros(num, seq),  # critic values at rollout time (value clipping)
         "nudge": torch.randn(num, seq, generator=g),  # old log-probs = current ones + 0.1 * nudge
     }
 

@@ -8,8 +8,8 @@
 >>> rows = [{"data_source": "math", "prompt": [{"role": "user", "content": q}],
 ...          "reward_model": {"ground_truth": "1"}} for q in ("1-0?", "a much longer question?")]
 >>> ds = build_prompt_dataset(rows, CharTokenizer(), max_prompt_length=8, source="demo")
->>> len(ds), ds.num_filtered, ds[0].prompt_ids
-(1, 1, (49, 45, 48, 63, 62))
+>>> len(ds), ds.num_filtered, ds[0].prompt_ids, ds.data_sources
+(1, 1, (49, 45, 48, 63, 62), ['math'])
 """
 from __future__ import annotations
 
@@ -36,6 +36,11 @@ class PromptDataset:
 
     def __getitem__(self, i: int) -> PromptRow:
         return self.rows[i]
+
+    @property
+    def data_sources(self) -> list[str]:
+        """The distinct data_source names (check them against the reward registry at start-up)."""
+        return sorted({r.data_source for r in self.rows})
 
 
 def tokenize_prompt(tokenizer, messages: Sequence[dict]) -> list[int]:

@@ -101,24 +101,33 @@ def run_with_deadlines(call: Call, num_items: int, *, timeout_s: float, num_work
         raise ValueError(f"need timeout_s > 0 and num_workers >= 1 (got {timeout_s}, {num_workers})")
     results: list = [None] * num_items
     active = [_start(call, shard, timeout_s) for shard in split_shards(num_items, num_workers)]
-    while active:
-        soonest = min(c.deadline for c in active)
-        wait([c.conn for c in active], timeout=max(0.0, soonest - time.monotonic()))
-        survivors = []
+    try:
+        while active:
+            active = _step(active, results, call, timeout_s)
+    finally:  # an interrupt (Ctrl-C) in the parent must not leave children running
         for child in active:
-            alive = _drain(child, results, timeout_s)
-            if child.pos == len(child.indices):
-                _stop(child, kill=False)
-                continue
-            if not alive:
-                _stop(child, kill=False)
-                died = ("error", f"reward worker died (exit code {child.proc.exitcode})")
-                child = _replace(child, died, results, call, timeout_s)
-            elif time.monotonic() >= child.deadline:
-                _stop(child, kill=True)
-                late = ("timeout", f"reward call exceeded {timeout_s} s")
-                child = _replace(child, late, results, call, timeout_s)
-            if child is not None:
-                survivors.append(child)
-        active = survivors
+            _stop(child, kill=True)
     return results
+
+
+def _step(active: list[_Child], results: list, call: Call, timeout_s: float) -> list[_Child]:
+    """Wait for the next message or deadline; return the children still running afterwards."""
+    soonest = min(c.deadline for c in active)
+    wait([c.conn for c in active], timeout=max(0.0, soonest - time.monotonic()))
+    survivors = []
+    for child in active:
+        alive = _drain(child, results, timeout_s)
+        if child.pos == len(child.indices):
+            _stop(child, kill=False)
+            continue
+        if not alive:
+            _stop(child, kill=False)
+            died = ("error", f"reward worker died (exit code {child.proc.exitcode})")
+            child = _replace(child, died, results, call, timeout_s)
+        elif time.monotonic() >= child.deadline:
+            _stop(child, kill=True)
+            late = ("timeout", f"reward call exceeded {timeout_s} s")
+            child = _replace(child, late, results, call, timeout_s)
+        if child is not None:
+            survivors.append(child)
+    return survivors

@@ -52,7 +52,7 @@ ROLLOUT_ENGINES: Registry = Registry("rollout engine")
 
 
 def build_rollout_engine(name: str, **kwargs) -> RolloutEngine:
-    """The engine registered as `name` (rollout.engine in the config), constructed with kwargs."""
-    import rlhf_mcore.rollout  # noqa: F401  (imports the modules that register the engines)
-
+    """The engine registered as `name` (rollout.engine in the config), constructed with kwargs. Engines
+    register on import; `rlhf_mcore/rollout/__init__.py` imports every engine module, so they are all
+    registered once anything in `rlhf_mcore.rollout` is imported."""
     return ROLLOUT_ENGINES.get(name)(**kwargs)

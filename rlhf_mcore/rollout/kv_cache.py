@@ -6,6 +6,12 @@ Passed as `inference_context=` to `GPTModel.forward` (in eval mode), each attent
 slot positions, so left padding plus a padding mask gives exact results. The caller advances the offset.
 Megatron only needs `torch.cuda.current_device()` here, which `rlhf_mcore.cpu_compat` maps to the CPU.
 
+Why megatron's context and not a cache of our own: it runs unchanged on CPU and GPU with our SDPA core
+attention, keeps the model code untouched (no forward hooks, no GPTModel subclass) and works per PP stage.
+Its cost: keys are cached before RoPE, so every decode step re-rotates all cached keys of every layer
+(an elementwise pass over K; small next to the weights with GQA, noticeable at long sequences and large
+batches). Megatron's rotated-key path (`flash_decode`) needs flash-attn and ignores our padding mask.
+
 Masks follow megatron's convention (bool, True = masked out), broadcast as [B, 1, sq, sk] by SDPAttention.
 """
 from __future__ import annotations

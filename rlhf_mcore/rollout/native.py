@@ -81,7 +81,7 @@ class NativeRolloutEngine:
             raise RuntimeError("native rollout: generate() after release_memory(); call resume_memory() first.")
         check_request(prompts, params)
         rows = [p for p in prompts for _ in range(params.n)]  # row i = sample i % n of prompt i // n
-        size = self.micro_batch_size or len(rows)
+        size = self.micro_batch_size or max(len(rows), 1)
         chunks = [rows[i:i + size] for i in range(0, len(rows), size)]
         generator = torch.Generator(device=self.ctx.device).manual_seed(replica_seed(params.seed, self.ctx.dp_rank))
         bar = tqdm(total=len(chunks) * params.max_new_tokens, desc="rollout", unit="step", leave=False,

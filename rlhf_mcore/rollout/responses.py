@@ -66,7 +66,7 @@ def assemble_batch(prompts: list[list[int]], responses: list[Response], pad_id: 
     >>> b.tokens.tolist(), b.rollout_logprobs.tolist(), b.finish_reasons
     ([[5, 6, 8], [7, 9, 3]], [[0.0, 0.0, -0.5], [0.0, -1.0, -2.0]], ['stop', 'length'])
     """
-    width = max(len(p) + len(r.tokens) for p, r in zip(prompts, responses))
+    width = max((len(p) + len(r.tokens) for p, r in zip(prompts, responses)), default=0)
     tokens = torch.full((len(prompts), width), pad_id, dtype=torch.long)
     logprobs = torch.zeros(len(prompts), width, dtype=torch.float32)
     for i, (p, r) in enumerate(zip(prompts, responses)):

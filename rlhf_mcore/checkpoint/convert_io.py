@@ -1,0 +1,148 @@
+"""Megatron side of checkpoint conversion: build a model for a role, load a full (TP1/PP1) state dict
+into this rank's TP/PP shard, and save / load megatron dist-checkpoints atomically.
+
+A converted checkpoint directory is a `dist_checkpointing` checkpoint (loadable at any TP/PP: megatron
+reshards on load) with two additions beside it:
+
+    out/                 dist-checkpoint files (metadata.json, .metadata, __*.distcp)
+    out/hf/              config.json + tokenizer / generation files of the source HF model
+    out/conversion.json  {"role", "dtype", "source", "saved_tp", "saved_pp", "padded_vocab_size"}
+"""
+from __future__ import annotations
+
+import json
+import logging
+import re
+import shutil
+import uuid
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+
+from rlhf_mcore.models.hf_io import copy_aux_files, read_hf_config, write_config
+
+log = logging.getLogger(__name__)
+
+HF_SUBDIR = "hf"
+META_FILE = "conversion.json"
+_LAYER_KEY = re.compile(r"^decoder\.layers\.(\d+)\.")
+
+
+def build_for_conversion(hf_config: dict, role: str, ctx, dtype: str, source: str = "config.json"):
+    """The model of `role` at this rank's layout, with the param-free SDPA local spec (our table's names)."""
+    from rlhf_mcore.config import ModelConfig, ParallelConfig
+    from rlhf_mcore.models.build import build_model
+
+    model_cfg = ModelConfig(dtype=dtype, attention_backend="sdpa")
+    parallel_cfg = ParallelConfig(tp=ctx.dims.tp, pp=ctx.dims.pp)
+    return build_model(role, hf_config, model_cfg, parallel_cfg, ctx, source=source)
+
+
+def _global_key(model, key: str) -> str:
+    """Local pipeline-stage key -> key in the full model (layer indices are per stage)."""
+    match = _LAYER_KEY.match(key)
+    if match is None:
+        return key
+    layer = model.decoder.layers[int(match.group(1))]
+    return f"decoder.layers.{layer.layer_number - 1}." + key[match.end():]
+
+
+def _tp_slice(full: torch.Tensor, param, key: str, tp_rank: int, tp_size: int) -> torch.Tensor:
+    """This TP rank's part of a full tensor, following megatron's partition attributes."""
+    if tp_size == 1 or not getattr(param, "tensor_model_parallel", False):
+        return full
+    dim = param.partition_dim
+    if key.endswith("mlp.linear_fc1.weight"):  # SwiGLU: each rank holds [gate_r; up_r]
+        gate, up = full.chunk(2, dim=0)
+        return torch.cat([gate.chunk(tp_size, dim=0)[tp_rank], up.chunk(tp_size, dim=0)[tp_rank]])
+    return full.chunk(tp_size, dim=dim)[tp_rank]
+
+
+@torch.no_grad()
+def load_full_state_dict(model, full_sd: dict[str, torch.Tensor], tp_rank: int, tp_size: int,
+                         source: str = "converted state dict") -> None:
+    """Copy a full TP1/PP1 megatron state dict into this rank's shard of `model` (any TP/PP)."""
+    params = dict(model.named_parameters())
+    tied = getattr(model, "share_embeddings_and_output_weights", False)
+    for key, param in params.items():
+        full_key = _global_key(model, key)
+        if full_key not in full_sd and tied and full_key == "output_layer.weight":
+            full_key = "embedding.word_embeddings.weight"  # last stage's copy of the tied embedding
+        if full_key not in full_sd:
+            if full_key == "output_layer.weight" and getattr(model, "role", "") == "critic":
+                continue  # value head not in the source: keep its initialisation
+            raise ValueError(f"{source}: missing tensor '{full_key}' for model parameter '{key}'.")
+        part = _tp_slice(full_sd[full_key], param, key, tp_rank, tp_size)
+        if part.shape != param.shape:
+            raise ValueError(f"{source}: tensor '{full_key}' gives shape {list(part.shape)} on TP rank "
+                             f"{tp_rank}/{tp_size}, but the model parameter has {list(param.shape)}.")
+        param.copy_(part)
+
+
+def full_state_dict(model) -> dict[str, torch.Tensor]:
+    """Tensor entries of a TP1/PP1 model's state dict (megatron's `_extra_state` placeholders dropped)."""
+    return {k: v for k, v in model.state_dict().items() if torch.is_tensor(v)}
+
+
+def _shared_tmp_dir(out_dir: Path) -> Path:
+    """One temporary sibling of `out_dir`, named by rank 0 and known to every rank."""
+    name = [f".{out_dir.name}.tmp-{uuid.uuid4().hex[:8]}"]
+    if dist.is_initialized() and dist.get_world_size() > 1:
+        dist.broadcast_object_list(name, src=0)
+    return out_dir.parent / name[0]
+
+
+def save_converted(model, out_dir: str | Path, hf_src_dir: str | Path, meta: dict, overwrite: bool = False):
+    """Collective: dist-checkpoint of `model` + hf/ + conversion.json, renamed into `out_dir` at the end."""
+    from megatron.core import dist_checkpointing
+
+    out_dir = Path(out_dir).resolve()
+    rank0 = not dist.is_initialized() or dist.get_rank() == 0
+    if out_dir.exists() and any(out_dir.iterdir()) and not overwrite:
+        raise ValueError(f"{out_dir}: already exists and is not empty. Pass --overwrite or another --out.")
+    tmp = _shared_tmp_dir(out_dir)
+    try:
+        if rank0:
+            tmp.mkdir(parents=True)
+        dist.barrier()
+        dist_checkpointing.save(model.sharded_state_dict(), str(tmp))
+        dist.barrier()
+        if rank0:
+            (tmp / HF_SUBDIR).mkdir()
+            write_config(tmp / HF_SUBDIR, read_hf_config(hf_src_dir))
+            copy_aux_files(hf_src_dir, tmp / HF_SUBDIR)
+            (tmp / META_FILE).write_text(json.dumps(meta, indent=2, sort_keys=True) + "\n")
+            old = out_dir.with_name(f".{out_dir.name}.old-{uuid.uuid4().hex[:8]}")
+            if out_dir.exists():
+                out_dir.rename(old)
+            tmp.rename(out_dir)
+            shutil.rmtree(old, ignore_errors=True)
+    except BaseException:
+        if rank0:
+            shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    dist.barrier()
+    return out_dir
+
+
+def read_converted(ckpt_dir: str | Path) -> tuple[dict, dict]:
+    """(HF config dict, conversion metadata) of a converted checkpoint directory."""
+    ckpt_dir = Path(ckpt_dir)
+    meta_path = ckpt_dir / META_FILE
+    if not meta_path.is_file():
+        raise ValueError(f"{meta_path}: not found. Pass a directory written by "
+                         "`tools/convert_checkpoint.py hf-to-mcore`.")
+    return read_hf_config(ckpt_dir / HF_SUBDIR), json.loads(meta_path.read_text())
+
+
+def load_converted(model, ckpt_dir: str | Path) -> None:
+    """Collective: load a dist-checkpoint into `model` at its own layout (megatron reshards)."""
+    from megatron.core import dist_checkpointing
+
+    state = dist_checkpointing.load(model.sharded_state_dict(), str(ckpt_dir))
+    missing, unexpected = model.load_state_dict(state, strict=False)
+    missing = [k for k in missing if not k.endswith("._extra_state")]
+    if missing or unexpected:
+        raise ValueError(f"{ckpt_dir}: checkpoint does not match the model (missing {missing[:5]}, "
+                         f"unexpected {unexpected[:5]}).")
