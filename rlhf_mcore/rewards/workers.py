@@ -2,10 +2,12 @@
 
 A reward is user code: it can raise, loop forever or hang inside a C regex, where no signal or thread can
 stop it. Each batch is therefore split over ``num_workers`` forked children; a child reports every finished
-item through a pipe, and a child that reports nothing for ``timeout_s`` is killed (SIGKILL). Its current item
-becomes a time-out and a new child takes over the rest of its shard. A child that dies (segfault,
-``os._exit``) turns its current item into an error the same way. Fork copies the caller's memory, so the
-inputs and ``call`` itself are never pickled; only the small outcomes travel back.
+item through a pipe, and a child that reports nothing for ``timeout_s`` (counted from its "ready" message,
+so a slow fork is not charged to the first call) is killed with SIGKILL. Its current item becomes a
+time-out and a new child takes over the rest of its shard. A child that dies (segfault, ``os._exit``) turns
+its current item into an error the same way. Fork copies the caller's memory, so the inputs and ``call``
+itself are never pickled; only the small outcomes travel back. Reward code in the child must not use CUDA
+(forked after the parent initialised it); rule-based rewards never do.
 
 Outcomes are tuples: ``("ok", score, extra)``, ``("error", message)`` or ``("timeout", message)``.
 
@@ -22,6 +24,8 @@ from typing import Any, Callable
 
 Outcome = tuple
 Call = Callable[[int], Outcome]
+_READY = "ready"
+_START_GRACE_S = 60.0  # how long a new child may take to report ready before it counts as hung
 
 
 @dataclass(slots=True)
@@ -50,6 +54,7 @@ def split_shards(num_items: int, num_shards: int) -> list[list[int]]:
 
 
 def _child_main(call: Call, indices: list[int], conn: Connection) -> None:
+    conn.send(_READY)  # start the first deadline now, not at fork: a loaded machine can be slow to fork
     for i in indices:
         outcome = call(i)
         try:
@@ -65,7 +70,7 @@ def _start(call: Call, indices: list[int], timeout_s: float) -> _Child:
     proc = ctx.Process(target=_child_main, args=(call, indices, writer), daemon=True)
     proc.start()
     writer.close()  # only the child writes; EOF then means the child is gone
-    return _Child(proc, reader, indices, 0, time.monotonic() + timeout_s)
+    return _Child(proc, reader, indices, 0, time.monotonic() + timeout_s + _START_GRACE_S)
 
 
 def _stop(child: _Child, kill: bool) -> None:
@@ -86,11 +91,13 @@ def _drain(child: _Child, results: list, timeout_s: float) -> bool:
     """Read every message waiting from ``child``; False when the child has exited (EOF)."""
     while child.conn.poll():
         try:
-            i, outcome = child.conn.recv()
+            msg = child.conn.recv()
         except EOFError:
             return False
-        results[i] = outcome
-        child.pos += 1
+        if msg != _READY:
+            i, outcome = msg
+            results[i] = outcome
+            child.pos += 1
         child.deadline = time.monotonic() + timeout_s
     return True
 

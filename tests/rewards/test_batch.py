@@ -67,12 +67,12 @@ def test_errors_score_zero_and_are_counted(num_workers, caplog):
 def test_hung_calls_are_killed_and_the_rest_still_scored():
     solutions = ["1", "sleep", "2", "regex", "3", "4"]
     start = time.monotonic()
-    result = _run(solutions, timeout_s=0.5, num_workers=2)
+    result = _run(solutions, timeout_s=2.0, num_workers=2)  # one hang per worker: they time out together
     elapsed = time.monotonic() - start
     assert result.scores == [1.0, 0.0, 2.0, 0.0, 3.0, 4.0]
     assert result.extra["idx"] == [0, None, 2, None, 4, 5]
     assert (result.num_errors, result.num_timeouts) == (0, 2)
-    assert elapsed < 5.0  # two 0.5 s deadlines, not 60 s of sleep
+    assert elapsed < 20.0  # two 2 s deadlines (plus a loaded machine), not 60 s of sleep
 
 
 def test_dead_worker_is_an_error_and_is_replaced():
