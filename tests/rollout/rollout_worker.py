@@ -160,6 +160,13 @@ def check_modes_memory_registry(model, ctx, out):
     eng.resume_memory()
     again = eng.generate(PROMPTS, SCENARIOS["greedy"])
     assert torch.equal(again.tokens, out["greedy"].tokens)
+    assert eng.generate([], SCENARIOS["sampled"]).tokens.shape == (0, 0)  # a DP rank without prompts
+    for bad in ([[1], []], "n=0"):
+        try:
+            eng.generate(bad, SamplingParams(n=0)) if bad == "n=0" else eng.generate(bad, SCENARIOS["greedy"])
+            raise AssertionError(f"{bad}: must raise")
+        except ValueError:
+            pass
     try:
         build_rollout_engine("nativ")
         raise AssertionError("unknown engine must raise")
