@@ -12,6 +12,8 @@ then decode one token per step for the whole batch until every row has finished.
 - PP: each forward runs the stages in turn (hidden [s, b, h] sent stage to stage); the last stage samples
   and broadcasts tokens, log-probs and finished flags, so every rank of a replica returns the same batch.
   Micro-batches are not interleaved across stages (one stage computes at a time).
+- Not supported: sequence parallelism (a 1-token decode step cannot be split over TP ranks) and virtual
+  pipeline chunks; the constructor says so.
 """
 from __future__ import annotations
 
@@ -68,6 +70,11 @@ class NativeRolloutEngine:
 
     def __init__(self, model, ctx, pad_id: int, decode: Optional[Decode] = None, micro_batch_size: int = 0):
         self.model = unwrap_model(model)
+        if getattr(self.model.config, "sequence_parallel", False):
+            raise ValueError("parallel.sequence_parallel: the native rollout engine cannot decode with sequence "
+                             "parallelism (got true). Set parallel.sequence_parallel=false or rollout.engine=sglang.")
+        if micro_batch_size < 0:
+            raise ValueError(f"rollout.micro_batch_size: must be >= 0 (got {micro_batch_size}). Use 0 for all rows.")
         self.ctx = ctx
         self.pad_id = pad_id
         self.decode = decode

@@ -144,6 +144,16 @@ def check_vocab_padding_never_sampled(model, ctx, out):
     assert int(batch.tokens.max()) < VOCAB and int(batch.tokens.max()) > VOCAB - 40
 
 
+def check_ddp_wrapped_model(model, ctx, out):
+    from megatron.core.distributed import DistributedDataParallel, DistributedDataParallelConfig
+
+    ddp = DistributedDataParallel(config=model.config, ddp_config=DistributedDataParallelConfig(), module=model)
+    eng = engine([ddp], ctx)  # what the trainer passes: its list of DDP-wrapped chunks
+    assert eng.model is model
+    eng.update_weights(ddp)
+    assert torch.equal(eng.generate(PROMPTS, SCENARIOS["greedy"]).tokens, out["greedy"].tokens)
+
+
 def check_modes_memory_registry(model, ctx, out):
     eng = engine(model, ctx)
     assert isinstance(eng, RolloutEngine)

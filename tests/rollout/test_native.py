@@ -20,7 +20,8 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(os.path.dirname(HERE))
 WORKER = os.path.join(HERE, "rollout_worker.py")
 CHECKS = ["greedy_matches_naive_loop", "logprobs_match_full_forward", "layout_and_n", "stop_tokens_and_length",
-          "stop_strings", "micro_batching", "vocab_padding_never_sampled", "modes_memory_registry"]
+          "stop_strings", "micro_batching", "vocab_padding_never_sampled", "ddp_wrapped_model",
+          "modes_memory_registry"]
 SCENARIOS = ["greedy", "sampled", "stopped"]
 
 
