@@ -31,3 +31,12 @@ def tiny_model_config(**overrides):
                   vocab_size=250)
     fields.update(overrides)
     return Config(model=ModelConfig(**fields))
+
+
+def free_port() -> int:
+    """A TCP port nobody listens on now (for torchrun's rendezvous in tests)."""
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
