@@ -137,12 +137,8 @@ def read_converted(ckpt_dir: str | Path) -> tuple[dict, dict]:
 
 
 def load_converted(model, ckpt_dir: str | Path) -> None:
-    """Collective: load a dist-checkpoint into `model` at its own layout (megatron reshards)."""
-    from megatron.core import dist_checkpointing
+    """Collective: load a converted checkpoint into `model` at its own layout (megatron reshards), through
+    the trainer's own loader so that conversion and training read checkpoints the same way."""
+    from rlhf_mcore.checkpoint.model_weights import load_model_weights
 
-    state = dist_checkpointing.load(model.sharded_state_dict(), str(ckpt_dir))
-    missing, unexpected = model.load_state_dict(state, strict=False)
-    missing = [k for k in missing if not k.endswith("._extra_state")]
-    if missing or unexpected:
-        raise ValueError(f"{ckpt_dir}: checkpoint does not match the model (missing {missing[:5]}, "
-                         f"unexpected {unexpected[:5]}).")
+    load_model_weights(model, ckpt_dir, allow_missing=())

@@ -12,6 +12,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tools"))
 from tiny_hf import CASES, VOCAB, diff_state_dicts, tiny_model  # noqa: E402
 
+from rlhf_mcore.models.build import lm_output_weight  # noqa: E402
 from rlhf_mcore.models.weights import hf_to_mcore, mcore_to_hf, model_dims  # noqa: E402
 
 
@@ -39,7 +40,8 @@ def test_qkv_is_fused_per_query_group():
     model = tiny_model("qwen2", False)
     cfg, sd = hf_dict(model), hf_tensors(model)
     out = hf_to_mcore(sd, cfg)
-    qkv, bias = out["decoder.layers.1.self_attention.linear_qkv.weight"], out["decoder.layers.1.self_attention.linear_qkv.bias"]
+    qkv = out["decoder.layers.1.self_attention.linear_qkv.weight"]
+    bias = out["decoder.layers.1.self_attention.linear_qkv.bias"]
     q, k, v = (sd[f"model.layers.1.self_attn.{p}_proj.weight"] for p in "qkv")
     hd = 16  # 64 hidden / 4 heads; 2 groups of 2 query heads
     expected = torch.cat([q[0:32], k[0:16], v[0:16], q[32:64], k[16:32], v[16:32]])
@@ -74,7 +76,7 @@ def test_round_trip_through_a_megatron_model(case, mcore_ctx):
     tokens = torch.randint(0, VOCAB, (2, 12), generator=torch.Generator().manual_seed(1))
     with torch.no_grad():
         hidden = ours(tokens, torch.arange(12).expand(2, 12), attention_mask=None)  # [b, s, h]
-        logits = hidden @ ours.output_layer.weight.t() if not tied else hidden @ ours.embedding.word_embeddings.weight.t()
+        logits = hidden @ lm_output_weight(ours).t()
         diff = (logits[..., :VOCAB] - model(tokens).logits).abs().max().item()
     assert diff < 1e-5, f"{case}: max logit diff {diff:.3e}"
 
