@@ -4,22 +4,25 @@ r"""Score one batch of completions: reward lookup by data_source, errors and tim
 configuration errors and raise before anything runs; a reward that raises, returns garbage, hangs past
 ``timeout_s`` or crashes its process scores 0 and is counted in ``num_errors`` / ``num_timeouts``.
 
->>> r = score_batch(["openai/gsm8k", "math"], ["#### 72", "\\boxed{0.5}"], ["72", "\\frac12"], num_workers=1)
+>>> r = score_batch(["openai/gsm8k", "math"], ["#### 72", r"\boxed{0.5}"], ["72", r"\frac12"], num_workers=0)
 >>> r.scores, r.extra["acc"], r.num_errors, r.num_timeouts
 ([1.0, 1.0], [1.0, 1.0], 0, 0)
 """
 from __future__ import annotations
 
+import atexit
 import logging
 import os
+import pickle
 from dataclasses import dataclass
 from typing import Any, Sequence
 
 from rlhf_mcore.rewards.custom import load_custom_reward
-from rlhf_mcore.rewards.dispatch import RewardFn, get_reward_fn, split_output
-from rlhf_mcore.rewards.workers import Outcome, run_with_deadlines
+from rlhf_mcore.rewards.dispatch import RewardFn, get_reward_fn
+from rlhf_mcore.rewards.workers import Outcome, RewardPool, run_task
 
 logger = logging.getLogger(__name__)
+_SHARED_POOLS: dict[int, RewardPool] = {}  # one pool per worker count, kept for the life of the process
 
 
 @dataclass(slots=True)
@@ -31,18 +34,22 @@ class RewardResult:
 
 
 def default_num_workers() -> int:
-    """Forked children per batch: the CPUs this process may use, at most 8."""
+    """Reward processes: the CPUs this process may use, at most 8."""
     usable = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
     return max(1, min(8, usable))
 
 
-def call_reward(fn: RewardFn, data_source: str, solution: str, ground_truth: Any, extra_info: Any) -> Outcome:
-    """One reward call as an outcome tuple; never raises."""
-    try:
-        score, extra = split_output(fn(data_source, solution, ground_truth, extra_info))
-    except Exception as err:
-        return ("error", f"{type(err).__name__}: {err}")
-    return ("ok", score, extra)
+def shared_pool(num_workers: int) -> RewardPool:
+    """The process-wide pool with ``num_workers`` workers (started on first use, closed at exit)."""
+    if num_workers not in _SHARED_POOLS:
+        _SHARED_POOLS[num_workers] = RewardPool(num_workers)
+    return _SHARED_POOLS[num_workers]
+
+
+@atexit.register
+def _close_shared_pools() -> None:
+    for pool in _SHARED_POOLS.values():
+        pool.close()
 
 
 def score_batch(
@@ -54,12 +61,14 @@ def score_batch(
     custom_fn: RewardFn | str | None = None,
     timeout_s: float = 10.0,
     num_workers: int | None = None,
+    pool: RewardPool | None = None,
 ) -> RewardResult:
     """Rewards for a batch of completions.
 
-    custom_fn: a callable or ``"file.py:function"`` used for every row instead of the data_source lookup.
-    num_workers: forked children that score the batch; ``None`` picks ``default_num_workers()``. ``0`` scores
-    in this process with no time-out (for debugging only: a hung reward then hangs the caller).
+    custom_fn: a module-level function or ``"file.py:function"``, used for every row instead of the
+    data_source lookup. num_workers: reward processes (``shared_pool``); ``None`` picks
+    ``default_num_workers()``; ``0`` scores in this process with no time-out (debugging only: a hung reward
+    then hangs the caller). pool: a RewardPool of your own instead of the shared one.
     """
     n = len(solutions)
     extra_infos = [None] * n if extra_infos is None else extra_infos
@@ -68,25 +77,39 @@ def score_batch(
         if len(column) != n:
             raise ValueError(f"score_batch: {name} has {len(column)} entries but solutions has {n}")
     fns = resolve_reward_fns(data_sources, custom_fn)
-    call = lambda i: call_reward(fns[i], data_sources[i], solutions[i], ground_truths[i], extra_infos[i])
+    tasks = [(fns[i], data_sources[i], solutions[i], ground_truths[i], extra_infos[i]) for i in range(n)]
     workers = default_num_workers() if num_workers is None else num_workers
-    if workers == 0:
-        outcomes = [call(i) for i in range(n)]
-    else:
-        outcomes = run_with_deadlines(call, n, timeout_s=timeout_s, num_workers=min(workers, max(n, 1)))
-    return collect_outcomes(outcomes)
+    if pool is None and workers == 0:
+        loaded: dict[str, Any] = {}
+        return collect_outcomes([run_task(task, loaded) for task in tasks])
+    check_sendable(set(fns))
+    pool = pool or shared_pool(workers)
+    return collect_outcomes(pool.run(tasks, timeout_s) if tasks else [])
 
 
-def resolve_reward_fns(data_sources: Sequence[str], custom_fn: RewardFn | str | None) -> list[RewardFn]:
-    """One reward function per row; raises ValueError for an unknown data_source or a bad custom_fn."""
+def resolve_reward_fns(data_sources: Sequence[str], custom_fn: RewardFn | str | None) -> list[RewardFn | str]:
+    """One reward per row (a function, or a checked ``"file.py:fn"`` spec); raises ValueError when bad."""
     if isinstance(custom_fn, str):
-        custom_fn = load_custom_reward(custom_fn)
+        load_custom_reward(custom_fn)  # fail here, with the loader's message, rather than in every worker
+        return [custom_fn] * len(data_sources)
     if custom_fn is not None:
         if not callable(custom_fn):
             raise ValueError(f"score_batch: custom_fn must be callable or 'file.py:fn' (got {custom_fn!r})")
         return [custom_fn] * len(data_sources)
     by_source = {ds: get_reward_fn(ds) for ds in set(data_sources)}
     return [by_source[ds] for ds in data_sources]
+
+
+def check_sendable(fns) -> None:
+    """Reward functions reach worker processes by module and name: lambdas and closures cannot."""
+    for fn in fns:
+        try:
+            pickle.dumps(fn)
+        except Exception as err:
+            raise ValueError(
+                f"score_batch: reward function {fn!r} cannot be sent to a reward worker ({err}). Define it at "
+                "module level, pass custom_fn as 'path/to/file.py:function_name', or use num_workers=0."
+            ) from err
 
 
 def collect_outcomes(outcomes: Sequence[Outcome]) -> RewardResult:

@@ -62,5 +62,14 @@ def split_output(out: Any) -> tuple[float, dict[str, Any]]:
     return score, extra
 
 
+def call_reward(fn: RewardFn, data_source: str, solution: str, ground_truth: Any, extra_info: Any) -> tuple:
+    """One reward call as an outcome: ``("ok", score, extra)`` or ``("error", message)``; never raises."""
+    try:
+        score, extra = split_output(fn(data_source, solution, ground_truth, extra_info))
+    except Exception as err:
+        return ("error", f"{type(err).__name__}: {err}")
+    return ("ok", score, extra)
+
+
 def _is_numpy_scalar(x: Any) -> bool:
     return type(x).__module__ == "numpy" and hasattr(x, "item") and getattr(x, "ndim", 1) == 0

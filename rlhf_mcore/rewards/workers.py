@@ -1,40 +1,44 @@
-"""Run ``call(i)`` for every item in forked children, each call under its own deadline.
+"""A persistent pool of reward processes in which every call runs under its own deadline.
 
 A reward is user code: it can raise, loop forever or hang inside a C regex, where no signal or thread can
-stop it. Each batch is therefore split over ``num_workers`` forked children; a child reports every finished
-item through a pipe, and a child that reports nothing for ``timeout_s`` (counted from its "ready" message,
-so a slow fork is not charged to the first call) is killed with SIGKILL. Its current item becomes a
-time-out and a new child takes over the rest of its shard. A child that dies (segfault, ``os._exit``) turns
-its current item into an error the same way. Fork copies the caller's memory, so the inputs and ``call``
-itself are never pickled; only the small outcomes travel back. Reward code in the child must not use CUDA
-(forked after the parent initialised it); rule-based rewards never do.
+stop it. So calls run in worker processes, and a worker that reports nothing for ``timeout_s`` is killed
+(SIGKILL): its current call becomes a time-out and a fresh worker takes over the rest of its share.
+A worker that dies (segfault, ``os._exit``) turns its current call into an error the same way.
 
-Outcomes are tuples: ``("ok", score, extra)``, ``("error", message)`` or ``("timeout", message)``.
+Workers are fresh interpreters (``python -c``) that import only ``rlhf_mcore.rewards``: never a fork of the
+trainer, which is large (a fork copies its page tables: ~70 ms per GiB measured here), multi-threaded and
+holds CUDA state, and never a re-import of the trainer's main module (as multiprocessing's spawn and
+forkserver do). They persist across batches, so a batch costs only pickling its tasks and results; they
+report "ready" once started, and the first deadline counts from then. On Linux a worker is killed when the
+process that started it dies, even in the middle of a hung call.
 
->>> run_with_deadlines(lambda i: ("ok", float(i * i), {}), 4, timeout_s=5.0, num_workers=2)
-[('ok', 0.0, {}), ('ok', 1.0, {}), ('ok', 4.0, {}), ('ok', 9.0, {})]
+A task is ``(fn, data_source, solution, ground_truth, extra_info)``. ``fn`` travels by reference: a
+module-level function (pickled by module and name) or a ``"path/to/file.py:function"`` string that the
+worker loads itself. Outcomes are ``("ok", score, extra)``, ``("error", message)`` or ``("timeout", message)``.
+
+>>> from rlhf_mcore.rewards.gsm8k import compute_gsm8k_score
+>>> with RewardPool(1) as pool:
+...     pool.run([(compute_gsm8k_score, "gsm8k", "so #### 3", "3", None)], timeout_s=5.0)
+[('ok', 1.0, {'acc': 1.0, 'pred': '3'})]
 """
 from __future__ import annotations
 
-import multiprocessing as mp
+import os
+import subprocess
+import sys
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from multiprocessing.connection import Connection, wait
-from typing import Any, Callable
+from typing import Any, Sequence
+
+from rlhf_mcore.rewards.custom import load_custom_reward
+from rlhf_mcore.rewards.dispatch import call_reward
 
 Outcome = tuple
-Call = Callable[[int], Outcome]
+Task = tuple
 _READY = "ready"
-_START_GRACE_S = 60.0  # how long a new child may take to report ready before it counts as hung
-
-
-@dataclass(slots=True)
-class _Child:
-    proc: Any  # multiprocessing Process
-    conn: Connection
-    indices: list[int]
-    pos: int  # indices[pos] is the item being computed now
-    deadline: float
+_FATAL = "fatal"
+_START_GRACE_S = 60.0  # how long a new worker may take to report ready before it counts as hung
 
 
 def split_shards(num_items: int, num_shards: int) -> list[list[int]]:
@@ -53,88 +57,186 @@ def split_shards(num_items: int, num_shards: int) -> list[list[int]]:
     return shards
 
 
-def _child_main(call: Call, indices: list[int], conn: Connection) -> None:
-    conn.send(_READY)  # start the first deadline now, not at fork: a loaded machine can be slow to fork
-    for i in indices:
-        outcome = call(i)
+def run_task(task: Task, loaded: dict[str, Any]) -> Outcome:
+    """One task's outcome; ``"file.py:fn"`` specs are loaded once into ``loaded``. Never raises."""
+    fn, *args = task
+    if isinstance(fn, str):
         try:
-            conn.send((i, outcome))
-        except Exception as err:  # an unpicklable extra value
-            conn.send((i, ("error", f"reward output cannot be sent back: {type(err).__name__}: {err}")))
-    conn.close()
+            if fn not in loaded:
+                loaded[fn] = load_custom_reward(fn)
+            fn = loaded[fn]
+        except Exception as err:
+            return ("error", f"{type(err).__name__}: {err}")
+    return call_reward(fn, *args)
 
 
-def _start(call: Call, indices: list[int], timeout_s: float) -> _Child:
-    ctx = mp.get_context("fork")
-    reader, writer = ctx.Pipe(duplex=False)
-    proc = ctx.Process(target=_child_main, args=(call, indices, writer), daemon=True)
-    proc.start()
-    writer.close()  # only the child writes; EOF then means the child is gone
-    return _Child(proc, reader, indices, 0, time.monotonic() + timeout_s + _START_GRACE_S)
-
-
-def _stop(child: _Child, kill: bool) -> None:
-    if kill:
-        child.proc.kill()
-    child.proc.join()
-    child.conn.close()
-
-
-def _replace(child: _Child, outcome: Outcome, results: list, call: Call, timeout_s: float) -> _Child | None:
-    """Record ``outcome`` for the current item of a stopped child; start a child for what is left."""
-    results[child.indices[child.pos]] = outcome
-    rest = child.indices[child.pos + 1:]
-    return _start(call, rest, timeout_s) if rest else None
-
-
-def _drain(child: _Child, results: list, timeout_s: float) -> bool:
-    """Read every message waiting from ``child``; False when the child has exited (EOF)."""
-    while child.conn.poll():
+def _worker_main(inbox: Connection, outbox: Connection) -> None:
+    outbox.send(_READY)
+    loaded: dict[str, Any] = {}
+    while True:
         try:
-            msg = child.conn.recv()
+            msg = inbox.recv()
         except EOFError:
-            return False
-        if msg != _READY:
-            i, outcome = msg
-            results[i] = outcome
-            child.pos += 1
-        child.deadline = time.monotonic() + timeout_s
-    return True
+            return
+        except Exception as err:  # a task whose function cannot be imported in this process
+            outbox.send((_FATAL, f"{type(err).__name__}: {err}"))
+            return
+        if msg is None:
+            return
+        for i, task in msg:
+            outbox.send((i, run_task(task, loaded)))
 
 
-def run_with_deadlines(call: Call, num_items: int, *, timeout_s: float, num_workers: int) -> list[Outcome]:
-    """Outcomes of ``call(i)`` for ``i in range(num_items)``, in order; never raises for a failing call."""
-    if timeout_s <= 0 or num_workers < 1:
-        raise ValueError(f"need timeout_s > 0 and num_workers >= 1 (got {timeout_s}, {num_workers})")
-    results: list = [None] * num_items
-    active = [_start(call, shard, timeout_s) for shard in split_shards(num_items, num_workers)]
+def serve(read_fd: int, write_fd: int, parent_pid: int) -> None:
+    """Entry point of a worker process (see ``RewardPool._start``)."""
+    _exit_with_parent(parent_pid)
+    _worker_main(Connection(read_fd, writable=False), Connection(write_fd, readable=False))
+
+
+def _exit_with_parent(parent_pid: int) -> None:
+    """Linux: have the kernel SIGKILL this process when its parent dies (a hung call cannot check itself)."""
     try:
-        while active:
-            active = _step(active, results, call, timeout_s)
-    finally:  # an interrupt (Ctrl-C) in the parent must not leave children running
-        for child in active:
-            _stop(child, kill=True)
-    return results
+        import ctypes
+        import signal
+
+        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)  # 1 = PR_SET_PDEATHSIG
+    except Exception:
+        pass  # not Linux: workers still exit on EOF once their current call returns
+    if os.getppid() != parent_pid:  # the parent died before prctl took effect
+        os._exit(1)
 
 
-def _step(active: list[_Child], results: list, call: Call, timeout_s: float) -> list[_Child]:
-    """Wait for the next message or deadline; return the children still running afterwards."""
-    soonest = min(c.deadline for c in active)
-    wait([c.conn for c in active], timeout=max(0.0, soonest - time.monotonic()))
-    survivors = []
-    for child in active:
-        alive = _drain(child, results, timeout_s)
-        if child.pos == len(child.indices):
-            _stop(child, kill=False)
-            continue
-        if not alive:
-            _stop(child, kill=False)
-            died = ("error", f"reward worker died (exit code {child.proc.exitcode})")
-            child = _replace(child, died, results, call, timeout_s)
-        elif time.monotonic() >= child.deadline:
-            _stop(child, kill=True)
-            late = ("timeout", f"reward call exceeded {timeout_s} s")
-            child = _replace(child, late, results, call, timeout_s)
-        if child is not None:
-            survivors.append(child)
-    return survivors
+@dataclass(slots=True, eq=False)
+class _Worker:
+    proc: subprocess.Popen
+    inbox: Connection  # messages from the worker
+    outbox: Connection  # tasks to the worker
+    ready: bool = False
+    indices: list[int] = field(default_factory=list)  # tasks of the current batch
+    pos: int = 0  # indices[pos] is the task being computed now
+    deadline: float = 0.0
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.kill()
+        self.proc.wait()
+        self.inbox.close()
+        self.outbox.close()
+
+
+def _child_env() -> dict[str, str]:
+    """This process's environment with its sys.path, so workers import what the caller can."""
+    paths = [p or os.getcwd() for p in sys.path]
+    return {**os.environ, "PYTHONPATH": os.pathsep.join(paths)}
+
+
+class RewardPool:
+    """``num_workers`` persistent reward processes (started on first use; ``close()`` ends them)."""
+
+    def __init__(self, num_workers: int):
+        if num_workers < 1:
+            raise ValueError(f"reward pool needs num_workers >= 1 (got {num_workers})")
+        self.num_workers = num_workers
+        self._workers: list[_Worker] = []
+
+    def run(self, tasks: Sequence[Task], timeout_s: float) -> list[Outcome]:
+        """Outcomes of ``tasks`` in order; a failing or hung call never raises here."""
+        if timeout_s <= 0:
+            raise ValueError(f"timeout_s must be positive (got {timeout_s})")
+        self._workers = [w if w.proc.poll() is None else self._restart(w) for w in self._workers]
+        while len(self._workers) < self.num_workers:
+            self._workers.append(self._start())
+        results: list = [None] * len(tasks)
+        busy = []
+        for worker, shard in zip(self._workers, split_shards(len(tasks), self.num_workers)):
+            self._assign(worker, shard, tasks, timeout_s)
+            busy.append(worker)
+        try:
+            while busy:
+                busy = self._step(busy, results, tasks, timeout_s)
+        except BaseException:  # an interrupt or a fatal worker error: no half-used workers survive
+            self.close()
+            raise
+        return results
+
+    def close(self) -> None:
+        for worker in self._workers:
+            worker.stop()
+        self._workers = []
+
+    def __enter__(self) -> RewardPool:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def _start(self) -> _Worker:
+        task_r, task_w = os.pipe()
+        result_r, result_w = os.pipe()
+        code = f"from rlhf_mcore.rewards.workers import serve; serve({task_r}, {result_w}, {os.getpid()})"
+        proc = subprocess.Popen(
+            [sys.executable, "-c", code], pass_fds=(task_r, result_w), env=_child_env(), stdin=subprocess.DEVNULL
+        )
+        os.close(task_r)  # the worker holds the only other ends: EOF then means it is gone
+        os.close(result_w)
+        return _Worker(proc, Connection(result_r, writable=False), Connection(task_w, readable=False))
+
+    def _restart(self, worker: _Worker) -> _Worker:
+        worker.stop()
+        return self._start()
+
+    def _assign(self, worker: _Worker, indices: list[int], tasks: Sequence[Task], timeout_s: float) -> None:
+        worker.indices, worker.pos = indices, 0
+        worker.deadline = time.monotonic() + timeout_s + (0.0 if worker.ready else _START_GRACE_S)
+        try:
+            worker.outbox.send([(i, tasks[i]) for i in indices])
+        except OSError:  # the worker died (BrokenPipeError): _step sees its EOF and replaces it
+            pass
+
+    def _step(self, busy: list[_Worker], results: list, tasks: Sequence[Task], timeout_s: float) -> list[_Worker]:
+        """Wait for the next message or deadline; return the workers still busy afterwards."""
+        soonest = min(w.deadline for w in busy)
+        wait([w.inbox for w in busy], timeout=max(0.0, soonest - time.monotonic()))
+        still_busy = []
+        for worker in busy:
+            alive = self._drain(worker, results, timeout_s)
+            if worker.pos == len(worker.indices):
+                continue
+            if alive and time.monotonic() < worker.deadline:
+                still_busy.append(worker)
+                continue
+            worker.stop()
+            if not alive and not worker.ready:
+                raise RuntimeError(
+                    f"reward worker failed to start (exit code {worker.proc.returncode}); its error is above. "
+                    f"It runs: {sys.executable} -c 'import rlhf_mcore.rewards.workers'."
+                )
+            failed = ("timeout", f"reward call exceeded {timeout_s} s") if alive else (
+                "error", f"reward worker died (exit code {worker.proc.returncode})")
+            results[worker.indices[worker.pos]] = failed
+            fresh = self._workers[self._workers.index(worker)] = self._start()
+            rest = worker.indices[worker.pos + 1:]
+            if rest:
+                self._assign(fresh, rest, tasks, timeout_s)
+                still_busy.append(fresh)
+        return still_busy
+
+    def _drain(self, worker: _Worker, results: list, timeout_s: float) -> bool:
+        """Read every waiting message of ``worker``; False once it has exited (EOF)."""
+        while worker.inbox.poll():
+            try:
+                msg = worker.inbox.recv()
+            except (EOFError, OSError):
+                return False
+            if msg == _READY:
+                worker.ready = True
+            elif msg[0] == _FATAL:
+                raise ValueError(
+                    f"reward worker cannot load the reward function ({msg[1]}). Pass custom_fn as "
+                    "'path/to/file.py:function_name' or a function importable by its module name."
+                )
+            else:
+                results[msg[0]] = msg[1]
+                worker.pos += 1
+            worker.deadline = time.monotonic() + timeout_s
+        return True

@@ -140,3 +140,18 @@ def test_many_rows_keep_their_order(echo_spec, pool):
     result = _run(echo_spec, [str(i) for i in range(n)], pool=pool)
     assert result.scores == [float(i) for i in range(n)]
     assert result.extra["idx"] == list(range(n))
+
+
+def test_worker_that_cannot_start_raises(monkeypatch):
+    monkeypatch.setattr(sys, "executable", "/bin/false")  # exits at once, never reports ready
+    with RewardPool(1) as own_pool, pytest.raises(RuntimeError, match="reward worker failed to start"):
+        score_batch(["gsm8k"], ["#### 1"], ["1"], pool=own_pool)
+
+
+def test_worker_killed_between_batches_is_restarted():
+    with RewardPool(1) as own_pool:
+        assert score_batch(["gsm8k"], ["#### 1"], ["1"], pool=own_pool).scores == [1.0]
+        own_pool._workers[0].proc.kill()
+        own_pool._workers[0].proc.wait()
+        assert score_batch(["gsm8k"], ["#### 2"], ["1"], pool=own_pool).scores == [0.0]
+        assert own_pool._workers[0].proc.poll() is None
