@@ -232,12 +232,14 @@ class TrainerConfig:
     resume: str = "auto"  # auto | disable | <path to global_step_N>
     max_checkpoints_to_keep: int = 2
     offload_during_rollout: bool = False
+    time_limit_min: float = 0.0  # stop (validate, save, export) after the step that passes this; 0 = off
     export_hf: bool = True  # write the final actor as an HF checkpoint
 
     def _checks(self, p: str) -> list[str]:
         errs = positive(f"{p}.total_steps", self.total_steps, allow_zero=True)
         errs += positive(f"{p}.total_epochs", self.total_epochs)
         errs += positive(f"{p}.max_checkpoints_to_keep", self.max_checkpoints_to_keep)
+        errs += positive(f"{p}.time_limit_min", self.time_limit_min, allow_zero=True)
         for name in self.logger:
             errs += choice(f"{p}.logger", name, ("console", "jsonl", "tensorboard"))
         return errs

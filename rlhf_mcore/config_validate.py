@@ -70,7 +70,8 @@ def _batch_rules(cfg: Config, dp: int) -> list[str]:
     if d.train_batch_size % dp:
         errs.append(f"data.train_batch_size: must be divisible by the data-parallel size {dp} "
                     f"(got {d.train_batch_size}). Use a multiple of {dp}.")
-    for role in ("actor", "critic"):
+    roles = ("actor", "critic") if cfg.algorithm.adv_estimator in VALUE_ESTIMATORS else ("actor",)
+    for role in roles:  # the critic's batch sizes matter only when a critic is trained
         section = getattr(cfg, role)
         mini = section.ppo_mini_batch_size
         if d.train_batch_size % mini:

@@ -78,6 +78,12 @@ class Run:
         return save_checkpoint(self.run_dir, step, self.roles.trainable(), extra, self.ctx,
                                keep=self.cfg.trainer.max_checkpoints_to_keep)
 
+    def agree(self, flag: bool) -> bool:
+        """True on every rank when it is True on rank 0 (ranks must stop at the same step)."""
+        value = torch.tensor([1.0 if flag else 0.0], device=self.ctx.device)
+        torch.distributed.broadcast(value, src=0)
+        return bool(value.item())
+
     def close(self) -> None:
         self.metric_logger.close()
 
@@ -136,10 +142,9 @@ def engine_kwargs(cfg, roles: Roles, tokenizer, ctx) -> dict:
     return kwargs
 
 
-def finish_run(run: Run) -> None:
+def finish_run(run: Run, last: int) -> None:
     """Final checkpoint, HF export of the actor, and a summary of where everything is."""
     cfg = run.cfg
-    last = run.total_steps
     path = run.save(last) if cfg.trainer.save_freq != 0 and last > run.start_step else None
     export = None
     if cfg.trainer.export_hf and path is not None:

@@ -33,20 +33,6 @@ def stop_token_ids(cfg, tokenizer) -> tuple[int, ...]:
     return tuple(dict.fromkeys(int(i) for i in ids))
 
 
-class ValShard:
-    """The validation set split over DP ranks: row i goes to rank i % dp. Ranks with fewer rows repeat
-    their first one so every rank generates the same count (collectives stay in step); keep=False marks
-    the repeats, which metrics skip."""
-
-    def __init__(self, dataset, dp_rank: int, dp_size: int):
-        self.rows = [dataset[i] for i in range(dp_rank, len(dataset), dp_size)]
-        self.count = -(-len(dataset) // dp_size)
-
-    def shard(self):
-        pad = self.count - len(self.rows)
-        return self.rows + self.rows[:1] * pad, [True] * len(self.rows) + [False] * pad
-
-
 def _load(paths: str, tokenizer, cfg):
     from rlhf_mcore.data.dataset import load_prompt_dataset
 
@@ -58,10 +44,11 @@ def _load(paths: str, tokenizer, cfg):
 
 
 def build_samplers(cfg, tokenizer, ctx):
-    """(training PromptSampler for this DP rank, ValShard or None)."""
-    from rlhf_mcore.data.sampler import PromptSampler
+    """(training PromptSampler for this DP rank, ValidationSampler or None)."""
+    from rlhf_mcore.data import PromptSampler, ValidationSampler
 
     sampler = PromptSampler(_load(cfg.data.train_files, tokenizer, cfg), cfg.data.train_batch_size,
                             dp_rank=ctx.dp_rank, dp_size=ctx.dims.dp, seed=cfg.trainer.seed, shuffle=cfg.data.shuffle)
-    val = ValShard(_load(cfg.data.val_files, tokenizer, cfg), ctx.dp_rank, ctx.dims.dp) if cfg.data.val_files else None
+    val = ValidationSampler(_load(cfg.data.val_files, tokenizer, cfg), dp_rank=ctx.dp_rank, dp_size=ctx.dims.dp) \
+        if cfg.data.val_files else None
     return sampler, val

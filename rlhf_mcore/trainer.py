@@ -66,21 +66,32 @@ def offload_during(run: Run, device: str) -> None:
             offload_optimizer(state, device)
 
 
+def out_of_time(cfg, started: float) -> bool:
+    return cfg.trainer.time_limit_min > 0 and time.perf_counter() - started > 60 * cfg.trainer.time_limit_min
+
+
 def train(cfg) -> Run:
+    started = time.perf_counter()
     run = start_run(cfg)
+    t = cfg.trainer
     try:
-        if cfg.trainer.val_before_train and run.val_sampler is not None:
+        if t.val_before_train and run.val_sampler is not None:
             run.log_validation(run.start_step)
-        for step in range(run.start_step, run.total_steps):
+        step = run.start_step
+        while step < run.total_steps:
             start = time.perf_counter()
             metrics = train_step(run, step)
             metrics["timing_s/step"] = time.perf_counter() - start
-            run.log_step(step + 1, metrics)
-            if cfg.trainer.test_freq > 0 and (step + 1) % cfg.trainer.test_freq == 0:
-                run.log_validation(step + 1)
-            if cfg.trainer.save_freq > 0 and (step + 1) % cfg.trainer.save_freq == 0:
-                run.save(step + 1)
-        finish_run(run)
+            step += 1
+            run.log_step(step, metrics)
+            last = step == run.total_steps or run.agree(out_of_time(cfg, started))
+            if run.val_sampler is not None and t.test_freq > 0 and (step % t.test_freq == 0 or last):
+                run.log_validation(step)
+            if t.save_freq > 0 and step % t.save_freq == 0 and not last:
+                run.save(step)
+            if last:
+                break
+        finish_run(run, step)
     finally:
         run.close()
     return run

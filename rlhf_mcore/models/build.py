@@ -60,7 +60,7 @@ def build_model(role: str, hf: dict, model_cfg, parallel_cfg, ctx, source: str =
                                             tc.sequence_parallel, tp_group)
     model.vocab_size_unpadded = hf["vocab_size"]
     model.role = role
-    model.to(ctx.device)
+    model.to(device=ctx.device, dtype=tc.params_dtype)  # norms are built in fp32; bf16 runs keep all in bf16
     if role == "ref" or (role == "reward"):
         model.requires_grad_(False)
         model.eval()
