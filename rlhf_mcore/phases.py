@@ -50,11 +50,16 @@ def make_batch(rollout: RolloutBatch, scores: torch.Tensor, group_index: torch.T
     }
 
 
+def seq_multiple(cfg) -> int:
+    """Micro-batch sequence lengths are padded to this: sequence parallelism splits them over TP."""
+    return cfg.parallel.tp if cfg.parallel.sequence_parallel else 1
+
+
 def forward_passes(roles, batch: dict, cfg, ctx) -> dict:
     """Forward-only passes: old log-probs (actor), reference log-probs, values (critic), RM scores."""
     seq = batch["tokens"].size(1)
     mbs = split_micro_batches(batch, cfg.actor.micro_batch_size_per_gpu,
-                              cfg.actor.max_tokens_per_gpu if cfg.actor.use_dynamic_bsz else 0)
+                              cfg.actor.max_tokens_per_gpu if cfg.actor.use_dynamic_bsz else 0, seq_multiple(cfg))
     lm = partial(actor_loss, tp_group=ctx.pgs.tp, actor_cfg=cfg.actor, temperature=cfg.rollout.temperature,
                  norm_length=float(cfg.rollout.max_response_length))
     out = {"old_logp": forward_collect(roles.actor.model, mbs, partial(lm, model=roles.actor.module), ("logp",),
@@ -70,7 +75,7 @@ def forward_passes(roles, batch: dict, cfg, ctx) -> dict:
 
 def reward_model_pass(roles, batch: dict, cfg, ctx) -> torch.Tensor:
     """[B, S] reward-model scores at each sequence's last token."""
-    mbs = split_micro_batches(batch, cfg.actor.micro_batch_size_per_gpu)
+    mbs = split_micro_batches(batch, cfg.actor.micro_batch_size_per_gpu, multiple=seq_multiple(cfg))
     return forward_collect([roles.reward], mbs, reward_model_scores, ("scores",), batch["tokens"].size(1),
                            ctx.pgs.pp)["scores"]
 
@@ -117,7 +122,8 @@ def rollout_correction(batch: dict, actor_cfg) -> tuple[dict, dict]:
     return {**batch, "is_weights": weights}, metrics
 
 
-def update_role(name: str, state, batch: dict, loss_fn, section, rows_per_mini: int, lr: float) -> list[dict]:
+def update_role(name: str, state, batch: dict, loss_fn, section, rows_per_mini: int, lr: float,
+                multiple: int = 1) -> list[dict]:
     """ppo_epochs x mini-batches of forward-backward over micro-batches, one optimizer step each.
     Returns the loss functions' reports plus one {"<name>/grad_norm"} per optimizer step."""
     rows = batch["tokens"].size(0)
@@ -126,7 +132,7 @@ def update_role(name: str, state, batch: dict, loss_fn, section, rows_per_mini: 
     for _ in range(section.ppo_epochs):
         for start in range(0, rows, rows_per_mini):
             mbs = split_micro_batches(take(batch, slice(start, start + rows_per_mini)),
-                                      section.micro_batch_size_per_gpu, budget)
+                                      section.micro_batch_size_per_gpu, budget, multiple)
             zero_grads(state)
             reports += run_schedule(state.model, mbs, loss_fn, forward_only=False)
             _, grad_norm = optimizer_step(state, lr)

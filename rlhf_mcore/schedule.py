@@ -19,18 +19,24 @@ def take(batch: Batch, index: torch.Tensor | slice) -> Batch:
     return {k: v[index] for k, v in batch.items()}
 
 
-def trim(batch: Batch) -> Batch:
-    """Cut per-token fields to the longest sequence in this micro-batch (`lengths` [b])."""
-    s = int(batch["lengths"].max())
-    return {k: (v[:, :s] if v.dim() >= 2 and k != "lengths" else v) for k, v in batch.items()}
+def trim(batch: Batch, multiple: int = 1) -> Batch:
+    """Cut per-token fields to the longest sequence in this micro-batch (`lengths` [b]), rounded up to a
+    multiple (sequence parallelism splits the sequence over TP ranks); zero-padded if that is wider."""
+    s = -(-int(batch["lengths"].max()) // multiple) * multiple
+    out = {}
+    for k, v in batch.items():
+        if v.dim() >= 2:
+            v = v[:, :s] if v.size(1) >= s else torch.nn.functional.pad(v, (0, s - v.size(1)))
+        out[k] = v
+    return out
 
 
-def split_micro_batches(batch: Batch, micro_batch_size: int = 0, max_tokens: int = 0) -> list[Batch]:
+def split_micro_batches(batch: Batch, micro_batch_size: int = 0, max_tokens: int = 0, multiple: int = 1) -> list[Batch]:
     """Fixed size (`micro_batch_size`) or packed to a token budget (`max_tokens`, sorted first-fit:
     sequences are taken in order and a micro-batch closes when (rows * longest) would pass the budget)."""
     num = batch["tokens"].size(0)
     if not max_tokens:
-        return [trim(take(batch, slice(i, i + micro_batch_size))) for i in range(0, num, micro_batch_size)]
+        return [trim(take(batch, slice(i, i + micro_batch_size)), multiple) for i in range(0, num, micro_batch_size)]
     groups, current, longest = [], [], 0
     for i, length in enumerate(batch["lengths"].tolist()):
         if current and (len(current) + 1) * max(longest, length) > max_tokens:
@@ -39,7 +45,7 @@ def split_micro_batches(batch: Batch, micro_batch_size: int = 0, max_tokens: int
         current.append(i)
         longest = max(longest, length)
     groups.append(current)
-    return [trim(take(batch, torch.tensor(g))) for g in groups]
+    return [trim(take(batch, torch.tensor(g)), multiple) for g in groups]
 
 
 def _forward_step(loss_fn: Callable, data_iterator, model):

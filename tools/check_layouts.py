@@ -25,6 +25,7 @@ from rlhf_mcore.models.build import build_model
 from rlhf_mcore.models.transformer_config import load_hf_config
 from rlhf_mcore.optim import build_train_state, optimizer_step, zero_grads
 from rlhf_mcore.parallel import init_distributed, reset_model_parallel, torchrun_env
+from rlhf_mcore.phases import seq_multiple
 from rlhf_mcore.role_losses import actor_loss, critic_loss
 from rlhf_mcore.schedule import forward_collect, run_schedule, split_micro_batches, to_device
 
@@ -59,18 +60,19 @@ def gather_dp(t: torch.Tensor, ctx) -> torch.Tensor:
 
 
 def run_role(role, cfg, hf, ctx, batch, section, loss_fn, key):
+    mult = seq_multiple(cfg)
     """(global loss, grad norm, per-token output before the step, after the step) for one role."""
     state = build_train_state(build_model(role, hf, cfg.model, cfg.parallel, ctx), section.optim, cfg.parallel)
     model = state.module
     fn = partial(loss_fn, model=model, tp_group=ctx.pgs.tp, actor_cfg=section, temperature=1.0,
                  norm_length=float(batch["tokens"].size(1))) if role == "actor" else \
         partial(loss_fn, cliprange_value=section.cliprange_value)
-    mbs = split_micro_batches(batch, section.micro_batch_size_per_gpu)
+    mbs = split_micro_batches(batch, section.micro_batch_size_per_gpu, multiple=mult)
     seq = batch["tokens"].size(1)
     before = forward_collect(state.model, mbs, fn, (key,), seq, ctx.pgs.pp)[key]
     if role == "actor":  # old policy = current one, nudged, so the ratio and clipping are exercised
         batch = {**batch, "old_logp": before + 0.1 * batch["nudge"] * batch["response_mask"]}
-        mbs = split_micro_batches(batch, section.micro_batch_size_per_gpu)
+        mbs = split_micro_batches(batch, section.micro_batch_size_per_gpu, multiple=mult)
     zero_grads(state)
     outputs = run_schedule(state.model, mbs, fn, forward_only=False)
     _, grad_norm = optimizer_step(state, section.optim.lr)
@@ -82,12 +84,13 @@ def run_role(role, cfg, hf, ctx, batch, section, loss_fn, key):
 
 def check_layout(cfg, layout: tuple[int, int], seed: int, num: int, seq: int) -> dict:
     tp, pp = layout
-    cfg = dataclasses.replace(cfg, parallel=dataclasses.replace(cfg.parallel, tp=tp, pp=pp))
+    sp = cfg.parallel.sequence_parallel and tp > 1  # sequence parallelism splits over TP ranks only
+    cfg = dataclasses.replace(cfg, parallel=dataclasses.replace(cfg.parallel, tp=tp, pp=pp, sequence_parallel=sp))
     reset_model_parallel()
     ctx = init_distributed(tp, pp, seed=seed)
     hf = load_hf_config(cfg.model)
     batch = to_device(dp_shard(synthetic_batch(num, seq, hf["vocab_size"], seed), ctx), ctx.device)
-    result = {"layout": f"tp{tp} pp{pp} dp{ctx.dims.dp}"}
+    result = {"layout": f"tp{tp} pp{pp} dp{ctx.dims.dp}{' sp' if sp else ''}"}
     for role, section, fn, key in (("actor", cfg.actor, actor_loss, "logp"),
                                    ("critic", cfg.critic, critic_loss, "values")):
         loss, norm, before, after = run_role(role, cfg, hf, ctx, batch, section, fn, key)
@@ -122,6 +125,7 @@ def main(argv=None) -> int:
     parser.add_argument("--num-samples", type=int, default=8)
     parser.add_argument("--seq-len", type=int, default=24)
     parser.add_argument("--seed", type=int, default=1234)
+    parser.add_argument("--sequence-parallel", action="store_true", help="sequence parallelism where tp > 1")
     parser.add_argument("overrides", nargs="*")
     args = parser.parse_args(argv)
     rank, _, world = torchrun_env()
@@ -129,6 +133,8 @@ def main(argv=None) -> int:
     layouts = [tuple(int(x) for x in item.lower().split("x")) for item in args.layouts.split(",")]
     try:
         cfg = load_config(args.config, args.overrides)
+        cfg = dataclasses.replace(cfg, parallel=dataclasses.replace(cfg.parallel,
+                                                                    sequence_parallel=args.sequence_parallel))
     except ConfigError as e:
         print(e, file=sys.stderr)
         return 2

@@ -13,7 +13,7 @@ import torch
 
 from rlhf_mcore.models.init import init_output_weight
 from rlhf_mcore.models.heads import HiddenStatesHead, ScalarHead
-from rlhf_mcore.models.layer_spec import choose_layer_spec
+from rlhf_mcore.models.layer_spec import block_spec, choose_layer_spec
 from rlhf_mcore.models.transformer_config import padded_vocab_size, rope_theta, to_transformer_config
 
 log = logging.getLogger(__name__)
@@ -39,7 +39,7 @@ def build_model(role: str, hf: dict, model_cfg, parallel_cfg, ctx, source: str =
     torch.manual_seed(EMBEDDING_SEED)  # the embedding is drawn first, identically at every layout
     model = GPTModel(
         config=tc,
-        transformer_layer_spec=layer_spec,
+        transformer_layer_spec=block_spec(layer_spec, backend, tc, ctx.pp_rank),
         vocab_size=padded_vocab_size(hf["vocab_size"], model_cfg.make_vocab_size_divisible_by),
         max_sequence_length=hf.get("max_position_embeddings", model_cfg.max_position_embeddings),
         pre_process=ctx.is_first_stage,

@@ -6,6 +6,11 @@ subclass GPTModel).
   chunks from hidden states and that weight (`rlhf_mcore.models.logprobs`), never as full-vocab logits.
 - `ScalarHead` (critic value per token, reward-model score): a [num_outputs, hidden] projection,
   replicated across TP, initialised from a fixed seed so every layout starts from the same weights.
+
+Under sequence parallelism both gather the sequence shards first. Every TP rank then computes the same
+loss from the same full hidden states, so the gradient arriving at the gather is already complete on each
+rank: its backward must split it (tensor_parallel_output_grad=False), not reduce-scatter (which would add
+TP identical copies).
 """
 from __future__ import annotations
 
@@ -26,7 +31,7 @@ class HiddenStatesHead(torch.nn.Module):
 
     def forward(self, hidden, weight=None, runtime_gather_output=None):  # hidden [s, b, h]
         if self.sequence_parallel:
-            hidden = gather_from_sequence_parallel_region(hidden, group=self.tp_group)
+            hidden = gather_from_sequence_parallel_region(hidden, tensor_parallel_output_grad=False, group=self.tp_group)
         return hidden, None
 
     def sharded_state_dict(self, prefix="", sharded_offsets=(), metadata=None):
@@ -50,7 +55,7 @@ class ScalarHead(torch.nn.Module):
 
     def forward(self, hidden, weight=None, runtime_gather_output=None):  # hidden [s, b, h] -> [s, b, n]
         if self.sequence_parallel:
-            hidden = gather_from_sequence_parallel_region(hidden, group=self.tp_group)
+            hidden = gather_from_sequence_parallel_region(hidden, tensor_parallel_output_grad=False, group=self.tp_group)
         return torch.matmul(hidden, self.weight.t()), None
 
     def sharded_state_dict(self, prefix="", sharded_offsets=(), metadata=None):

@@ -7,7 +7,10 @@ import logging
 
 from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
 
+from megatron.core.transformer.transformer_block import TransformerBlockSubmodules, get_num_layers_to_build
+
 from rlhf_mcore.models.attention import SDPAttention
+from rlhf_mcore.models.norm import RMSNorm
 from rlhf_mcore.models.init import seeded_layer_spec
 from rlhf_mcore.registry import Registry
 
@@ -31,14 +34,24 @@ def te_spec():
 
 @LAYER_SPECS.register("local")
 def local_spec():
-    return get_gpt_layer_local_spec(normalization="RMSNorm")
+    spec = get_gpt_layer_local_spec(normalization="RMSNorm")
+    spec.submodules.input_layernorm = spec.submodules.pre_mlp_layernorm = RMSNorm  # sequence-parallel safe
+    return spec
 
 
 @LAYER_SPECS.register("sdpa")
 def sdpa_spec():
-    spec = get_gpt_layer_local_spec(normalization="RMSNorm")
+    spec = local_spec()
     spec.submodules.self_attention.submodules.core_attention = SDPAttention
     return spec
+
+
+def block_spec(layer_spec, backend: str, config, pp_rank: int):
+    """This stage's layers plus the final norm (ours, except with Transformer Engine)."""
+    if backend == "te":
+        return layer_spec
+    num = get_num_layers_to_build(config, pp_rank=pp_rank)
+    return TransformerBlockSubmodules(layer_specs=[layer_spec] * num, layer_norm=RMSNorm)
 
 
 def resolve_backend(name: str) -> str:

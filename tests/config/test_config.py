@@ -75,12 +75,13 @@ def test_unknown_yaml_key_is_an_error(tmp_path):
     ("model.hf_path=/nope", "model.num_layers: set inline while model.hf_path is given (got 4)."),
     ("model.family=gpt2", "model.family: unknown family (got 'gpt2')."),
     ("parallel.sequence_parallel=true", "parallel.sequence_parallel: needs tp > 1 (got true with tp=1)."),
+    ("parallel.tp=2 parallel.sequence_parallel=true", "parallel.sequence_parallel: the native rollout engine"),
     ("rollout", "rollout: an override must look like a.b=value"),
     ("actor=3", "actor: is a section, not a value (got '3')."),
     ("rollout.n.x=3", "rollout.n.x: rollout.n is a value, not a section"),
 ])
 def test_each_bad_field_gets_one_clear_error(override, expected):
-    errs = errors_of([override])
+    errs = errors_of(override.split(" "))
     assert any(e.startswith(expected) for e in errs), errs
 
 

@@ -36,11 +36,12 @@ def test_four_ranks_all_layouts_agree():
     assert "PASS" in out.stdout
 
 
-def test_two_ranks_with_kl_entropy_and_seq_mean_loss():
-    out = run_tool(2, "1x1,2x1,1x2", "actor.use_kl_loss=false", "actor.entropy_coeff=0.01",
+def test_two_ranks_sequence_parallel_entropy_and_seq_mean_loss():
+    """Sequence parallelism (on the TP2 layout) with an entropy bonus, GSPO and a sequence-mean loss."""
+    out = run_tool(2, "1x1,2x1,1x2", "--sequence-parallel", "actor.use_kl_loss=false", "actor.entropy_coeff=0.01",
                    "actor.loss_agg_mode=seq-mean-token-mean", "actor.policy_loss=gspo")
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
-    assert "PASS" in out.stdout
+    assert "tp2 pp1 dp1 sp" in out.stdout and "PASS" in out.stdout
 
 
 def test_tool_fails_when_layouts_differ():
