@@ -96,6 +96,12 @@ def test_reward_score_head_round_trip_and_per_token_scores(mcore_ctx):
     assert (expected - got).abs().max().item() < 1e-5
 
 
+def test_tied_checkpoints_may_carry_an_identical_lm_head():
+    model = tiny_model("qwen2", True)
+    cfg, sd = hf_dict(model), dict(model.state_dict())  # lm_head.weight present and equal to the embedding
+    assert "lm_head.weight" in sd and "output_layer.weight" not in hf_to_mcore(sd, cfg)
+
+
 def test_critic_from_a_causal_lm_keeps_its_value_head_and_drops_lm_head():
     model = tiny_model("qwen2", False)
     cfg, sd = hf_dict(model), hf_tensors(model)

@@ -125,3 +125,21 @@ def test_cli_prints_the_error_and_exits_2(tmp_path):
                            "--hf-dir", str(tmp_path / "absent"), "--out", str(tmp_path / "o")],
                           capture_output=True, text=True, timeout=120)
     assert proc.returncode == 2 and "error: " in proc.stderr and "absent/config.json: no config.json" in proc.stderr
+
+
+def test_loading_a_full_state_dict_checks_keys_and_shapes(mcore_ctx):
+    from tiny_hf import tiny_model
+
+    from rlhf_mcore.checkpoint.convert_io import build_for_conversion, load_full_state_dict
+    from rlhf_mcore.models.weights import hf_to_mcore
+
+    hf = tiny_model("mistral", False)
+    cfg = dict(hf.config.to_dict(), architectures=["MistralForCausalLM"])
+    full = hf_to_mcore(hf.state_dict(), cfg)
+    model = build_for_conversion(cfg, "actor", mcore_ctx, "fp32")
+    with pytest.raises(ValueError, match=r"src: missing tensor 'decoder.final_layernorm.weight' for model parameter"):
+        load_full_state_dict(model, {k: v for k, v in full.items() if "final" not in k}, 0, 1, source="src")
+    bad = dict(full, **{"decoder.layers.1.mlp.linear_fc2.weight": torch.zeros(64, 95)})
+    with pytest.raises(ValueError, match=r"'decoder.layers.1.mlp.linear_fc2.weight' gives shape \[64, 95\] on TP rank "
+                                         r"0/1, but the model parameter has \[64, 96\]"):
+        load_full_state_dict(model, bad, 0, 1, source="src")
