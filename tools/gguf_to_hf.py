@@ -102,7 +102,7 @@ def convert_gguf(gguf_path: str | os.PathLike, out_dir: str | os.PathLike, dtype
         generation.save_pretrained(str(tmp))
         # save_jinja_files=False: chat template inside tokenizer_config.json, readable by older loaders.
         tokenizer.save_pretrained(str(tmp), save_jinja_files=False)
-        (tmp / "conversion.json").write_text(json.dumps({"source": gguf_path.name, "dtype": dtype}) + "\n")
+        (tmp / "gguf_source.json").write_text(json.dumps({"gguf": gguf_path.name, "dtype": dtype}) + "\n")
     log.info("done in %.1f s: %s", time.perf_counter() - start, out_dir)
     return Path(out_dir)
 
