@@ -16,6 +16,7 @@ import argparse
 import dataclasses
 import json
 import math
+import multiprocessing
 import os
 import random
 import sys
@@ -150,6 +151,10 @@ def killed_save(out: Path) -> None:
     def die(path):
         torch.distributed.barrier()
         print(f"KILLED rank {ctx.rank}", flush=True)
+        # megatron's checkpoint writer keeps a spawned Manager process per rank; a real kill of the job
+        # takes it down too, os._exit alone would orphan it (holding our stdout open).
+        for child in multiprocessing.active_children():
+            child.kill()
         os._exit(17)
 
     save_load.save_rng_file = die

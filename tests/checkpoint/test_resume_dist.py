@@ -4,39 +4,46 @@ distributed optimizer; weights and optimizer state loaded at another layout; a s
 Two launches (ckpt_worker.py): `train` runs 2 steps, saves, runs 2 more; `resume` is a fresh process that
 loads the step-2 checkpoint and must reproduce steps 3-4 bitwise, then dies in the middle of a save."""
 import json
-import os
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
-from rlhf_mcore.checkpoint import find_latest, list_checkpoints
+from rlhf_mcore.checkpoint import find_latest, list_checkpoints, load_checkpoint, save_checkpoint
+from tests.checkpoint.helpers import build_state
+from tests.conftest import free_port
 
 pytestmark = pytest.mark.dist
 WORKER = Path(__file__).with_name("ckpt_worker.py")
 ROOT = WORKER.parents[2]
 
 
-def launch(phase: str, out: Path) -> subprocess.CompletedProcess:
+def launch(phase: str, out: Path) -> tuple[int, str]:
+    """(return code, stdout + stderr). Output goes to a file, not a pipe: a killed rank's leftover child
+    process cannot keep the test waiting for the pipe to close."""
     cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2", "--master_port",
-           str(29300 + os.getpid() % 500), str(WORKER), "--phase", phase, "--out", str(out)]
-    return subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT, timeout=600)
+           str(free_port()), str(WORKER), "--phase", phase, "--out", str(out)]
+    log = out / f"{phase}.log"
+    with open(log, "w") as f:
+        rc = subprocess.run(cmd, stdout=f, stderr=subprocess.STDOUT, cwd=ROOT, timeout=600).returncode
+    return rc, log.read_text()
 
 
-def result_of(proc: subprocess.CompletedProcess) -> dict:
-    lines = [line for line in proc.stdout.splitlines() if line.startswith("RESULT ")]
-    assert lines, f"no RESULT line (rc={proc.returncode}):\n{proc.stdout[-3000:]}\n{proc.stderr[-5000:]}"
+def result_of(rc: int, output: str) -> dict:
+    lines = [line for line in output.splitlines() if line.startswith("RESULT ")]
+    assert lines, f"no RESULT line (rc={rc}):\n{output[-6000:]}"
     return json.loads(lines[-1][len("RESULT "):])
 
 
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory):
     out = tmp_path_factory.mktemp("resume")
-    train = launch("train", out)
-    assert train.returncode == 0, train.stdout[-3000:] + train.stderr[-5000:]
-    resume = launch("resume", out)
-    return out, result_of(train), result_of(resume), resume
+    rc, output = launch("train", out)
+    assert rc == 0, output[-6000:]
+    train = result_of(rc, output)
+    rc, output = launch("resume", out)
+    return out, train, result_of(rc, output), (rc, output)
 
 
 def test_exact_resume_every_layout_and_optimizer(runs):
@@ -59,10 +66,20 @@ def test_other_layout_same_weights_and_training_continues(runs):
 
 
 def test_killed_save_leaves_previous_checkpoint(runs):
-    out, _, _, resume = runs
-    assert resume.returncode != 0 and "KILLED rank 0" in resume.stdout
+    out, _, _, (rc, output) = runs
+    assert rc != 0 and "KILLED rank 0" in output and "KILLED rank 1" in output
     run_dir = out / "dp2"
     assert find_latest(run_dir) == str(run_dir / "global_step_2")
     assert [s for s, _ in list_checkpoints(run_dir)] == [2]
     orphans = [p.name for p in run_dir.iterdir() if ".tmp-" in p.name]
     assert len(orphans) == 1 and orphans[0].startswith("global_step_3.tmp-"), orphans
+
+
+def test_one_rank_loads_the_two_rank_checkpoint_and_cleans_the_orphan(runs, mcore_ctx):
+    out, straight, _, _ = runs
+    run_dir = out / "dp2"
+    state = build_state(mcore_ctx)
+    assert load_checkpoint(find_latest(run_dir), {"actor": state}, mcore_ctx)["step"] == 2  # dp2 -> dp1
+    assert not [p for p in run_dir.iterdir() if ".tmp-" in p.name]  # the load removed the orphan
+    save_checkpoint(run_dir, 3, {"actor": state}, {"step": 3}, mcore_ctx, keep=1)
+    assert [s for s, _ in list_checkpoints(run_dir)] == [3] and find_latest(run_dir).endswith("global_step_3")
