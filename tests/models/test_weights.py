@@ -110,6 +110,9 @@ def test_critic_from_a_causal_lm_keeps_its_value_head_and_drops_lm_head():
     out["output_layer.weight"] = torch.ones(1, 64)
     back = mcore_to_hf(out, cfg, role="critic")
     assert torch.equal(back["score.weight"], torch.ones(1, 64)) and "lm_head.weight" not in back
+    rm = tiny_model("qwen2", False, seq_cls=True)  # a critic initialised from a reward model takes its score
+    rm_sd = hf_tensors(rm)
+    assert torch.equal(hf_to_mcore(rm_sd, hf_dict(rm), role="critic")["output_layer.weight"], rm_sd["score.weight"])
 
 
 def _mutated(mutate):
