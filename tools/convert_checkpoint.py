@@ -33,6 +33,7 @@ from rlhf_mcore.checkpoint.convert_io import (
     full_state_dict,
     load_converted,
     load_full_state_dict,
+    needed_keys,
     read_converted,
     save_converted,
 )
@@ -78,14 +79,13 @@ def hf_to_mcore_cmd(args) -> int:
     role, dtype = args.role or default_role(hf_cfg), resolve_dtype(args.dtype, hf_cfg)
     spec_for_hf_config(hf_cfg, f"{args.hf_dir}/config.json")
     ctx = init_distributed(args.tp, args.pp)
-    step(f"reading HF weights from {args.hf_dir} (role {role}, dtype {dtype})", start)
-    hf_sd, source = load_hf_state_dict(args.hf_dir)
-    full = hf_to_mcore(hf_sd, hf_cfg, role=role, source=source)
-    del hf_sd
-    step(f"converted {len(full)} tensors; building the model at tp={args.tp} pp={args.pp}", start)
+    step(f"building the {role} model at tp={args.tp} pp={args.pp} ({dtype})", start)
     model = build_for_conversion(hf_cfg, role, ctx, dtype, source=f"{args.hf_dir}/config.json")
+    hf_sd, source = load_hf_state_dict(args.hf_dir, lazy=True)
+    step(f"converting {len(hf_sd)} HF tensors from {source} (this stage's only)", start)
+    full = hf_to_mcore(hf_sd, hf_cfg, role=role, source=source, only=needed_keys(model))
     load_full_state_dict(model, full, ctx.tp_rank, ctx.dims.tp, source=source)
-    del full
+    del hf_sd, full
     step(f"saving dist-checkpoint to {args.out}", start)
     meta = {"role": role, "dtype": dtype, "source": str(Path(args.hf_dir).resolve()), "saved_tp": args.tp,
             "saved_pp": args.pp, "padded_vocab_size": model.vocab_size}

@@ -59,6 +59,14 @@ def _tp_slice(full: torch.Tensor, param, key: str, tp_rank: int, tp_size: int) -
     return full.chunk(tp_size, dim=dim)[tp_rank]
 
 
+def needed_keys(model) -> set[str]:
+    """Full-model keys this rank's shard reads (a last stage's tied output weight reads the embedding)."""
+    keys = {_global_key(model, key) for key, _ in model.named_parameters()}
+    if getattr(model, "share_embeddings_and_output_weights", False) and "output_layer.weight" in keys:
+        keys.add("embedding.word_embeddings.weight")
+    return keys
+
+
 @torch.no_grad()
 def load_full_state_dict(model, full_sd: dict[str, torch.Tensor], tp_rank: int, tp_size: int,
                          source: str = "converted state dict") -> None:

@@ -14,10 +14,11 @@ import os
 import shutil
 import tempfile
 from pathlib import Path
-from typing import Iterator
+from typing import Iterator, Mapping
 
 import torch
-from safetensors.torch import load_file, save_file
+from safetensors import safe_open
+from safetensors.torch import save_file
 
 log = logging.getLogger(__name__)
 
@@ -66,21 +67,40 @@ def weight_files(hf_dir: str | os.PathLike) -> list[Path]:
     )
 
 
-def load_hf_state_dict(hf_dir: str | os.PathLike) -> tuple[dict[str, torch.Tensor], str]:
-    """(name -> tensor, description of the source files) for every tensor of an HF checkpoint dir."""
+class LazyStateDict(Mapping):
+    """name -> tensor over checkpoint files, each tensor read only when accessed (torch .bin files are
+    memory-mapped). Lets a pipeline stage convert just its own layers of a large checkpoint."""
+
+    def __init__(self, files: list[Path]):
+        self._handles: dict[str, object] = {}
+        for path in files:
+            if path.suffix == ".safetensors":
+                handle = safe_open(str(path), framework="pt")
+            else:
+                handle = torch.load(str(path), map_location="cpu", weights_only=True, mmap=True)
+            for name in handle.keys():
+                if name in self._handles:
+                    raise ValueError(f"{path}: tensor '{name}' also appears in another shard.")
+                self._handles[name] = handle
+
+    def __getitem__(self, name: str) -> torch.Tensor:
+        handle = self._handles[name]
+        return handle[name] if isinstance(handle, dict) else handle.get_tensor(name)
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._handles)
+
+    def __len__(self) -> int:
+        return len(self._handles)
+
+
+def load_hf_state_dict(hf_dir: str | os.PathLike, lazy: bool = False) -> tuple[Mapping[str, torch.Tensor], str]:
+    """(name -> tensor, description of the source files) for every tensor of an HF checkpoint dir;
+    `lazy` reads each tensor on first access instead of all up front."""
     files = weight_files(hf_dir)
-    state_dict: dict[str, torch.Tensor] = {}
-    for path in files:
-        if path.suffix == ".safetensors":
-            part = load_file(str(path))
-        else:
-            part = torch.load(str(path), map_location="cpu", weights_only=True)
-        clash = sorted(set(part) & set(state_dict))
-        if clash:
-            raise ValueError(f"{path}: tensor '{clash[0]}' also appears in another shard.")
-        state_dict.update(part)
+    tensors = LazyStateDict(files)
     source = str(files[0]) if len(files) == 1 else f"{files[0].parent}/{SAFETENSORS_INDEX}"
-    return state_dict, source
+    return (tensors if lazy else dict(tensors.items())), source
 
 
 def plan_shards(state_dict: dict[str, torch.Tensor], max_shard_bytes: int) -> list[list[str]]:

@@ -17,6 +17,7 @@ keeps its own initialisation.
 from __future__ import annotations
 
 import dataclasses
+from typing import Mapping
 
 import torch
 
@@ -169,13 +170,18 @@ def _check_leftovers(keys: set[str], source: str, kind: str) -> None:
                          "architecture and role its config.json names?")
 
 
-def hf_to_mcore(hf_sd: dict[str, torch.Tensor], hf_config: dict, *, role: str | None = None,
-                divisible_by: int = 128, source: str = "HF state dict") -> dict[str, torch.Tensor]:
-    """HF state dict -> megatron full (TP1/PP1) state dict for `role` (default: from the architecture)."""
+def hf_to_mcore(hf_sd: Mapping[str, torch.Tensor], hf_config: dict, *, role: str | None = None,
+                divisible_by: int = 128, source: str = "HF state dict",
+                only: set[str] | None = None) -> dict[str, torch.Tensor]:
+    """HF state dict -> megatron full (TP1/PP1) state dict for `role` (default: from the architecture).
+    `only`: convert just these megatron keys (one pipeline stage); the other HF tensors are never read."""
     role = role or default_role(hf_config)
     dims = model_dims(hf_config, source)
     used, out = set(), {}
     for rule in rules_for(hf_config, role, source):
+        if only is not None and rule.mcore not in only:
+            used.update(rule.hf)
+            continue
         if rule is SCORE_HEAD and "score.weight" not in hf_sd and role == "critic":
             continue  # critic from a causal LM: the value head keeps its initialisation
         tensors = [_take(hf_sd, key, _shape(symbols, dims), rule.mcore, source)

@@ -96,6 +96,27 @@ def test_reward_score_head_round_trip_and_per_token_scores(mcore_ctx):
     assert (expected - got).abs().max().item() < 1e-5
 
 
+class ReadOnce(dict):
+    """A state dict that records which tensors were read."""
+
+    def __init__(self, *args):
+        super().__init__(*args)
+        self.read = set()
+
+    def __getitem__(self, key):
+        self.read.add(key)
+        return super().__getitem__(key)
+
+
+def test_only_converts_and_reads_the_requested_keys():
+    model = tiny_model("qwen2", False)
+    cfg, sd = hf_dict(model), ReadOnce(hf_tensors(model))
+    wanted = {"decoder.layers.3.mlp.linear_fc1.weight", "output_layer.weight"}
+    out = hf_to_mcore(sd, cfg, only=wanted)
+    assert set(out) == wanted
+    assert sd.read == {"model.layers.3.mlp.gate_proj.weight", "model.layers.3.mlp.up_proj.weight", "lm_head.weight"}
+
+
 def test_tied_checkpoints_may_carry_an_identical_lm_head():
     model = tiny_model("qwen2", True)
     cfg, sd = hf_dict(model), dict(model.state_dict())  # lm_head.weight present and equal to the embedding
