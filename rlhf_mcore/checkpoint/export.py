@@ -1,0 +1,112 @@
+"""Export the actor of a training checkpoint as a Hugging Face checkpoint (config.json, safetensors, tokenizer).
+
+`export_actor_to_hf(run, path)` is collective and cheap for the ranks: rank 0 starts one single-process,
+CPU-only conversion (`python -m rlhf_mcore.checkpoint.export ...`) while the others wait. That process
+builds the actor at TP1/PP1 (megatron reshards whatever layout the run used), loads `path/actor` and writes
+`run_dir/hf_export/global_step_N` with the converter's weight table (`rlhf_mcore.models.weights`).
+Running it apart keeps the training process groups untouched and the GPUs free (a full TP1 copy of the
+model lives only in that process's host memory).
+"""
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import logging
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import torch.distributed as dist
+
+log = logging.getLogger(__name__)
+EXPORT_DIR = "hf_export"
+# torchrun's variables: the export process is a world of its own
+_RUN_ENV = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "GROUP_RANK", "GROUP_WORLD_SIZE", "ROLE_RANK",
+            "ROLE_WORLD_SIZE", "ROLE_NAME", "MASTER_ADDR", "MASTER_PORT", "TORCHELASTIC_RUN_ID")
+
+
+def export_actor_to_hf(run, path) -> str:
+    """Collective: write the actor of checkpoint `path` to run_dir/hf_export/<checkpoint name>; return that dir."""
+    out = Path(run.run_dir).resolve() / EXPORT_DIR / Path(path).name
+    failed = 0
+    if not dist.is_initialized() or dist.get_rank() == 0:
+        failed = _convert_in_subprocess(run.cfg.model, Path(path) / "actor", out)
+    if dist.is_initialized() and dist.get_world_size() > 1:
+        flag = [failed]
+        dist.broadcast_object_list(flag, src=0)
+        failed = flag[0]
+    if failed:
+        raise RuntimeError(f"HF export of {path} failed (exit code {failed}); its output is in the log above. "
+                           "Set trainer.export_hf=false to skip it, or convert later with "
+                           "`python -m rlhf_mcore.checkpoint.export --ckpt <global_step_N>/actor --out DIR`.")
+    return str(out)
+
+
+def _convert_in_subprocess(model_cfg, ckpt: Path, out: Path) -> int:
+    env = {k: v for k, v in os.environ.items() if k not in _RUN_ENV and not k.startswith("TORCHELASTIC_")}
+    env["CUDA_VISIBLE_DEVICES"] = ""  # host memory only; leave the GPUs to the training ranks
+    cmd = [sys.executable, "-m", "rlhf_mcore.checkpoint.export", "--ckpt", str(ckpt), "--out", str(out),
+           "--model-config", json.dumps(dataclasses.asdict(model_cfg))]
+    start = time.perf_counter()
+    rc = subprocess.run(cmd, env=env).returncode
+    if rc == 0:
+        log.info("exported %s to %s in %.1fs", ckpt, out, time.perf_counter() - start)
+    return rc
+
+
+def hf_export_config(hf_cfg: dict, dtype: str) -> dict:
+    """The config.json written beside the weights: the policy's HF config with the stored dtype."""
+    cfg = {k: v for k, v in hf_cfg.items() if k != "torch_dtype"}
+    cfg["dtype"] = "bfloat16" if dtype == "bf16" else "float32"
+    return cfg
+
+
+def convert(ckpt: str, out: str, model_cfg) -> Path:
+    """One process (world size 1): dist-checkpoint of an actor -> HF directory at `out` (replaced atomically)."""
+    from rlhf_mcore.checkpoint.convert_io import full_state_dict
+    from rlhf_mcore.checkpoint.model_weights import load_model_weights
+    from rlhf_mcore.config import ParallelConfig
+    from rlhf_mcore.models.build import build_model
+    from rlhf_mcore.models.hf_io import save_hf_checkpoint
+    from rlhf_mcore.models.transformer_config import load_hf_config
+    from rlhf_mcore.models.weights import mcore_to_hf
+    from rlhf_mcore.parallel import destroy_distributed, init_distributed
+
+    ctx = init_distributed(1, 1)
+    try:
+        hf_cfg = load_hf_config(model_cfg)
+        model = build_model("actor", hf_cfg, model_cfg, ParallelConfig(), ctx)
+        load_model_weights(model, ckpt)
+        hf_sd = mcore_to_hf(full_state_dict(model), hf_cfg, role="actor", source=ckpt)
+        aux = model_cfg.tokenizer if os.path.isdir(model_cfg.tokenizer or "") else model_cfg.hf_path or None
+        return save_hf_checkpoint(out, hf_sd, hf_export_config(hf_cfg, model_cfg.dtype), aux, overwrite=True)
+    finally:
+        destroy_distributed()
+
+
+def main(argv=None) -> int:
+    from rlhf_mcore.config import ModelConfig
+    from rlhf_mcore.config_load import load_config
+    from rlhf_mcore.logs import init_logger
+
+    parser = argparse.ArgumentParser(prog="python -m rlhf_mcore.checkpoint.export",
+                                     description=__doc__.split("\n\n")[0])
+    parser.add_argument("--ckpt", required=True, help="an actor dist-checkpoint, e.g. runs/x/global_step_N/actor")
+    parser.add_argument("--out", required=True, help="HF directory to write (replaced if it exists)")
+    parser.add_argument("--config", help="the run's config.yaml (default: the one in the run directory of --ckpt)")
+    parser.add_argument("--model-config", help="the run's `model` section as JSON (instead of --config)")
+    args = parser.parse_args(argv)
+    init_logger(0)
+    if args.model_config:
+        model_cfg = ModelConfig(**json.loads(args.model_config))
+    else:
+        model_cfg = load_config(args.config or str(Path(args.ckpt).resolve().parents[1] / "config.yaml")).model
+    convert(args.ckpt, args.out, model_cfg)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
