@@ -3,6 +3,7 @@
     python tools/convert_checkpoint.py hf-to-mcore --hf-dir D --out O [--dtype auto|fp32|bf16] [--role R]
     torchrun --nproc_per_node 4 tools/convert_checkpoint.py hf-to-mcore --hf-dir D --out O --tp 2 --pp 2
     python tools/convert_checkpoint.py mcore-to-hf --mcore-dir O --out D2 [--max-shard-size 5GB]
+    python tools/convert_checkpoint.py mcore-to-hf --mcore-dir run/global_step_100/actor --hf-config D --out D2
     torchrun --nproc_per_node 2 tools/convert_checkpoint.py verify --hf-dir D --mcore-dir O --tp 2
 
 `hf-to-mcore` writes a megatron dist-checkpoint that loads at any TP/PP (megatron reshards on load), with
@@ -30,6 +31,7 @@ if __package__ in (None, ""):  # run as a script: make `rlhf_mcore` importable f
 from rlhf_mcore.checkpoint.convert_io import (
     HF_SUBDIR,
     build_for_conversion,
+    describe_checkpoint,
     full_state_dict,
     load_converted,
     load_full_state_dict,
@@ -113,15 +115,15 @@ def mcore_to_hf_cmd(args) -> int:
         raise ValueError("mcore-to-hf runs in one process (megatron reshards to TP1/PP1 on load). "
                          "Run it with python, not torchrun.")
     max_shard = parse_size(args.max_shard_size)
-    hf_cfg, meta = read_converted(args.mcore_dir)
+    hf_cfg, hf_dir, role, dtype = describe_checkpoint(args.mcore_dir, args.hf_config, args.role, args.dtype)
     ctx = init_distributed(1, 1)
-    step(f"loading dist-checkpoint {args.mcore_dir} (role {meta['role']}, dtype {meta['dtype']})", start)
-    model = build_for_conversion(hf_cfg, meta["role"], ctx, meta["dtype"], f"{args.mcore_dir}/{HF_SUBDIR}")
+    step(f"loading dist-checkpoint {args.mcore_dir} (role {role}, dtype {dtype})", start)
+    model = build_for_conversion(hf_cfg, role, ctx, dtype, f"{hf_dir}/config.json")
     load_converted(model, args.mcore_dir)
-    hf_sd = mcore_to_hf(full_state_dict(model), hf_cfg, role=meta["role"], source=str(args.mcore_dir))
+    hf_sd = mcore_to_hf(full_state_dict(model), hf_cfg, role=role, source=str(args.mcore_dir))
     step(f"writing {len(hf_sd)} tensors to {args.out}", start)
-    save_hf_checkpoint(args.out, hf_sd, export_config(hf_cfg, meta["role"], meta["dtype"]),
-                       Path(args.mcore_dir) / HF_SUBDIR, max_shard_bytes=max_shard, overwrite=args.overwrite)
+    save_hf_checkpoint(args.out, hf_sd, export_config(hf_cfg, role, dtype), hf_dir, max_shard_bytes=max_shard,
+                       overwrite=args.overwrite)
     step(f"done: {args.out}", start)
     return 0
 
@@ -240,6 +242,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     to_hf.add_argument("--mcore-dir", required=True)
     to_hf.add_argument("--out", required=True)
     to_hf.add_argument("--max-shard-size", default="5GB")
+    to_hf.add_argument("--hf-config", help="HF dir with config.json + tokenizer (default: MCORE_DIR/hf); needed "
+                       "for a training checkpoint's role dir, e.g. run/global_step_100/actor")
+    to_hf.add_argument("--role", choices=ROLES, help="default: from conversion.json, else the directory name")
+    to_hf.add_argument("--dtype", choices=tuple(DTYPES), help="default: from conversion.json, else fp32")
     verify = sub.add_parser("verify", help="compare transformers and megatron outputs on one random batch")
     verify.add_argument("--hf-dir", required=True)
     verify.add_argument("--mcore-dir", required=True)

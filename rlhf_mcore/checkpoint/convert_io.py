@@ -144,6 +144,26 @@ def read_converted(ckpt_dir: str | Path) -> tuple[dict, dict]:
     return read_hf_config(ckpt_dir / HF_SUBDIR), json.loads(meta_path.read_text())
 
 
+def describe_checkpoint(ckpt_dir: str | Path, hf_dir: str | Path | None = None, role: str | None = None,
+                        dtype: str | None = None) -> tuple[dict, Path, str, str]:
+    """(HF config, directory holding it and the tokenizer files, role, dtype) of a megatron weights
+    checkpoint: a converted directory carries all four (conversion.json, hf/); a training checkpoint's role
+    directory (run/global_step_N/actor) needs `hf_dir`, and takes its role from its name."""
+    from rlhf_mcore.models.weights import ROLES
+
+    ckpt_dir = Path(ckpt_dir)
+    meta = json.loads((ckpt_dir / META_FILE).read_text()) if (ckpt_dir / META_FILE).is_file() else {}
+    hf_dir = Path(hf_dir) if hf_dir is not None else ckpt_dir / HF_SUBDIR
+    if not (hf_dir / "config.json").is_file():
+        raise ValueError(f"{ckpt_dir}: no {META_FILE} or {HF_SUBDIR}/config.json beside the weights. Pass "
+                         "--hf-config with the HF directory of the model (config.json + tokenizer files).")
+    role = role or meta.get("role") or (ckpt_dir.name if ckpt_dir.name in ROLES else None)
+    if role is None:
+        raise ValueError(f"{ckpt_dir}: cannot tell the model role from the directory. Pass --role "
+                         f"(one of {', '.join(ROLES)}).")
+    return read_hf_config(hf_dir), hf_dir, role, dtype or meta.get("dtype", "fp32")
+
+
 def load_converted(model, ckpt_dir: str | Path) -> None:
     """Collective: load a converted checkpoint into `model` at its own layout (megatron reshards), through
     the trainer's own loader so that conversion and training read checkpoints the same way."""

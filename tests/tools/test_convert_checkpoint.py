@@ -92,6 +92,25 @@ def test_critic_from_a_causal_lm_exports_a_one_label_classifier(tiny_work, capsy
         run(["verify", "--hf-dir", str(hf_dir), "--mcore-dir", str(mc)])
 
 
+def test_export_of_a_training_checkpoint_role_dir(tiny_work, mcore_ctx):
+    """run/global_step_N/actor holds {"model": ..., "optimizer": ...}: export it with --hf-config."""
+    from megatron.core import dist_checkpointing
+
+    from rlhf_mcore.checkpoint.convert_io import build_for_conversion, describe_checkpoint, load_converted
+
+    ckpt = tiny_work / "mcore" / "qwen2_1x1"
+    hf_cfg, _, role, dtype = describe_checkpoint(ckpt)
+    model = build_for_conversion(hf_cfg, role, mcore_ctx, dtype)
+    load_converted(model, ckpt)
+    role_dir = tiny_work / "run" / "global_step_3" / "actor"
+    role_dir.mkdir(parents=True)
+    dist_checkpointing.save({"model": model.sharded_state_dict()}, str(role_dir))
+    out = tiny_work / "export" / "trained_actor"
+    assert run(["mcore-to-hf", "--mcore-dir", str(role_dir), "--hf-config", str(tiny_work / "hf" / "qwen2"),
+                "--out", str(out)]) == 0
+    assert not diff_state_dicts(load_tensors(tiny_work / "hf" / "qwen2"), load_tensors(out))
+
+
 def test_bad_inputs_raise_errors_that_name_the_file_or_field(tiny_work, tmp_path, monkeypatch):
     hf = str(tiny_work / "hf" / "qwen2")
     ckpt = str(tiny_work / "mcore" / "qwen2_1x1")
@@ -99,8 +118,10 @@ def test_bad_inputs_raise_errors_that_name_the_file_or_field(tiny_work, tmp_path
         run(["hf-to-mcore", "--hf-dir", str(tmp_path), "--out", str(tmp_path / "o")])
     with pytest.raises(ValueError, match=r"qwen2_1x1: already exists and is not empty. Pass --overwrite"):
         run(["hf-to-mcore", "--hf-dir", hf, "--out", ckpt])
-    with pytest.raises(ValueError, match=r"conversion.json: not found. Pass a directory written by"):
+    with pytest.raises(ValueError, match=r"no conversion.json or hf/config.json beside the weights. Pass --hf-config"):
         run(["mcore-to-hf", "--mcore-dir", str(tmp_path), "--out", str(tmp_path / "o")])
+    with pytest.raises(ValueError, match=r"cannot tell the model role from the directory. Pass --role"):
+        run(["mcore-to-hf", "--mcore-dir", str(tmp_path), "--hf-config", hf, "--out", str(tmp_path / "o")])
     with pytest.raises(ValueError, match=r"--max-shard-size: cannot parse '5 parsecs'"):
         run(["mcore-to-hf", "--mcore-dir", ckpt, "--out", str(tmp_path / "o"), "--max-shard-size", "5 parsecs"])
     monkeypatch.setenv("WORLD_SIZE", "2")
