@@ -88,3 +88,9 @@ def test_torch_bin_checkpoints_are_read(tmp_path):
     torch.save({"w": torch.arange(3.0)}, tmp_path / hf_io.TORCH_BIN_FILE)
     sd, source = hf_io.load_hf_state_dict(tmp_path)
     assert torch.equal(sd["w"], torch.arange(3.0)) and source.endswith("pytorch_model.bin")
+
+
+def test_doctests():
+    import doctest
+
+    assert doctest.testmod(hf_io).failed == 0

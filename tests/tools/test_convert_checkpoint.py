@@ -164,3 +164,12 @@ def test_loading_a_full_state_dict_checks_keys_and_shapes(mcore_ctx):
     with pytest.raises(ValueError, match=r"'decoder.layers.1.mlp.linear_fc2.weight' gives shape \[64, 95\] on TP rank "
                                          r"0/1, but the model parameter has \[64, 96\]"):
         load_full_state_dict(model, bad, 0, 1, source="src")
+
+
+def test_doctests():
+    import doctest
+
+    import convert_checkpoint
+
+    result = doctest.testmod(convert_checkpoint)
+    assert result.attempted > 0 and result.failed == 0
