@@ -14,6 +14,7 @@ import dataclasses
 import json
 import logging
 import os
+import socket
 import subprocess
 import sys
 import time
@@ -48,6 +49,7 @@ def export_actor_to_hf(run, path) -> str:
 def _convert_in_subprocess(model_cfg, ckpt: Path, out: Path) -> int:
     env = {k: v for k, v in os.environ.items() if k not in _RUN_ENV and not k.startswith("TORCHELASTIC_")}
     env["CUDA_VISIBLE_DEVICES"] = ""  # host memory only; leave the GPUs to the training ranks
+    env["MASTER_ADDR"], env["MASTER_PORT"] = "127.0.0.1", str(_free_port())  # not the training job's port
     cmd = [sys.executable, "-m", "rlhf_mcore.checkpoint.export", "--ckpt", str(ckpt), "--out", str(out),
            "--model-config", json.dumps(dataclasses.asdict(model_cfg))]
     start = time.perf_counter()
@@ -55,6 +57,12 @@ def _convert_in_subprocess(model_cfg, ckpt: Path, out: Path) -> int:
     if rc == 0:
         log.info("exported %s to %s in %.1fs", ckpt, out, time.perf_counter() - start)
     return rc
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
 
 
 def hf_export_config(hf_cfg: dict, dtype: str) -> dict:
