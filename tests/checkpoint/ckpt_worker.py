@@ -118,13 +118,13 @@ def phase_train(out: Path) -> dict:
 
 def resume_case(out: Path, name: str) -> dict:
     cfg, ctx, hf, state = setup(*CASES[name])
-    ref = torch.load(out / name / f"reference_rank{ctx.rank}.pt", weights_only=True)
+    ref = torch.load(out / name / f"reference_rank{ctx.rank}.pt", map_location=ctx.device, weights_only=True)
     extra = load_checkpoint(find_latest(out / name), {"actor": state}, ctx)
     draws = rng_draws()
     steps = adam_steps(state.optimizer)
     losses = train(cfg, ctx, hf, state, range(2, 4))
     same = all(torch.equal(ref["params"][k], v) for k, v in params(state).items())
-    flags = torch.tensor([float(same), float(draws == ref["draws"])])
+    flags = torch.tensor([float(same), float(draws == ref["draws"])], device=ctx.device)
     torch.distributed.all_reduce(flags, op=torch.distributed.ReduceOp.MIN)
     return {"extra": extra, "losses": losses, "ref_losses": ref["losses"][2:], "params_equal": bool(flags[0]),
             "rng_equal": bool(flags[1]), "adam_steps": sorted(steps)}
@@ -133,7 +133,7 @@ def resume_case(out: Path, name: str) -> dict:
 def cross_case(out: Path, saved: str, layout: tuple) -> dict:
     cfg, ctx, hf, state = setup(*layout)
     path = find_latest(out / saved)
-    ref = torch.load(out / saved / "reference_rank0.pt", weights_only=True)
+    ref = torch.load(out / saved / "reference_rank0.pt", map_location=ctx.device, weights_only=True)
     load_model_weights(state.module, Path(path) / "actor")  # weights only, like model.load
     weights_diff = (forward_logp(cfg, ctx, hf, state) - ref["logp"]).abs().max().item()
     load_checkpoint(path, {"actor": state}, ctx)  # weights + optimizer state, resharded

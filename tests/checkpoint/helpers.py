@@ -28,7 +28,7 @@ def perturb(model, seed: int) -> None:
     """Change every weight (stands in for a training step where only the values matter)."""
     gen = torch.Generator().manual_seed(seed)
     for p in model.parameters():
-        p.add_(torch.randn(p.shape, generator=gen) * 0.01)
+        p.add_(torch.randn(p.shape, generator=gen).to(p.device) * 0.01)
 
 
 def snapshot(model) -> dict:
