@@ -99,6 +99,9 @@ def apply_cpu_patches() -> bool:
     # optimizer.optimizer (Float16OptimizerWithFloat16Params) and optimizer.distrib_optimizer
     # (param groups for bf16 / fp32 params) as `param.type() == 'torch.cuda.FloatTensor'`.
     torch.Tensor.type = _cuda_named_type(torch.Tensor.type)
+    # P5: Tensor.cuda() -> the tensor itself. LanguageModule.setup_embeddings_and_output_layer
+    # (`weight.data.cuda()` for tied embeddings at PP > 1) and dist_checkpointing.exchange_utils.
+    torch.Tensor.cuda = lambda self, *a, **k: self
     _applied = True
-    log.info("CUDA absent: applied megatron-core CPU patches P1-P4 (rlhf_mcore/cpu_compat.py)")
+    log.info("CUDA absent: applied megatron-core CPU patches P1-P5 (rlhf_mcore/cpu_compat.py)")
     return True

@@ -34,6 +34,14 @@ def test_patched_sites_run_on_cpu(mcore_ctx):
     assert torch.ones(1).type() == "torch.cuda.FloatTensor"  # P4
     assert torch.ones(1, dtype=torch.bfloat16).type() == "torch.cuda.BFloat16Tensor"
     assert torch.ones(1).type(torch.float64).dtype == torch.float64  # with an argument: untouched
+    t = torch.ones(2)
+    assert t.cuda() is t  # P5
+
+
+def test_tensor_cuda_call_sites_still_exist(mcore_ctx):
+    from megatron.core.models.common.language_module import language_module
+
+    assert ".cuda()" in inspect.getsource(language_module), "P5 no longer needed in language_module: remove it"
 
 
 def test_apply_is_idempotent(mcore_ctx):
