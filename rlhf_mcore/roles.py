@@ -51,7 +51,20 @@ def needs_ref(cfg) -> bool:
     return cfg.actor.use_kl_loss or cfg.algorithm.use_kl_in_reward
 
 
-def build_roles(cfg, hf: dict, ctx, reward_hf: dict | None = None) -> Roles:
+def reward_model_config(path: str) -> dict:
+    """The HF config of a converted reward model (tools/convert_checkpoint.py writes it to <path>/hf/)."""
+    import json
+    import os
+
+    config = os.path.join(path, "hf", "config.json")
+    if not os.path.isfile(config):
+        raise ValueError(f"reward.model_path: no hf/config.json in {path!r}. Convert the HF "
+                         "*ForSequenceClassification checkpoint first: tools/convert_checkpoint.py hf-to-mcore.")
+    with open(config) as f:
+        return json.load(f)
+
+
+def build_roles(cfg, hf: dict, ctx) -> Roles:
     actor_model = build_model("actor", hf, cfg.model, cfg.parallel, ctx)
     _load_or_none(actor_model, cfg.model.load, "actor")
     log.info("actor: %.1fM parameters on this rank", count_parameters(actor_model) / 1e6)
@@ -72,7 +85,7 @@ def build_roles(cfg, hf: dict, ctx, reward_hf: dict | None = None) -> Roles:
         critic = build_train_state(critic_model, cfg.critic.optim, cfg.parallel)
     reward = None
     if cfg.reward.model_path:
-        reward = build_model("reward", reward_hf or hf, cfg.model, cfg.parallel, ctx)
+        reward = build_model("reward", reward_model_config(cfg.reward.model_path), cfg.model, cfg.parallel, ctx)
         _load_or_none(reward, cfg.reward.model_path, "reward model")
     return Roles(actor=build_train_state(actor_model, cfg.actor.optim, cfg.parallel), critic=critic, ref=ref,
                  reward=reward)

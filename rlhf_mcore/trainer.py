@@ -12,7 +12,7 @@ import torch
 from rlhf_mcore import phases
 from rlhf_mcore.logs import timer
 from rlhf_mcore.metrics import reduce_outputs
-from rlhf_mcore.optim import lr_at, offload_optimizer
+from rlhf_mcore.optim import lr_at, offload_for_rollout, reload_after_rollout
 from rlhf_mcore.role_losses import actor_loss, critic_loss
 from rlhf_mcore.run import Run, finish_run, start_run
 from rlhf_mcore.step_log import step_metrics
@@ -24,11 +24,11 @@ def train_step(run: Run, step: int) -> dict:
     cfg, ctx, roles, timings = run.cfg, run.ctx, run.roles, {}
     prompts = run.sampler.next_batch()
     with timer("gen", timings):
-        offload_during(run, "cpu")
+        offload_during(run, True)
         rollout = run.engine.generate([list(p.prompt_ids) for p in prompts], phases.sampling_params(
             cfg, run.stop_ids, step), show_progress=ctx.is_logging_rank)
         run.engine.release_memory()
-        offload_during(run, ctx.device.type)
+        offload_during(run, False)
     with timer("reward", timings):
         scores, reward_metrics = run.scorer(rollout, prompts, cfg.rollout.n)
         batch = phases.make_batch(rollout, scores, run.group_index(len(prompts)), run.seq_len)
@@ -60,10 +60,11 @@ def train_step(run: Run, step: int) -> dict:
     return metrics
 
 
-def offload_during(run: Run, device: str) -> None:
+def offload_during(run: Run, offload: bool) -> None:
+    """Free training memory (optimizer states, grad buffers) for the rollout when configured (GPU only)."""
     if run.cfg.trainer.offload_during_rollout and torch.cuda.is_available():
         for state in run.roles.trainable().values():
-            offload_optimizer(state, device)
+            offload_for_rollout(state) if offload else reload_after_rollout(state, run.ctx.device)
 
 
 def out_of_time(cfg, started: float) -> bool:
