@@ -23,7 +23,7 @@ def test_export_writes_the_actor_through_the_weight_table(mcore_ctx, tmp_path):
     out = Path(export_actor_to_hf(run, path))
     assert out == tmp_path / "hf_export" / "global_step_3"
     hf_cfg = load_hf_config(run.cfg.model)
-    want = mcore_to_hf(full_state_dict(state.module), hf_cfg, role="actor")
+    want = {k: v.cpu() for k, v in mcore_to_hf(full_state_dict(state.module), hf_cfg, role="actor").items()}
     got = load_file(out / "model.safetensors")
     assert got.keys() == want.keys() and all(torch.equal(got[k], want[k]) for k in want)
     config = json.loads((out / "config.json").read_text())
