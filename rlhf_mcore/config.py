@@ -159,7 +159,8 @@ class ActorConfig:
         errs = self.optim._checks(f"{p}.optim")
         errs += positive(f"{p}.ppo_mini_batch_size", self.ppo_mini_batch_size)
         errs += positive(f"{p}.micro_batch_size_per_gpu", self.micro_batch_size_per_gpu)
-        errs += positive(f"{p}.ppo_epochs", self.ppo_epochs) + positive(f"{p}.max_tokens_per_gpu", self.max_tokens_per_gpu)
+        errs += positive(f"{p}.ppo_epochs", self.ppo_epochs)
+        errs += positive(f"{p}.max_tokens_per_gpu", self.max_tokens_per_gpu)
         errs += choice(f"{p}.loss_agg_mode", self.loss_agg_mode,
                        ("token-mean", "seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm"))
         errs += choice(f"{p}.rollout_correction", self.rollout_correction, ("none", "token", "sequence"))
@@ -197,9 +198,13 @@ class RewardConfig:
     model_path: str = ""  # HF *ForSequenceClassification dir or mcore checkpoint: a reward model
     overlong_buffer: int = 0  # DAPO soft overlong punishment: tokens before max length (0 = off)
     overlong_penalty_factor: float = 1.0
+    format_penalty: float = 0.0  # subtracted when the response lacks the answer format (0 = off)
+    answer_format: str = "gsm8k"  # gsm8k (#### <n>) | boxed (\boxed{...})
 
     def _checks(self, p: str) -> list[str]:
-        return positive(f"{p}.timeout_s", self.timeout_s) + positive(f"{p}.num_workers", self.num_workers)
+        return positive(f"{p}.timeout_s", self.timeout_s) + positive(f"{p}.num_workers", self.num_workers) + \
+            choice(f"{p}.answer_format", self.answer_format, ("gsm8k", "boxed")) + \
+            positive(f"{p}.format_penalty", self.format_penalty, allow_zero=True)
 
 
 @dataclass(**DC)

@@ -8,7 +8,7 @@ import torch.distributed as dist
 
 from rlhf_mcore.phases import decode_responses
 from rlhf_mcore.rewards import score_batch
-from rlhf_mcore.rewards.penalties import overlong_penalties
+from rlhf_mcore.rewards.penalties import format_penalties, overlong_penalties
 
 
 class Scorer:
@@ -18,7 +18,8 @@ class Scorer:
     def _score_here(self, rollout, prompts, n: int) -> torch.Tensor:
         r = self.cfg.reward
         rows = [p for p in prompts for _ in range(n)]
-        result = score_batch([p.data_source for p in rows], decode_responses(rollout, self.tokenizer.decode),
+        responses = decode_responses(rollout, self.tokenizer.decode)
+        result = score_batch([p.data_source for p in rows], responses,
                              [p.ground_truth for p in rows], [p.extra_info for p in rows],
                              custom_fn=r.custom_fn or None, timeout_s=r.timeout_s, num_workers=r.num_workers)
         scores = torch.tensor(result.scores, dtype=torch.float32)
@@ -29,6 +30,8 @@ class Scorer:
             scores = scores + torch.tensor(overlong_penalties(
                 rollout.response_lengths.cpu().tolist(), max_length=self.cfg.rollout.max_response_length,
                 buffer=r.overlong_buffer, factor=r.overlong_penalty_factor))
+        if r.format_penalty > 0:
+            scores = scores + torch.tensor(format_penalties(responses, r.answer_format, r.format_penalty))
         counts = torch.tensor([float(result.num_errors), float(result.num_timeouts)])
         return torch.cat([scores, acc, counts])
 
