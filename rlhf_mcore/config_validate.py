@@ -11,6 +11,8 @@ from rlhf_mcore.config import Config
 GROUP_ESTIMATORS = ("grpo", "rloo", "reinforce_plus_plus_baseline", "opo", "grpo_passk", "gpg")
 # Estimators that need critic values (a critic is built and trained for them).
 VALUE_ESTIMATORS = ("gae",)
+# Estimators whose baseline is the reward of a greedy rollout of the same prompt (generated each step).
+GREEDY_BASELINE_ESTIMATORS = ("remax",)
 REQUIRED_INLINE = ("num_layers", "hidden_size", "ffn_hidden_size", "num_attention_heads", "vocab_size")
 
 

@@ -16,7 +16,8 @@ log = logging.getLogger("rlhf_mcore")
 
 def init_logger(rank: int = 0, level: int = logging.INFO) -> None:
     """stdlib logging on rank 0 only (other ranks print warnings and errors)."""
-    fmt = "[%(asctime)s] %(levelname)s %(name)s: %(message)s" if rank == 0 else f"[rank{rank}] %(levelname)s %(name)s: %(message)s"
+    prefix = "[%(asctime)s]" if rank == 0 else f"[rank{rank}]"
+    fmt = prefix + " %(levelname)s %(name)s: %(message)s"
     logging.basicConfig(level=level if rank == 0 else logging.WARNING, format=fmt, datefmt="%H:%M:%S",
                         stream=sys.stdout, force=True)
     for noisy in ("megatron", "torch.distributed", "httpx"):

@@ -28,6 +28,14 @@ def sampling_params(cfg, eos_ids: tuple[int, ...], step: int, validation: bool =
     )
 
 
+def greedy_baseline(engine, scorer, prompts, cfg, stop_ids, step: int) -> torch.Tensor:
+    """[P * n] reward of one greedy rollout per prompt, repeated for each of its n samples (ReMax)."""
+    greedy = engine.generate([list(p.prompt_ids) for p in prompts],
+                             sampling_params(cfg, stop_ids, step, validation=True))
+    scores, _ = scorer(greedy, prompts, 1)
+    return scores.repeat_interleave(cfg.rollout.n)
+
+
 def decode_responses(rollout: RolloutBatch, decode) -> list[str]:
     starts, lengths = rollout.prompt_lengths.tolist(), rollout.response_lengths.tolist()
     return [decode(row[s:s + n]) for row, s, n in zip(rollout.tokens.tolist(), starts, lengths)]
@@ -101,10 +109,11 @@ def compute_advantages(batch: dict, cfg, kl_coef: float, ctx) -> tuple[dict, dic
     full = {k: gather_dp(v, ctx) for k, v in (("rewards", rewards), ("mask", batch["response_mask"]),
                                               ("group", batch["group_index"]))}
     values = gather_dp(batch["values"], ctx) if "values" in batch else None
+    baseline = gather_dp(batch["baseline_rewards"], ctx) if "baseline_rewards" in batch else None
     a = cfg.algorithm
     adv, returns = ADVANTAGES.get(a.adv_estimator)(AdvantageInputs(
         token_level_rewards=full["rewards"], response_mask=full["mask"], values=values, group_index=full["group"],
-        gamma=a.gamma, lam=a.lam, norm_adv_by_std=a.norm_adv_by_std))
+        baseline_rewards=baseline, gamma=a.gamma, lam=a.lam, norm_adv_by_std=a.norm_adv_by_std))
     b = batch["tokens"].size(0)
     mine = slice(ctx.dp_rank * b, (ctx.dp_rank + 1) * b)
     return {**batch, "token_level_rewards": rewards, "advantages": adv[mine], "returns": returns[mine]}, metrics

@@ -11,6 +11,7 @@ import torch
 
 from rlhf_mcore.algorithms import KL_CONTROLLERS
 from rlhf_mcore.config_load import dump_yaml
+from rlhf_mcore.config_validate import GREEDY_BASELINE_ESTIMATORS
 from rlhf_mcore.logs import MetricLogger, init_logger
 from rlhf_mcore.models.transformer_config import load_hf_config
 from rlhf_mcore.parallel import init_distributed, torchrun_env
@@ -42,6 +43,10 @@ class Run:
     history: list = dataclasses.field(default_factory=list)
 
     @property
+    def needs_greedy_baseline(self) -> bool:
+        return self.cfg.algorithm.adv_estimator in GREEDY_BASELINE_ESTIMATORS
+
+    @property
     def seq_len(self) -> int:
         return self.cfg.data.max_prompt_length + self.cfg.rollout.max_response_length
 
@@ -55,7 +60,6 @@ class Run:
         return getattr(self.cfg, role).ppo_mini_batch_size * self.cfg.rollout.n // self.ctx.dims.dp
 
     def log_step(self, step: int, metrics: dict) -> None:
-        metrics = {k: v for k, v in metrics.items()}
         self.history.append(metrics)
         if self.ctx.is_logging_rank:
             log.info(format_step_line(step, self.total_steps, metrics))
@@ -123,8 +127,8 @@ def start_run(cfg) -> Run:
     a = cfg.algorithm
     kl_args = {"value": a.kl_coef} if a.kl_ctrl_type == "fixed" else \
         {"value": a.kl_coef, "target_kl": a.target_kl, "horizon": a.kl_horizon}
-    run = Run(cfg=cfg, ctx=ctx, roles=roles, engine=engine, tokenizer=tokenizer, stop_ids=stop_token_ids(cfg, tokenizer),
-              sampler=sampler,
+    run = Run(cfg=cfg, ctx=ctx, roles=roles, engine=engine, tokenizer=tokenizer,
+              stop_ids=stop_token_ids(cfg, tokenizer), sampler=sampler,
               val_sampler=val_sampler, scorer=Scorer(cfg, tokenizer, ctx),
               kl_ctrl=KL_CONTROLLERS.get(a.kl_ctrl_type)(**kl_args), total_steps=_total_steps(cfg, sampler),
               run_dir=run_dir, metric_logger=MetricLogger(run_dir, cfg.trainer.logger, ctx.is_logging_rank))

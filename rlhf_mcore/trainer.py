@@ -27,11 +27,15 @@ def train_step(run: Run, step: int) -> dict:
         offload_during(run, True)
         rollout = run.engine.generate([list(p.prompt_ids) for p in prompts], phases.sampling_params(
             cfg, run.stop_ids, step), show_progress=ctx.is_logging_rank)
+        baseline = phases.greedy_baseline(run.engine, run.scorer, prompts, cfg, run.stop_ids, step) \
+            if run.needs_greedy_baseline else None
         run.engine.release_memory()
         offload_during(run, False)
     with timer("reward", timings):
         scores, reward_metrics = run.scorer(rollout, prompts, cfg.rollout.n)
         batch = phases.make_batch(rollout, scores, run.group_index(len(prompts)), run.seq_len)
+        if baseline is not None:
+            batch["baseline_rewards"] = baseline
         if roles.reward is not None:
             batch["token_level_scores"] = batch["token_level_scores"] + phases.reward_model_pass(roles, batch, cfg, ctx)
     with timer("old_log_prob", timings):

@@ -1,6 +1,10 @@
 """Shared pytest set-up: GPU tests skip cleanly where CUDA is absent."""
+import os
+
 import pytest
 import torch
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def pytest_collection_modifyitems(config, items):

@@ -11,8 +11,8 @@ import logging
 
 import torch
 
-from rlhf_mcore.models.init import init_output_weight
 from rlhf_mcore.models.heads import HiddenStatesHead, ScalarHead
+from rlhf_mcore.models.init import init_output_weight
 from rlhf_mcore.models.layer_spec import block_spec, choose_layer_spec
 from rlhf_mcore.models.transformer_config import padded_vocab_size, rope_theta, to_transformer_config
 

@@ -31,7 +31,8 @@ class HiddenStatesHead(torch.nn.Module):
 
     def forward(self, hidden, weight=None, runtime_gather_output=None):  # hidden [s, b, h]
         if self.sequence_parallel:
-            hidden = gather_from_sequence_parallel_region(hidden, tensor_parallel_output_grad=False, group=self.tp_group)
+            hidden = gather_from_sequence_parallel_region(hidden, tensor_parallel_output_grad=False,
+                                                          group=self.tp_group)
         return hidden, None
 
     def sharded_state_dict(self, prefix="", sharded_offsets=(), metadata=None):
@@ -55,7 +56,8 @@ class ScalarHead(torch.nn.Module):
 
     def forward(self, hidden, weight=None, runtime_gather_output=None):  # hidden [s, b, h] -> [s, b, n]
         if self.sequence_parallel:
-            hidden = gather_from_sequence_parallel_region(hidden, tensor_parallel_output_grad=False, group=self.tp_group)
+            hidden = gather_from_sequence_parallel_region(hidden, tensor_parallel_output_grad=False,
+                                                          group=self.tp_group)
         return torch.matmul(hidden, self.weight.t()), None
 
     def sharded_state_dict(self, prefix="", sharded_offsets=(), metadata=None):

@@ -6,12 +6,11 @@ import importlib.util
 import logging
 
 from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
-
 from megatron.core.transformer.transformer_block import TransformerBlockSubmodules, get_num_layers_to_build
 
 from rlhf_mcore.models.attention import SDPAttention
-from rlhf_mcore.models.norm import RMSNorm
 from rlhf_mcore.models.init import seeded_layer_spec
+from rlhf_mcore.models.norm import RMSNorm
 from rlhf_mcore.registry import Registry
 
 log = logging.getLogger(__name__)

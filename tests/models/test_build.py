@@ -16,7 +16,7 @@ def test_registry_finds_families_by_architecture_or_model_type():
     assert spec_for_hf_config({"architectures": ["Qwen2ForCausalLM"]}).qkv_bias is True
     assert spec_for_hf_config({"model_type": "mistral"}).name == "mistral"
     assert spec_for_hf_config({"architectures": ["LlamaForSequenceClassification"]}).name == "llama"
-    with pytest.raises(ValueError, match=r"config.json: unsupported architecture \(architectures=\['GPT2LMHeadModel'\]"):
+    with pytest.raises(ValueError, match=r"config.json: unsupported architecture \(architectures=\['GPT2"):
         spec_for_hf_config({"architectures": ["GPT2LMHeadModel"], "model_type": "gpt2"})
 
 
@@ -35,7 +35,8 @@ def test_hf_fields_map_to_transformer_config():
     hf = {**load_hf_config(cfg.model), "rope_parameters": {"rope_type": "default", "rope_theta": 5e5},
           "rms_norm_eps": 1e-5, "architectures": ["Qwen2ForCausalLM"], "head_dim": 16}
     tc = to_transformer_config(hf, cfg.model, cfg.parallel)
-    assert (tc.num_layers, tc.hidden_size, tc.ffn_hidden_size, tc.num_query_groups, tc.kv_channels) == (2, 64, 128, 2, 16)
+    shape = (tc.num_layers, tc.hidden_size, tc.ffn_hidden_size, tc.num_query_groups, tc.kv_channels)
+    assert shape == (2, 64, 128, 2, 16)
     assert tc.add_qkv_bias and tc.gated_linear_unit and tc.normalization == "RMSNorm" and tc.layernorm_epsilon == 1e-5
     assert padded_vocab_size(250, 128) == 256
 
