@@ -90,6 +90,8 @@ class Run:
 
     def close(self) -> None:
         self.metric_logger.close()
+        if hasattr(self.engine, "shutdown"):
+            self.engine.shutdown()
 
 
 def _total_steps(cfg, sampler) -> int:

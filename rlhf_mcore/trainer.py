@@ -55,8 +55,8 @@ def train_step(run: Run, step: int) -> dict:
         reports += phases.update_role("actor", roles.actor, batch, fn, cfg.actor, run.rows_per_mini("actor"),
                                       lr_at(step, cfg.actor.optim, run.total_steps), phases.seq_multiple(cfg))
     with timer("sync_weights", timings):
-        run.engine.update_weights(roles.actor.model[0])
         run.engine.resume_memory()
+        run.engine.update_weights(roles.actor.model[0])
     metrics = step_metrics(batch, reduce_outputs(reports, ctx), {**reward_metrics, **adv_metrics, **mismatch_metrics},
                            timings, ctx)
     if cfg.algorithm.use_kl_in_reward:

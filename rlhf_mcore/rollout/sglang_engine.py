@@ -1,0 +1,135 @@
+"""The embedded SGLang engine (GPU): `rollout.engine=sglang`.
+
+Each rank (one DP replica per GPU: parallel.tp = parallel.pp = 1) owns an `sglang.Engine` whose scheduler
+runs in a child process on the same GPU. The engine starts from the actor's own weights (written once as
+an HF directory through the converter's weight table) and receives them again after every update with
+`update_weights_from_tensor` (CUDA tensors, no copy to disk). Between rollouts its weights and KV cache are
+released (SGLang's memory saver), so training gets the memory back.
+
+What differs from the native engine, by design of SGLang:
+- its CUDA kernels (triton attention, CUDA graphs) give log-probs that differ slightly from the trainer's;
+  `actor.rollout_correction` corrects for it and `rollout/mismatch_*` measures it;
+- `SamplingParams.seed` is not honoured per request (the engine has one random_seed per rank);
+- stop strings are applied after generation (the engine runs without a tokenizer): a response is cut right
+  after the first stop string, with finish reason "stop".
+"""
+from __future__ import annotations
+
+import json
+import logging
+import os
+import tempfile
+from typing import Optional
+
+import torch
+
+from rlhf_mcore.rollout.base import ROLLOUT_ENGINES
+from rlhf_mcore.rollout.native import unwrap_model
+from rlhf_mcore.rollout.responses import Response, assemble_batch
+from rlhf_mcore.rollout.stopping import Decode, ends_with_stop_string
+from rlhf_mcore.rollout.types import RolloutBatch, SamplingParams
+
+log = logging.getLogger(__name__)
+
+
+def check_supported(ctx) -> None:
+    if not torch.cuda.is_available():
+        raise ValueError("rollout.engine: sglang needs a CUDA GPU (got sglang on a machine without CUDA). "
+                         "Use rollout.engine=native.")
+    try:
+        import sglang  # noqa: F401
+    except ImportError as e:
+        raise ValueError(f"rollout.engine: sglang is not importable ({e}). Install the gpu extra "
+                         "(pip install 'rlhf-mcore[gpu]') or use rollout.engine=native.") from None
+    if ctx.dims.tp != 1 or ctx.dims.pp != 1:
+        raise ValueError(f"rollout.engine: sglang runs one engine per GPU and needs parallel.tp=1 and parallel.pp=1 "
+                         f"(got tp={ctx.dims.tp}, pp={ctx.dims.pp}). Use rollout.engine=native for TP/PP layouts.")
+
+
+def actor_hf_state(actor, hf_cfg: dict) -> dict[str, torch.Tensor]:
+    """The actor's current weights under HF names (the converter's weight table), on the actor's device."""
+    from rlhf_mcore.checkpoint.convert_io import full_state_dict
+    from rlhf_mcore.models.weights import mcore_to_hf
+
+    with torch.no_grad():
+        return mcore_to_hf(full_state_dict(actor), hf_cfg, role="actor")
+
+
+def write_hf_dir(state: dict[str, torch.Tensor], hf_cfg: dict, dtype: torch.dtype) -> str:
+    """A throw-away HF directory (config.json + model.safetensors) the engine loads at start-up."""
+    from safetensors.torch import save_file
+
+    path = tempfile.mkdtemp(prefix="rlhf_mcore_sglang_")
+    config = {k: v for k, v in hf_cfg.items() if k != "torch_dtype"}
+    config["torch_dtype"] = "bfloat16" if dtype == torch.bfloat16 else "float32"
+    with open(os.path.join(path, "config.json"), "w") as f:
+        json.dump(config, f)
+    save_file({k: v.detach().to("cpu", dtype).contiguous() for k, v in state.items()},
+              os.path.join(path, "model.safetensors"))
+    return path
+
+
+def cut_at_stop_string(response: Response, stop_strings, decode: Optional[Decode]) -> Response:
+    """Truncate right after the first token that completes a stop string."""
+    if not stop_strings or decode is None:
+        return response
+    for i in range(len(response.tokens)):
+        if ends_with_stop_string(response.tokens[:i + 1], stop_strings, decode):
+            return Response(response.tokens[:i + 1], response.logprobs[:i + 1], "stop")
+    return response
+
+
+def sglang_sampling(params: SamplingParams) -> dict:
+    return {"max_new_tokens": params.max_new_tokens, "temperature": params.temperature, "top_p": params.top_p,
+            "top_k": params.top_k, "stop_token_ids": list(params.stop_token_ids)}
+
+
+def to_response(out: dict) -> Response:
+    meta = out["meta_info"]
+    reason = (meta.get("finish_reason") or {}).get("type", "length")
+    return Response(list(out["output_ids"]), [float(lp[0]) for lp in meta["output_token_logprobs"]],
+                    "stop" if reason == "stop" else "length")
+
+
+@ROLLOUT_ENGINES.register("sglang")
+class SGLangRolloutEngine:
+    def __init__(self, model, ctx, pad_id: int, decode: Optional[Decode] = None, cfg=None):
+        check_supported(ctx)
+        import sglang
+
+        from rlhf_mcore.models.transformer_config import load_hf_config
+
+        self.ctx, self.pad_id, self.decode = ctx, pad_id, decode
+        self.hf_cfg = load_hf_config(cfg.model)
+        actor = unwrap_model(model)
+        dtype = actor.config.params_dtype
+        self.model_dir = write_hf_dir(actor_hf_state(actor, self.hf_cfg), self.hf_cfg, dtype)
+        self.engine = sglang.Engine(
+            model_path=self.model_dir, skip_tokenizer_init=True, dtype="bfloat16" if dtype == torch.bfloat16
+            else "float32", attention_backend="triton", enable_memory_saver=True,
+            mem_fraction_static=cfg.rollout.gpu_memory_utilization, base_gpu_id=torch.cuda.current_device(),
+            random_seed=cfg.trainer.seed + ctx.dp_rank, log_level="error")
+        log.info("rollout engine: embedded SGLang %s (triton attention, memory saver) on GPU %d",
+                 sglang.__version__, torch.cuda.current_device())
+
+    def generate(self, prompts: list[list[int]], params: SamplingParams, show_progress: bool = False) -> RolloutBatch:
+        rows = [p for p in prompts for _ in range(params.n)]
+        if not rows:
+            return assemble_batch([], [], self.pad_id, self.ctx.device)
+        outs = self.engine.generate(input_ids=rows, sampling_params=sglang_sampling(params), return_logprob=True)
+        responses = [cut_at_stop_string(to_response(o), params.stop_strings, self.decode) for o in outs]
+        return assemble_batch(rows, responses, self.pad_id, self.ctx.device)
+
+    def update_weights(self, actor_model) -> None:
+        state = actor_hf_state(unwrap_model(actor_model), self.hf_cfg)
+        self.engine.update_weights_from_tensor(list(state.items()))
+        self.engine.flush_cache()  # cached prefixes were computed with the old weights
+
+    def release_memory(self) -> None:
+        self.engine.release_memory_occupation()
+
+    def resume_memory(self) -> None:
+        self.engine.resume_memory_occupation()
+
+    def shutdown(self) -> None:
+        self.engine.shutdown()

@@ -1,0 +1,24 @@
+#!/usr/bin/env bash
+# The embedded SGLang engine on the GPU box, in two device calls (the wheel set is 88 MiB: two parts).
+#   part1: carries .whl (megatron-core cp312) and .carry/part1 (from shared/device/sglang/fetch_wheels.sh)
+#   part2: carries .carry/part2; must follow part1 on the same warm machine
+set -uo pipefail
+PART=${1:?part1|part2}
+export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1 NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1
+install() { python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site "$@"; }
+if [[ $PART == part1 ]]; then
+  mkdir -p /tmp/site && install .whl/megatron_core*.whl .carry/part1/*.whl || exit 3
+  exit 0
+fi
+[[ -d /tmp/site/sglang ]] || { echo COLD_MACHINE; exit 9; }
+install .carry/part2/*.whl || exit 3
+echo "=== GPU test: engine vs trainer log-probs, weight updates ($(date +%T))"
+python3 -m pytest -q -p no:cacheprovider tests/rollout/test_sglang_engine.py -m gpu -x 2>&1 | tail -15
+TINY=(model.hidden_size=256 model.ffn_hidden_size=512 model.dtype=bf16 trainer.total_steps=12
+      trainer.save_freq=0 trainer.resume=disable "trainer.logger=[console,jsonl]" data.train_batch_size=8
+      rollout.n=8 actor.ppo_mini_batch_size=8 actor.micro_batch_size_per_gpu=16 actor.optim.lr=1e-2)
+for ENGINE in native sglang; do
+  echo "=== GRPO on the tiny task, rollout.engine=$ENGINE ($(date +%T))"
+  python3 -m rlhf_mcore.train --config configs/tiny_grpo.yaml rollout.engine=$ENGINE \
+      trainer.output_dir=$OUT/tiny_$ENGINE "${TINY[@]}" 2>&1 | tr '\r' '\n' | grep "step \|rollout engine\|Error\|error" | tail -14
+done
