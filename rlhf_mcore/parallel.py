@@ -141,8 +141,11 @@ def reset_model_parallel() -> None:
 
 
 def destroy_distributed() -> None:
+    """Barrier, then tear down megatron's groups and the default group (ranks leave together)."""
     from megatron.core import parallel_state
 
+    if dist.is_initialized():
+        dist.barrier()
     if parallel_state.model_parallel_is_initialized():
         parallel_state.destroy_model_parallel()
     if dist.is_initialized():

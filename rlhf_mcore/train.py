@@ -31,9 +31,11 @@ def main(argv=None) -> int:
     if args.validate_only:
         print(dump_yaml(cfg), end="")
         return 0
+    from rlhf_mcore.parallel import destroy_distributed
     from rlhf_mcore.trainer import train
 
     train(cfg)
+    destroy_distributed()  # a clean gloo/NCCL shutdown: exiting with live groups can abort a rank
     return 0
 
 

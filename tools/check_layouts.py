@@ -24,7 +24,7 @@ from rlhf_mcore.metrics import reduce_outputs
 from rlhf_mcore.models.build import build_model
 from rlhf_mcore.models.transformer_config import load_hf_config
 from rlhf_mcore.optim import build_train_state, optimizer_step, zero_grads
-from rlhf_mcore.parallel import init_distributed, reset_model_parallel, torchrun_env
+from rlhf_mcore.parallel import destroy_distributed, init_distributed, reset_model_parallel, torchrun_env
 from rlhf_mcore.phases import seq_multiple
 from rlhf_mcore.role_losses import actor_loss, critic_loss
 from rlhf_mcore.schedule import forward_collect, run_schedule, split_micro_batches, to_device
@@ -143,6 +143,7 @@ def main(argv=None) -> int:
     if rank == 0:
         print("\n".join(lines))
         print("PASS" if ok else f"FAIL: a difference passed the tolerance {args.tolerance}")
+    destroy_distributed()
     return 0 if ok else 1
 
 

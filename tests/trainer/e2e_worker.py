@@ -41,6 +41,9 @@ def main(out_path: str, config: str, *overrides: str) -> None:
                   "metrics": steps, "finite": all(math.isfinite(v) for m in steps for v in m.values())}
         with open(out_path, "w") as f:
             json.dump(result, f)
+    from rlhf_mcore.parallel import destroy_distributed
+
+    destroy_distributed()
 
 
 if __name__ == "__main__":
