@@ -7,15 +7,14 @@ import sys
 
 import pytest
 
-from tests.conftest import free_port
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 pytestmark = pytest.mark.dist
 
 
 def run_tool(nproc: int, layouts: str, *overrides: str):
-    cmd = [sys.executable, "-m", "torch.distributed.run", f"--nproc_per_node={nproc}", "--master_port",
-           str(free_port()), os.path.join(ROOT, "tools", "check_layouts.py"),
+    cmd = [sys.executable, "-m", "torch.distributed.run", f"--nproc_per_node={nproc}", "--standalone",
+           os.path.join(ROOT, "tools", "check_layouts.py"),
            "--config", os.path.join(ROOT, "configs", "tiny_grpo.yaml"), "--layouts", layouts, *overrides]
     return subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT, timeout=600)
 

@@ -9,12 +9,13 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import subprocess
 import sys
 
 import pytest
 import torch
+
+from tests.conftest import free_port
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(os.path.dirname(HERE))
@@ -23,12 +24,6 @@ CHECKS = ["greedy_matches_naive_loop", "logprobs_match_full_forward", "layout_an
           "stop_strings", "micro_batching", "vocab_padding_never_sampled", "ddp_wrapped_model",
           "modes_memory_registry"]
 SCENARIOS = ["greedy", "sampled", "stopped"]
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def launch(out_dir, nproc: int, tp: int, pp: int) -> list[dict]:

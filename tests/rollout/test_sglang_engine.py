@@ -11,8 +11,13 @@ from rlhf_mcore.models.build import build_model
 from rlhf_mcore.models.logprobs import full_logits
 from rlhf_mcore.models.transformer_config import load_hf_config
 from rlhf_mcore.rollout.responses import Response
-from rlhf_mcore.rollout.sglang_engine import actor_hf_state, check_supported, cut_at_stop_string, to_response, \
-    write_hf_dir
+from rlhf_mcore.rollout.sglang_engine import (
+    actor_hf_state,
+    check_supported,
+    cut_at_stop_string,
+    to_response,
+    write_hf_dir,
+)
 from tests.conftest import tiny_model_config
 
 

@@ -14,20 +14,12 @@ from tiny_hf import DIST_CASES, ROOT, diff_state_dicts, load_tensors, parse_veri
 LAUNCHES = {"tp2_and_pp2": (2, ("2x1", "1x2")), "tp2xpp2": (4, ("2x2",))}
 
 
-def free_port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @pytest.mark.dist
 @pytest.mark.parametrize("launch", sorted(LAUNCHES))
 def test_layouts_verify_and_round_trip(launch, tiny_work):
     nproc, layouts = LAUNCHES[launch]
     cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", str(nproc),
-           "--master_port", str(free_port()), str(ROOT / "tests" / "tools" / "convert_worker.py"),
+           "--standalone", str(ROOT / "tests" / "tools" / "convert_worker.py"),
            "--work", str(tiny_work), "--layouts", ",".join(layouts), "--cases", ",".join(DIST_CASES)]
     env = dict(os.environ, OMP_NUM_THREADS="1")
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600, cwd=ROOT, env=env)

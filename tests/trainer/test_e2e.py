@@ -7,8 +7,6 @@ import sys
 
 import pytest
 
-from tests.conftest import free_port
-
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 WORKER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "e2e_worker.py")
 pytestmark = pytest.mark.dist
@@ -20,8 +18,8 @@ COMPARED = ("critic/score/mean", "response_length/mean", "actor/pg_loss", "actor
 
 def run_worker(tmp_path, nproc: int, config: str, *overrides: str) -> dict:
     out = tmp_path / f"result_{nproc}_{abs(hash(overrides))}.json"
-    cmd = [sys.executable, "-m", "torch.distributed.run", f"--nproc_per_node={nproc}", "--master_port",
-           str(free_port()), WORKER, str(out), os.path.join(ROOT, "configs", config),
+    cmd = [sys.executable, "-m", "torch.distributed.run", f"--nproc_per_node={nproc}", "--standalone",
+           WORKER, str(out), os.path.join(ROOT, "configs", config),
            f"trainer.output_dir={tmp_path}/run_{nproc}_{abs(hash(overrides))}", "trainer.save_freq=0",
            "trainer.resume=disable", *overrides]
     proc = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT, timeout=900)
