@@ -3,6 +3,7 @@
 # per call, and the SmolLM2 GGUF is 98 MB, so it travels in two parts). From the repo root there:
 #   part1: needs .whl/ (megatron-core cp312 + gguf wheels) and .carry1/ (first half of the GGUF)
 #   part2: needs .carry2/ (second half + GSM8K jsonl); must follow part1 on the same warm machine
+#   features: needs .whl/; optimizer/grad-buffer offload during rollout, recompute, distributed optimizer
 # Results go to $OUT (JSON tables + logs); copy them into tools/bench/results/.
 set -uo pipefail
 PART=${1:?part1|part2}
@@ -33,6 +34,20 @@ if [[ $PART == part1 ]]; then
       --dtype bf16 --batch 1,16,64,256 --out $OUT 2>&1 | grep -v Warn | tail -8
   log "GPU tests"
   python3 -m pytest -q -p no:cacheprovider tests -m gpu 2>&1 | tail -4
+  exit 0
+fi
+
+if [[ $PART == features ]]; then  # memory features on GPU: needs .whl only
+  mkdir -p /tmp/site && python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
+      --target /tmp/site .whl/*.whl || exit 3
+  for EXTRA in "trainer.offload_during_rollout=false model.recompute=none" \
+               "trainer.offload_during_rollout=true model.recompute=full" \
+               "trainer.offload_during_rollout=true model.recompute=selective parallel.use_distributed_optimizer=true"; do
+    log "tiny PPO, bf16, hidden 256: $EXTRA"
+    python3 -m rlhf_mcore.train --config configs/tiny_ppo.yaml model.hidden_size=256 model.ffn_hidden_size=512 \
+        model.dtype=bf16 trainer.total_steps=3 trainer.save_freq=0 trainer.resume=disable trainer.logger=[console] \
+        trainer.output_dir=/tmp/feat $EXTRA 2>&1 | tr '\r' '\n' | grep "step \|Error\|error:" | tail -4
+  done
   exit 0
 fi
 
