@@ -43,6 +43,14 @@ def _load_or_none(model, path: str, what: str) -> None:
         log.info("%s: weights from %s", what, path)
 
 
+def _init_from_actor_or(model, path: str, what: str, actor, skip: tuple[str, ...] = ()) -> None:
+    """Weights from the role's own checkpoint when one is set, else the actor's (minus `skip`ped heads)."""
+    if path:
+        _load_or_none(model, path, what)
+    else:
+        copy_weights(actor, model, skip_prefixes=skip)
+
+
 def needs_critic(cfg) -> bool:
     return cfg.algorithm.adv_estimator in VALUE_ESTIMATORS
 
@@ -71,17 +79,11 @@ def build_roles(cfg, hf: dict, ctx) -> Roles:
     ref = None
     if needs_ref(cfg):
         ref = build_model("ref", hf, cfg.model, cfg.parallel, ctx)
-        if cfg.ref.load:
-            _load_or_none(ref, cfg.ref.load, "ref")
-        else:
-            copy_weights(actor_model, ref)
+        _init_from_actor_or(ref, cfg.ref.load, "ref", actor_model)
     critic = None
     if needs_critic(cfg):
         critic_model = build_model("critic", hf, cfg.model, cfg.parallel, ctx)
-        if cfg.critic.load:
-            _load_or_none(critic_model, cfg.critic.load, "critic")
-        else:
-            copy_weights(actor_model, critic_model, skip_prefixes=("output_layer.",))
+        _init_from_actor_or(critic_model, cfg.critic.load, "critic", actor_model, skip=("output_layer.",))
         critic = build_train_state(critic_model, cfg.critic.optim, cfg.parallel)
     reward = None
     if cfg.reward.model_path:
