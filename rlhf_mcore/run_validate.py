@@ -2,9 +2,13 @@
 data_source, reduced over ranks into `val/test_score/<data_source>` and `val/test_score/mean`."""
 from __future__ import annotations
 
+import logging
+
 import torch.distributed as dist
 
-from rlhf_mcore.phases import sampling_params
+from rlhf_mcore.phases import decode_responses, sampling_params
+
+log = logging.getLogger("rlhf_mcore")
 
 
 def validate(run) -> dict[str, float]:
@@ -14,6 +18,10 @@ def validate(run) -> dict[str, float]:
                                   sampling_params(cfg, run.stop_ids, 0, validation=True),
                                   show_progress=ctx.is_logging_rank)
     scores, _ = run.scorer(rollout, prompts, 1)
+    if ctx.is_logging_rank and prompts:  # one sample, so users see what the model writes
+        response = decode_responses(rollout, run.tokenizer.decode)[0]
+        log.info("validation sample (score %.3f): %r -> %r", float(scores[0]),
+                 prompts[0].messages[-1]["content"][-200:], response[:400])
     sums: dict[str, list[float]] = {}
     for p, s, k in zip(prompts, scores.tolist(), keep):
         if k:
