@@ -1,4 +1,4 @@
-"""Logging: one `init_logger()`, `log0` for rank-0 lines, `MetricLogger` fanning a step's metrics out to
+"""Logging: one `init_logger()`, `MetricLogger` fanning a step's metrics out to
 console, JSONL and TensorBoard, and `timer(name, timings)` for per-phase seconds."""
 from __future__ import annotations
 
@@ -22,15 +22,6 @@ def init_logger(rank: int = 0, level: int = logging.INFO) -> None:
                         stream=sys.stdout, force=True)
     for noisy in ("megatron", "torch.distributed", "httpx"):
         logging.getLogger(noisy).setLevel(logging.WARNING)
-    import warnings
-
-    warnings.filterwarnings("ignore", message=".*Transformer Engine and Apex are not installed.*")
-    warnings.filterwarnings("ignore", message=".*Apex is not installed.*")
-
-
-def log0(msg: str, *args) -> None:
-    if int(os.environ.get("RANK", 0)) == 0:
-        log.info(msg, *args)
 
 
 @contextlib.contextmanager

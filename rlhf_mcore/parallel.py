@@ -151,9 +151,3 @@ def destroy_distributed() -> None:
     if dist.is_initialized():
         dist.destroy_process_group()
 
-
-def get_pipeline_groups():
-    """(pp_group, embedding_group) for code that needs the raw megatron groups (schedules, grads)."""
-    from megatron.core import parallel_state
-
-    return parallel_state.get_pipeline_model_parallel_group(), parallel_state.get_embedding_group()

@@ -17,15 +17,23 @@ LINE_FIELDS = (
 PHASES = ("gen", "reward", "old_log_prob", "adv", "update_critic", "update_actor", "sync_weights")
 
 
-def _stats(prefix: str, values: torch.Tensor) -> dict[str, float]:
+def _stats(prefix: str, values: torch.Tensor, mask: torch.Tensor | None = None) -> dict[str, torch.Tensor]:
+    """mean/std/max/min over the (masked) entries as 0-dim tensors: no host sync here (0 when empty)."""
     values = values.float()
-    return {f"{prefix}/mean": values.mean().item(), f"{prefix}/std": values.std(unbiased=False).item(),
-            f"{prefix}/max": values.max().item(), f"{prefix}/min": values.min().item()}
+    mask = torch.ones_like(values) if mask is None else mask.float()
+    count = mask.sum().clamp(min=1.0)
+    mean = (values * mask).sum() / count
+    std = (((values - mean) ** 2) * mask).sum().div(count).sqrt()
+    any_valid = mask.sum() > 0
+    big = torch.finfo(torch.float32).max
+    high = torch.where(mask.bool(), values, -big).max().where(any_valid, torch.zeros(()).to(values))
+    low = torch.where(mask.bool(), values, big).min().where(any_valid, torch.zeros(()).to(values))
+    return {f"{prefix}/mean": mean, f"{prefix}/std": std, f"{prefix}/max": high, f"{prefix}/min": low}
 
 
-def _masked(prefix: str, values: torch.Tensor, mask: torch.Tensor) -> dict[str, float]:
-    picked = values[mask.bool()]
-    return _stats(prefix, picked) if picked.numel() else {}
+def to_floats(tensors: dict[str, torch.Tensor]) -> dict[str, float]:
+    """One device-to-host copy for all of a step's batch statistics."""
+    return dict(zip(tensors, torch.stack(list(tensors.values())).tolist())) if tensors else {}
 
 
 def peak_memory_gb() -> float:
@@ -41,22 +49,22 @@ def step_metrics(batch: dict, loss_metrics: dict, extra: dict, timings: dict, ct
     g = {k: gather_dp(batch[k], ctx) for k in ("token_level_scores", "token_level_rewards", "response_mask",
                                                 "response_lengths", "prompt_lengths", "advantages", "returns")}
     mask = g["response_mask"]
-    metrics = {**_stats("critic/score", g["token_level_scores"].sum(-1)),
-               **_stats("critic/rewards", g["token_level_rewards"].sum(-1)),
-               **_masked("critic/advantages", g["advantages"], mask), **_masked("critic/returns", g["returns"], mask),
-               **_stats("response_length", g["response_lengths"]), **_stats("prompt_length", g["prompt_lengths"])}
+    stats = {**_stats("critic/score", g["token_level_scores"].sum(-1)),
+             **_stats("critic/rewards", g["token_level_rewards"].sum(-1)),
+             **_stats("critic/advantages", g["advantages"], mask), **_stats("critic/returns", g["returns"], mask),
+             **_stats("response_length", g["response_lengths"]), **_stats("prompt_length", g["prompt_lengths"])}
     if "values" in batch:
-        metrics.update(_masked("critic/values", gather_dp(batch["values"], ctx), mask))
+        stats.update(_stats("critic/values", gather_dp(batch["values"], ctx), mask))
+    stats["perf/total_num_tokens"] = (g["response_lengths"] + g["prompt_lengths"]).sum().float()
+    metrics = to_floats(stats)
     metrics.update({k: float(v) for k, v in extra.items()})
     metrics.update(loss_metrics)
     kl = metrics.get("actor/kl_loss", metrics.get("actor/reward_kl"))
     if kl is not None:
         metrics["actor/kl"] = kl
-    total_tokens = float((g["response_lengths"] + g["prompt_lengths"]).sum())
     step_time = sum(timings.values())
     metrics.update({f"timing_s/{k}": v for k, v in timings.items()})
-    metrics["perf/total_num_tokens"] = total_tokens
-    metrics["perf/throughput"] = total_tokens / max(step_time, 1e-9) / ctx.dims.world_size
+    metrics["perf/throughput"] = metrics["perf/total_num_tokens"] / max(step_time, 1e-9) / ctx.dims.world_size
     metrics["perf/max_memory_gb"] = peak_memory_gb()
     return metrics
 

@@ -3,7 +3,6 @@ rollout -> rewards -> old/ref log-probs and values -> advantages -> critic and a
 refresh -> log."""
 from __future__ import annotations
 
-import logging
 import time
 from functools import partial
 
@@ -16,8 +15,6 @@ from rlhf_mcore.optim import lr_at, offload_for_rollout, reload_after_rollout
 from rlhf_mcore.role_losses import actor_loss, critic_loss
 from rlhf_mcore.run import Run, finish_run, start_run
 from rlhf_mcore.step_log import step_metrics
-
-log = logging.getLogger(__name__)
 
 
 def train_step(run: Run, step: int) -> dict:

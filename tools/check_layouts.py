@@ -16,7 +16,6 @@ import sys
 from functools import partial
 
 import torch
-import torch.distributed as dist
 
 from rlhf_mcore.config_load import ConfigError, load_config
 from rlhf_mcore.logs import init_logger
@@ -25,7 +24,7 @@ from rlhf_mcore.models.build import build_model
 from rlhf_mcore.models.transformer_config import load_hf_config
 from rlhf_mcore.optim import build_train_state, optimizer_step, zero_grads
 from rlhf_mcore.parallel import destroy_distributed, init_distributed, reset_model_parallel, torchrun_env
-from rlhf_mcore.phases import seq_multiple
+from rlhf_mcore.phases import gather_dp, seq_multiple
 from rlhf_mcore.role_losses import actor_loss, critic_loss
 from rlhf_mcore.schedule import forward_collect, run_schedule, split_micro_batches, to_device
 
@@ -51,12 +50,6 @@ def synthetic_batch(num: int, seq: int, vocab: int, seed: int) -> dict:
 def dp_shard(batch: dict, ctx) -> dict:
     per = batch["tokens"].size(0) // ctx.dims.dp
     return {k: v[ctx.dp_rank * per:(ctx.dp_rank + 1) * per] for k, v in batch.items()}
-
-
-def gather_dp(t: torch.Tensor, ctx) -> torch.Tensor:
-    parts = [torch.empty_like(t) for _ in range(ctx.dims.dp)]
-    dist.all_gather(parts, t.contiguous(), group=ctx.pgs.dp)
-    return torch.cat(parts)
 
 
 def run_role(role, cfg, hf, ctx, batch, section, loss_fn, key):

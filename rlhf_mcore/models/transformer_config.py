@@ -14,9 +14,6 @@ import torch.nn.functional as F
 
 from rlhf_mcore.models.registry import MODEL_FAMILIES, ModelSpec, spec_for_hf_config
 
-INLINE_FIELDS = ("num_layers", "hidden_size", "ffn_hidden_size", "num_attention_heads", "num_query_groups",
-                 "vocab_size")
-
 
 def load_hf_config(model_cfg) -> dict:
     """The HF config dict of the policy: read from model.hf_path, or built from the inline fields."""

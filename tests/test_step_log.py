@@ -1,0 +1,20 @@
+"""Step statistics (masked, one host copy) against hand computations, and the fixed-format step line."""
+import pytest
+import torch
+
+from rlhf_mcore.step_log import _stats, format_step_line, to_floats
+
+
+def test_masked_stats_by_hand():
+    values = torch.tensor([[1.0, 2.0, 3.0], [4.0, 5.0, 6.0]])
+    mask = torch.tensor([[0, 1, 1], [1, 0, 0]])  # picks 2, 3, 4
+    got = to_floats(_stats("a", values, mask))
+    assert got == pytest.approx({"a/mean": 3.0, "a/std": (2 / 3) ** 0.5, "a/max": 4.0, "a/min": 2.0})
+    assert to_floats(_stats("b", values, torch.zeros_like(mask))) == {"b/mean": 0.0, "b/std": 0.0, "b/max": 0.0,
+                                                                      "b/min": 0.0}
+
+
+def test_step_line_has_the_same_fields_every_step():
+    line = format_step_line(3, 10, {"critic/score/mean": 0.5, "actor/pg_loss": -0.01, "timing_s/gen": 1.25})
+    assert line.startswith("step 3/10 | reward 0.500 ± - acc - | pg -0.0100 vf - kl - ent - clip - gnorm -")
+    assert line.endswith("| gen 1.2s")
