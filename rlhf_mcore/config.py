@@ -86,6 +86,8 @@ class DataConfig:
     max_prompt_length: int = 512
     filter_overlong_prompts: bool = True
     shuffle: bool = True
+    use_sequence_packing: bool = False  # micro-batches = rows packed back to back, no padding, up to
+    #                                     actor.max_tokens_per_gpu tokens (every model pass, every role)
 
     def _checks(self, p: str) -> list[str]:
         return positive(f"{p}.train_batch_size", self.train_batch_size) + positive(

@@ -89,11 +89,19 @@ def _batch_rules(cfg: Config, dp: int) -> list[str]:
         if rem:
             errs.append(f"{role}.ppo_mini_batch_size: times rollout.n={n} must be divisible by the data-parallel "
                         f"size {dp} (got {mini}). Use a multiple of {dp}.")
-        elif not getattr(section, "use_dynamic_bsz", False) and per_rank % section.micro_batch_size_per_gpu:
+        elif not (getattr(section, "use_dynamic_bsz", False) or d.use_sequence_packing) and \
+                per_rank % section.micro_batch_size_per_gpu:
             errs.append(f"{role}.micro_batch_size_per_gpu: must divide the per-rank mini-batch "
                         f"ppo_mini_batch_size*n/dp={per_rank} (got {section.micro_batch_size_per_gpu}). "
                         "Use a divisor of it.")
     return errs
+
+
+def _packing_rules(cfg: Config) -> list[str]:
+    if cfg.data.use_sequence_packing and cfg.model.attention_backend == "local":
+        return ["model.attention_backend: megatron's local attention cannot run packed sequences (got local with "
+                "data.use_sequence_packing=true). Use model.attention_backend=sdpa (or auto/te)."]
+    return []
 
 
 def _algorithm_rules(cfg: Config) -> list[str]:
@@ -136,4 +144,4 @@ def validate(cfg: Config, world_size: int | None = None) -> list[str]:
         errs += _parallel_rules(cfg, shape, world_size)
     model_parallel = cfg.parallel.tp * cfg.parallel.pp
     dp = world_size // model_parallel if world_size and world_size % model_parallel == 0 else 1
-    return errs + _batch_rules(cfg, dp) + _algorithm_rules(cfg) + _file_rules(cfg)
+    return errs + _batch_rules(cfg, dp) + _packing_rules(cfg) + _algorithm_rules(cfg) + _file_rules(cfg)

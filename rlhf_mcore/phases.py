@@ -63,11 +63,20 @@ def seq_multiple(cfg) -> int:
     return cfg.parallel.tp if cfg.parallel.sequence_parallel else 1
 
 
+def micro_batching(cfg, section) -> dict:
+    """split_micro_batches arguments for a role's section (actor or critic; forward passes use the actor's):
+    packed (`data.use_sequence_packing`) or token-budget micro-batches under actor.max_tokens_per_gpu, or
+    fixed-size ones."""
+    pack = cfg.data.use_sequence_packing
+    budget = cfg.actor.max_tokens_per_gpu if pack or getattr(section, "use_dynamic_bsz", False) else 0
+    return dict(micro_batch_size=section.micro_batch_size_per_gpu, max_tokens=budget, multiple=seq_multiple(cfg),
+                pack=pack)
+
+
 def forward_passes(roles, batch: dict, cfg, ctx) -> dict:
     """Forward-only passes: old log-probs (actor), reference log-probs, values (critic), RM scores."""
     seq = batch["tokens"].size(1)
-    mbs = split_micro_batches(batch, cfg.actor.micro_batch_size_per_gpu,
-                              cfg.actor.max_tokens_per_gpu if cfg.actor.use_dynamic_bsz else 0, seq_multiple(cfg))
+    mbs = split_micro_batches(batch, **micro_batching(cfg, cfg.actor))
     lm = partial(actor_loss, tp_group=ctx.pgs.tp, actor_cfg=cfg.actor, temperature=cfg.rollout.temperature,
                  norm_length=float(cfg.rollout.max_response_length))
     out = {"old_logp": forward_collect(roles.actor.model, mbs, partial(lm, model=roles.actor.module), ("logp",),
@@ -83,7 +92,7 @@ def forward_passes(roles, batch: dict, cfg, ctx) -> dict:
 
 def reward_model_pass(roles, batch: dict, cfg, ctx) -> torch.Tensor:
     """[B, S] reward-model scores at each sequence's last token."""
-    mbs = split_micro_batches(batch, cfg.actor.micro_batch_size_per_gpu, multiple=seq_multiple(cfg))
+    mbs = split_micro_batches(batch, **micro_batching(cfg, cfg.actor))
     return forward_collect([roles.reward], mbs, reward_model_scores, ("scores",), batch["tokens"].size(1),
                            ctx.pgs.pp)["scores"]
 
@@ -132,16 +141,14 @@ def rollout_correction(batch: dict, actor_cfg) -> tuple[dict, dict]:
 
 
 def update_role(name: str, state, batch: dict, loss_fn, section, rows_per_mini: int, lr: float,
-                multiple: int = 1) -> list[dict]:
-    """ppo_epochs x mini-batches of forward-backward over micro-batches, one optimizer step each.
-    Returns the loss functions' reports plus one {"<name>/grad_norm"} per optimizer step."""
+                batching: dict) -> list[dict]:
+    """ppo_epochs x mini-batches of forward-backward over micro-batches (`batching`: micro_batching(...)),
+    one optimizer step each. Returns the loss functions' reports plus one {"<name>/grad_norm"} per step."""
     rows = batch["tokens"].size(0)
-    budget = section.max_tokens_per_gpu if getattr(section, "use_dynamic_bsz", False) else 0
     reports = []
     for _ in range(section.ppo_epochs):
         for start in range(0, rows, rows_per_mini):
-            mbs = split_micro_batches(take(batch, slice(start, start + rows_per_mini)),
-                                      section.micro_batch_size_per_gpu, budget, multiple)
+            mbs = split_micro_batches(take(batch, slice(start, start + rows_per_mini)), **batching)
             zero_grads(state)
             reports += run_schedule(state.model, mbs, loss_fn, forward_only=False)
             _, grad_norm = optimizer_step(state, lr)

@@ -3,7 +3,8 @@
 Each is called on the last pipeline stage as loss_fn(micro_batch, output, non_loss_data=False):
 training returns (loss_sum, count, metrics) for megatron's per-token path; forward-only
 (non_loss_data=True) returns per-token tensors aligned with the tokens. The maths is the registered
-pure functions of `rlhf_mcore.algorithms`; this module only wires micro-batch fields to them.
+pure functions of `rlhf_mcore.algorithms`; this module only wires micro-batch fields to them. Packed
+micro-batches compute log-probs / values on the packed tokens, then go back to the row layout (`to_rows`).
 """
 from __future__ import annotations
 
@@ -19,12 +20,15 @@ from rlhf_mcore.algorithms import (
     kl_penalty,
 )
 from rlhf_mcore.algorithms.stats import masked_mean
+from rlhf_mcore.data.packing import is_packed, to_rows
 from rlhf_mcore.models.logprobs import token_logprobs
 
 
 def actor_loss(mb, output, non_loss_data=False, *, model, tp_group, actor_cfg, temperature, norm_length):
-    """output = final hidden states [b, s, h]."""
+    """output = final hidden states [b, s, h] ([1, T, h] packed)."""
     logp, entropy = token_logprobs(model, output, mb["tokens"], tp_group, temperature)  # [b, s]
+    if is_packed(mb):
+        logp, entropy = to_rows(logp, mb), to_rows(entropy, mb)
     if non_loss_data:
         return {"logp": logp.detach(), "entropy": entropy.detach()}
     mask = mb["response_mask"]
@@ -54,7 +58,7 @@ def shift_values(output: torch.Tensor) -> torch.Tensor:
 
 
 def critic_loss(mb, output, non_loss_data=False, *, cliprange_value):
-    values = shift_values(output)
+    values = to_rows(output[..., 0].float(), mb, shift=True) if is_packed(mb) else shift_values(output)
     if non_loss_data:
         return {"values": values.detach()}
     mask = mb["response_mask"]
@@ -68,6 +72,8 @@ def critic_loss(mb, output, non_loss_data=False, *, cliprange_value):
 def reward_model_scores(mb, output, non_loss_data=True):
     """Sequence score = the score head at the last valid token, placed at that position of a [b, s] map."""
     scores = output[..., 0].float()  # [b, s]
+    if is_packed(mb):
+        scores = to_rows(scores, mb, keep_first=True)
     last = (mb["lengths"] - 1).clamp(min=0)
     out = torch.zeros_like(scores)
     rows = torch.arange(scores.size(0), device=scores.device)

@@ -2,8 +2,9 @@
 
 A batch is a dict of tensors whose first dim is the sample and whose per-token fields are aligned with
 `tokens` [B, S]. `split_micro_batches` cuts it into fixed-size or token-budget micro-batches, each trimmed
-to its own longest sequence. `run_schedule` feeds them through `get_forward_backward_func()`; `loss_fn`
-runs on the last pipeline stage only.
+to its own longest sequence, or into packed micro-batches (rlhf_mcore.data.packing: no padding). Each
+micro-batch carries `row_index`, its rows in the batch. `run_schedule` feeds them through
+`get_forward_backward_func()`; `loss_fn` runs on the last pipeline stage only.
 """
 from __future__ import annotations
 
@@ -11,6 +12,10 @@ from functools import partial
 from typing import Callable
 
 import torch
+from megatron.core.utils import get_attr_wrapped_model
+
+from rlhf_mcore.data.packing import is_packed, split_packed
+from rlhf_mcore.models.packed import packed_seq_params
 
 Batch = dict[str, torch.Tensor]
 
@@ -31,10 +36,15 @@ def trim(batch: Batch, multiple: int = 1) -> Batch:
     return out
 
 
-def split_micro_batches(batch: Batch, micro_batch_size: int = 0, max_tokens: int = 0, multiple: int = 1) -> list[Batch]:
-    """Fixed size (`micro_batch_size`) or packed to a token budget (`max_tokens`, sorted first-fit:
-    sequences are taken in order and a micro-batch closes when (rows * longest) would pass the budget)."""
+def split_micro_batches(batch: Batch, micro_batch_size: int = 0, max_tokens: int = 0, multiple: int = 1,
+                        pack: bool = False) -> list[Batch]:
+    """Fixed size (`micro_batch_size`), grouped to a token budget (`max_tokens`, first-fit: sequences are
+    taken in order and a micro-batch closes when (rows * longest) would pass the budget), or, with `pack`,
+    packed without padding into balanced micro-batches of at most `max_tokens` tokens."""
     num = batch["tokens"].size(0)
+    if pack:
+        return split_packed(batch, max_tokens, multiple)
+    batch = {**batch, "row_index": torch.arange(num, device=batch["tokens"].device)}
     if not max_tokens:
         return [trim(take(batch, slice(i, i + micro_batch_size)), multiple) for i in range(0, num, micro_batch_size)]
     groups, current, longest = [], [], 0
@@ -51,8 +61,12 @@ def split_micro_batches(batch: Batch, micro_batch_size: int = 0, max_tokens: int
 def _forward_step(loss_fn: Callable, data_iterator, model):
     mb = next(data_iterator)
     tokens = mb["tokens"]
-    position_ids = torch.arange(tokens.size(1), device=tokens.device).unsqueeze(0).expand_as(tokens)
-    output = model(tokens, position_ids, None)
+    if is_packed(mb):
+        params = packed_seq_params(mb, get_attr_wrapped_model(model, "packed_qkv_format"))
+        output = model(tokens, mb["position_ids"], None, packed_seq_params=params)
+    else:
+        position_ids = torch.arange(tokens.size(1), device=tokens.device).unsqueeze(0).expand_as(tokens)
+        output = model(tokens, position_ids, None)
     return output, partial(loss_fn, mb)
 
 
@@ -83,20 +97,21 @@ def forward_collect(models: list, micro_batches: list[Batch], loss_fn: Callable,
                     seq_len: int, pp_group) -> dict[str, torch.Tensor]:
     """Forward-only pass returning per-token outputs [B, seq_len] for `keys`, on every pipeline stage.
 
-    The last stage computes them (loss_fn(mb, output, non_loss_data=True) -> {key: [b, s_mb]}); they are
-    padded back to seq_len, concatenated in batch order, and broadcast to the other stages of the pipe.
+    The last stage computes them (loss_fn(mb, output, non_loss_data=True) -> {key: [b, s_mb]} in the row
+    layout); they are padded back to seq_len, put at their rows (`row_index`), and broadcast to the other
+    stages of the pipe.
     """
     with torch.no_grad():
         outputs = run_schedule(models, micro_batches, loss_fn, forward_only=True)
-    num = sum(mb["tokens"].size(0) for mb in micro_batches)
+    num = sum(mb["row_index"].size(0) for mb in micro_batches)
     device = micro_batches[0]["tokens"].device
+    rows = torch.cat([mb["row_index"] for mb in micro_batches])
     result = {}
     for key in keys:
+        result[key] = torch.zeros(num, seq_len, device=device)
         if outputs:
             parts = [torch.nn.functional.pad(o[key].float(), (0, seq_len - o[key].size(1))) for o in outputs]
-            result[key] = torch.cat(parts, dim=0)
-        else:
-            result[key] = torch.empty(num, seq_len, device=device)
+            result[key].index_copy_(0, rows, torch.cat(parts, dim=0))
         if pp_group.size() > 1:
             last = torch.distributed.get_process_group_ranks(pp_group)[-1]
             torch.distributed.broadcast(result[key], src=last, group=pp_group)

@@ -45,12 +45,14 @@ def train_step(run: Run, step: int) -> dict:
         with timer("update_critic", timings):
             fn = partial(critic_loss, cliprange_value=cfg.critic.cliprange_value)
             reports += phases.update_role("critic", roles.critic, batch, fn, cfg.critic, run.rows_per_mini("critic"),
-                                          lr_at(step, cfg.critic.optim, run.total_steps), phases.seq_multiple(cfg))
+                                          lr_at(step, cfg.critic.optim, run.total_steps),
+                                          phases.micro_batching(cfg, cfg.critic))
     with timer("update_actor", timings):
         fn = partial(actor_loss, model=roles.actor.module, tp_group=ctx.pgs.tp, actor_cfg=cfg.actor,
                      temperature=cfg.rollout.temperature, norm_length=float(cfg.rollout.max_response_length))
         reports += phases.update_role("actor", roles.actor, batch, fn, cfg.actor, run.rows_per_mini("actor"),
-                                      lr_at(step, cfg.actor.optim, run.total_steps), phases.seq_multiple(cfg))
+                                      lr_at(step, cfg.actor.optim, run.total_steps),
+                                      phases.micro_batching(cfg, cfg.actor))
     with timer("sync_weights", timings):
         run.engine.resume_memory()
         run.engine.update_weights(roles.actor.model[0])

@@ -14,6 +14,7 @@ import torch
 from rlhf_mcore.models.heads import HiddenStatesHead, ScalarHead
 from rlhf_mcore.models.init import init_output_weight
 from rlhf_mcore.models.layer_spec import block_spec, choose_layer_spec
+from rlhf_mcore.models.packed import enable_position_rope
 from rlhf_mcore.models.transformer_config import padded_vocab_size, rope_theta, to_transformer_config
 
 log = logging.getLogger(__name__)
@@ -60,6 +61,9 @@ def build_model(role: str, hf: dict, model_cfg, parallel_cfg, ctx, source: str =
                                             tc.sequence_parallel, tp_group)
     model.vocab_size_unpadded = hf["vocab_size"]
     model.role = role
+    model.packed_qkv_format = "thd" if backend == "te" else "sbhd"  # see rlhf_mcore.models.packed
+    if backend != "te":
+        enable_position_rope(model)
     model.to(device=ctx.device, dtype=tc.params_dtype)  # norms are built in fp32; bf16 runs keep all in bf16
     if role == "ref" or (role == "reward"):
         model.requires_grad_(False)

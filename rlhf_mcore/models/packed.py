@@ -1,0 +1,125 @@
+"""Packed sequences through megatron's GPTModel without Transformer Engine.
+
+A packed micro-batch (rlhf_mcore.data.packing) is one row of T tokens holding several sequences back to
+back. The model needs two things for it to equal the padded computation:
+- RoPE positions restarting at every sequence: `enable_position_rope` hooks the model's rotary module so
+  its [max_seqlen, 1, 1, d] table is read at the per-token positions ([T, 1, 1, d]), once per forward;
+- attention that never crosses a boundary: `packed_attention`, one of PACKED_KERNELS:
+  - `varlen`: torch.nn.attention.varlen.varlen_attn (flash-attention varlen; CUDA, bf16/fp16), no padding;
+  - `sdpa_mask`: SDPA with a block-diagonal causal [T, T] mask built once per micro-batch (CPU, fp32).
+With Transformer Engine the params say qkv_format="thd" and megatron's TE path does both itself.
+Our own path passes qkv_format="sbhd" so megatron keeps [T, 1, h, d] tensors and leaves RoPE to the hook.
+"""
+from __future__ import annotations
+
+import dataclasses
+import inspect
+import logging
+import math
+
+import torch
+import torch.nn.functional as F
+from megatron.core.packed_seq_params import PackedSeqParams
+
+from rlhf_mcore.registry import Registry
+
+log = logging.getLogger(__name__)
+PACKED_KERNELS: Registry = Registry("packed attention kernel")
+_logged: set[str] = set()
+
+
+@dataclasses.dataclass
+class PackedSeqs(PackedSeqParams):
+    """megatron's PackedSeqParams plus the per-token RoPE positions [T] and a per-micro-batch cache."""
+
+    position_ids: torch.Tensor = None
+    cache: dict = dataclasses.field(default_factory=dict)
+
+
+def packed_seq_params(mb: dict, qkv_format: str) -> PackedSeqs:
+    cu = mb["cu_seqlens"]
+    return PackedSeqs(qkv_format=qkv_format, cu_seqlens_q=cu, cu_seqlens_kv=cu, max_seqlen_q=mb["max_seqlen"],
+                      max_seqlen_kv=mb["max_seqlen"], position_ids=mb["position_ids"][0])
+
+
+def enable_position_rope(model) -> None:
+    """Make `model`'s rotary table follow PackedSeqs.position_ids when a forward gets packed params."""
+    state = {"positions": None}
+
+    def before(module, args, kwargs):
+        params = kwargs.get("packed_seq_params")
+        use = isinstance(params, PackedSeqs) and params.qkv_format != "thd"
+        state["positions"] = params.position_ids if use else None
+
+    def after(module, args, output):
+        return output if state["positions"] is None else output[state["positions"]]
+
+    model.register_forward_pre_hook(before, with_kwargs=True)
+    model.rotary_pos_emb.register_forward_hook(after)
+
+
+def segment_causal_mask(cu_seqlens: torch.Tensor, total: int) -> torch.Tensor:
+    """[T, T] bool, True = may attend: same segment and not in the future.
+
+    >>> segment_causal_mask(torch.tensor([0, 2, 3]), 3).int().tolist()
+    [[1, 0, 0], [1, 1, 0], [0, 0, 1]]
+    """
+    pos = torch.arange(total, device=cu_seqlens.device)
+    seg = torch.searchsorted(cu_seqlens[1:].long(), pos, right=True)
+    return (seg.unsqueeze(1) == seg.unsqueeze(0)) & (pos.unsqueeze(0) <= pos.unsqueeze(1))
+
+
+@PACKED_KERNELS.register("sdpa_mask")
+def sdpa_mask_attention(q, k, v, params: PackedSeqs, scale: float) -> torch.Tensor:
+    """q [T, np, hn], k/v [T, ng, hn] -> [T, np, hn] through SDPA with the block-diagonal causal mask."""
+    mask = params.cache.get("mask")
+    if mask is None:
+        mask = params.cache["mask"] = segment_causal_mask(params.cu_seqlens_q, q.size(0))
+    q, k, v = (t.transpose(0, 1).unsqueeze(0) for t in (q, k, v))  # [1, heads, T, hn]
+    out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scale, enable_gqa=q.size(1) != k.size(1))
+    return out[0].transpose(0, 1)
+
+
+def _varlen_fn():
+    try:
+        from torch.nn.attention.varlen import varlen_attn
+    except ImportError:
+        return None, ()
+    return varlen_attn, tuple(inspect.signature(varlen_attn).parameters)
+
+
+@PACKED_KERNELS.register("varlen")
+def varlen_attention(q, k, v, params: PackedSeqs, scale: float) -> torch.Tensor:
+    """Flash-attention varlen through torch (its keyword set changed across torch releases)."""
+    fn, names = _varlen_fn()
+    kwargs = {}
+    if "is_causal" in names:
+        kwargs["is_causal"] = True
+    else:
+        kwargs["window_size"] = (-1, 0)
+    if "scale" in names:
+        kwargs["scale"] = scale
+    elif scale != 1.0 / math.sqrt(q.size(-1)):
+        q = q * (scale * math.sqrt(q.size(-1)))
+    if k.size(1) != q.size(1):
+        if "enable_gqa" in names:
+            kwargs["enable_gqa"] = True
+        else:
+            k, v = (t.repeat_interleave(q.size(1) // t.size(1), dim=1) for t in (k, v))
+    cu, longest = params.cu_seqlens_q, params.max_seqlen_q
+    return fn(q, k, v, cu, cu, longest, longest, **kwargs)
+
+
+def choose_packed_kernel(q: torch.Tensor) -> str:
+    if q.is_cuda and q.dtype in (torch.bfloat16, torch.float16) and _varlen_fn()[0] is not None:
+        return "varlen"
+    return "sdpa_mask"
+
+
+def packed_attention(q, k, v, params: PackedSeqs, scale: float) -> torch.Tensor:
+    """Causal attention within each packed sequence: q [T, np, hn], k/v [T, ng, hn] -> [T, np, hn]."""
+    name = choose_packed_kernel(q)
+    if name not in _logged:
+        log.info("packed attention: %s (%s, %s)", name, q.device.type, str(q.dtype).removeprefix("torch."))
+        _logged.add(name)
+    return PACKED_KERNELS.get(name)(q, k, v, params, scale)
