@@ -5,6 +5,7 @@ A step batch is a dict of this DP rank's samples; every per-token tensor is [B, 
 """
 from __future__ import annotations
 
+import math
 from functools import partial
 
 import torch
@@ -12,6 +13,7 @@ import torch.distributed as dist
 import torch.nn.functional as F
 
 from rlhf_mcore.algorithms import ADVANTAGES, AdvantageInputs, apply_kl_penalty, compute_mismatch_weights
+from rlhf_mcore.data.packing import plan_dp_split
 from rlhf_mcore.optim import optimizer_step, zero_grads
 from rlhf_mcore.role_losses import actor_loss, critic_loss, reward_model_scores
 from rlhf_mcore.rollout.types import RolloutBatch, SamplingParams
@@ -104,6 +106,23 @@ def gather_dp(t: torch.Tensor, ctx) -> torch.Tensor:
     parts = [torch.empty_like(t) for _ in range(ctx.dims.dp)]
     dist.all_gather(parts, t.contiguous(), group=ctx.pgs.dp)
     return torch.cat(parts)
+
+
+def balance_dp(batch: dict, cfg, ctx, rows_per_mini: list[int]) -> dict:
+    """With packing, give the DP ranks balanced token counts (micro-batches follow tokens, so the rank with
+    the most would make the others wait). Within every chunk of gcd(rows_per_mini) rows, which keeps each
+    global mini-batch's rows, the ranks' rows are pooled and dealt out again: equal counts, balanced tokens."""
+    if not cfg.data.use_sequence_packing or ctx.dims.dp == 1:
+        return batch
+    num, dp, chunk = batch["tokens"].size(0), ctx.dims.dp, math.gcd(*rows_per_mini)
+    full = {k: gather_dp(v, ctx) for k, v in batch.items()}
+    lengths = full["lengths"].tolist()
+    mine = []
+    for start in range(0, num, chunk):
+        pool = [r * num + i for r in range(dp) for i in range(start, min(start + chunk, num))]
+        parts = plan_dp_split([lengths[i] for i in pool], dp)
+        mine += [pool[i] for i in parts[ctx.dp_rank]]
+    return take(full, torch.tensor(mine, device=batch["tokens"].device))
 
 
 def compute_advantages(batch: dict, cfg, kl_coef: float, ctx) -> tuple[dict, dict]:

@@ -35,6 +35,7 @@ def train_step(run: Run, step: int) -> dict:
             batch["baseline_rewards"] = baseline
         if roles.reward is not None:
             batch["token_level_scores"] = batch["token_level_scores"] + phases.reward_model_pass(roles, batch, cfg, ctx)
+        batch = phases.balance_dp(batch, cfg, ctx, [run.rows_per_mini(r) for r in roles.trainable()])
     with timer("old_log_prob", timings):
         batch.update(phases.forward_passes(roles, batch, cfg, ctx))
     with timer("adv", timings):

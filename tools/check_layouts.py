@@ -2,7 +2,9 @@
 
     torchrun --nproc_per_node 4 tools/check_layouts.py --config configs/tiny_grpo.yaml --layouts 1x1,2x1,1x2,2x2
 
-Layouts are TPxPP; DP fills the rest of the world. At each layout the same batch goes through the
+Layouts are TPxPP; DP fills the rest of the world. With --packing on every layout runs packed micro-batches
+(data.use_sequence_packing), with --packing both each layout runs padded and then packed, all compared
+against the first (padded) one. At each layout the same batch goes through the
 actor (forward-only log-probs, then a PPO forward + backward + optimizer step) and the critic (value
 loss forward + backward + step). Per layout it prints loss, grad norm and the max abs difference of
 per-token log-probs / values (before and after the step) against the first layout, and exits 1 when a
@@ -52,20 +54,19 @@ def dp_shard(batch: dict, ctx) -> dict:
     return {k: v[ctx.dp_rank * per:(ctx.dp_rank + 1) * per] for k, v in batch.items()}
 
 
-def run_role(role, cfg, hf, ctx, batch, section, loss_fn, key):
-    mult = seq_multiple(cfg)
+def run_role(role, cfg, hf, ctx, batch, section, loss_fn, key, split: dict):
     """(global loss, grad norm, per-token output before the step, after the step) for one role."""
     state = build_train_state(build_model(role, hf, cfg.model, cfg.parallel, ctx), section.optim, cfg.parallel)
     model = state.module
     fn = partial(loss_fn, model=model, tp_group=ctx.pgs.tp, actor_cfg=section, temperature=1.0,
                  norm_length=float(batch["tokens"].size(1))) if role == "actor" else \
         partial(loss_fn, cliprange_value=section.cliprange_value)
-    mbs = split_micro_batches(batch, section.micro_batch_size_per_gpu, multiple=mult)
+    mbs = split_micro_batches(batch, **split)
     seq = batch["tokens"].size(1)
     before = forward_collect(state.model, mbs, fn, (key,), seq, ctx.pgs.pp)[key]
     if role == "actor":  # old policy = current one, nudged, so the ratio and clipping are exercised
         batch = {**batch, "old_logp": before + 0.1 * batch["nudge"] * batch["response_mask"]}
-        mbs = split_micro_batches(batch, section.micro_batch_size_per_gpu, multiple=mult)
+        mbs = split_micro_batches(batch, **split)
     zero_grads(state)
     outputs = run_schedule(state.model, mbs, fn, forward_only=False)
     _, grad_norm = optimizer_step(state, section.optim.lr)
@@ -75,18 +76,21 @@ def run_role(role, cfg, hf, ctx, batch, section, loss_fn, key):
     return loss, grad_norm, gather_dp(before * mask, ctx), gather_dp(after * mask, ctx)
 
 
-def check_layout(cfg, layout: tuple[int, int], seed: int, num: int, seq: int) -> dict:
-    tp, pp = layout
+def check_layout(cfg, layout: tuple[int, int, bool], seed: int, num: int, seq: int, max_tokens: int) -> dict:
+    tp, pp, packed = layout
     sp = cfg.parallel.sequence_parallel and tp > 1  # sequence parallelism splits over TP ranks only
     cfg = dataclasses.replace(cfg, parallel=dataclasses.replace(cfg.parallel, tp=tp, pp=pp, sequence_parallel=sp))
     reset_model_parallel()
     ctx = init_distributed(tp, pp, seed=seed)
     hf = load_hf_config(cfg.model)
     batch = to_device(dp_shard(synthetic_batch(num, seq, hf["vocab_size"], seed), ctx), ctx.device)
-    result = {"layout": f"tp{tp} pp{pp} dp{ctx.dims.dp}{' sp' if sp else ''}"}
+    result = {"layout": f"tp{tp} pp{pp} dp{ctx.dims.dp}{' sp' if sp else ''}{' packed' if packed else ''}"}
     for role, section, fn, key in (("actor", cfg.actor, actor_loss, "logp"),
                                    ("critic", cfg.critic, critic_loss, "values")):
-        loss, norm, before, after = run_role(role, cfg, hf, ctx, batch, section, fn, key)
+        split = dict(max_tokens=max_tokens, pack=True) if packed else \
+            dict(micro_batch_size=section.micro_batch_size_per_gpu)
+        loss, norm, before, after = run_role(role, cfg, hf, ctx, batch, section, fn, key,
+                                             {**split, "multiple": seq_multiple(cfg)})
         result.update({f"{role}_loss": loss, f"{role}_grad_norm": norm, f"{role}_before": before,
                        f"{role}_after": after})
     return result
@@ -94,7 +98,7 @@ def check_layout(cfg, layout: tuple[int, int], seed: int, num: int, seq: int) ->
 
 def compare(results: list[dict], tol: float) -> tuple[list[str], bool]:
     ref, ok, lines = results[0], True, []
-    header = f"{'layout':<16}{'actor loss':>14}{'actor gnorm':>14}{'logp diff':>11}{'logp diff*':>11}" \
+    header = f"{'layout':<23}{'actor loss':>14}{'actor gnorm':>14}{'logp diff':>11}{'logp diff*':>11}" \
              f"{'critic loss':>14}{'critic gnorm':>14}{'value diff':>11}{'value diff*':>12}"
     lines.append(header)
     for r in results:
@@ -103,7 +107,7 @@ def compare(results: list[dict], tol: float) -> tuple[list[str], bool]:
         for k in ("actor_loss", "actor_grad_norm", "critic_loss", "critic_grad_norm"):
             ok &= abs(r[k] - ref[k]) <= tol * max(1.0, abs(ref[k]))
         ok &= all(d <= tol * 10 for d in diffs.values())
-        lines.append(f"{r['layout']:<16}{r['actor_loss']:>14.8f}{r['actor_grad_norm']:>14.8f}"
+        lines.append(f"{r['layout']:<23}{r['actor_loss']:>14.8f}{r['actor_grad_norm']:>14.8f}"
                      f"{diffs['actor_before']:>11.2e}{diffs['actor_after']:>11.2e}{r['critic_loss']:>14.8f}"
                      f"{r['critic_grad_norm']:>14.8f}{diffs['critic_before']:>11.2e}{diffs['critic_after']:>12.2e}")
     lines.append("(* = after one optimizer step; diffs are max abs vs the first layout)")
@@ -119,11 +123,16 @@ def main(argv=None) -> int:
     parser.add_argument("--seq-len", type=int, default=24)
     parser.add_argument("--seed", type=int, default=1234)
     parser.add_argument("--sequence-parallel", action="store_true", help="sequence parallelism where tp > 1")
+    parser.add_argument("--packing", choices=("off", "on", "both"), default="off",
+                        help="packed micro-batches (sequence packing): off, on, or both at every layout")
+    parser.add_argument("--max-tokens", type=int, default=64, help="token budget of a packed micro-batch")
     parser.add_argument("overrides", nargs="*")
     args = parser.parse_args(argv)
     rank, _, world = torchrun_env()
     init_logger(rank)
-    layouts = [tuple(int(x) for x in item.lower().split("x")) for item in args.layouts.split(",")]
+    modes = {"off": (False,), "on": (True,), "both": (False, True)}[args.packing]
+    layouts = [(*(int(x) for x in item.lower().split("x")), packed) for item in args.layouts.split(",")
+               for packed in modes]
     try:
         cfg = load_config(args.config, args.overrides)
         cfg = dataclasses.replace(cfg, parallel=dataclasses.replace(cfg.parallel,
@@ -131,7 +140,8 @@ def main(argv=None) -> int:
     except ConfigError as e:
         print(e, file=sys.stderr)
         return 2
-    results = [check_layout(cfg, layout, args.seed, args.num_samples, args.seq_len) for layout in layouts]
+    results = [check_layout(cfg, layout, args.seed, args.num_samples, args.seq_len, args.max_tokens)
+               for layout in layouts]
     lines, ok = compare(results, args.tolerance)
     if rank == 0:
         print("\n".join(lines))
