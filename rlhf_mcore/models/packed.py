@@ -13,6 +13,7 @@ Our own path passes qkv_format="sbhd" so megatron keeps [T, 1, h, d] tensors and
 from __future__ import annotations
 
 import dataclasses
+import functools
 import inspect
 import logging
 import math
@@ -80,6 +81,7 @@ def sdpa_mask_attention(q, k, v, params: PackedSeqs, scale: float) -> torch.Tens
     return out[0].transpose(0, 1)
 
 
+@functools.lru_cache(maxsize=None)
 def _varlen_fn():
     try:
         from torch.nn.attention.varlen import varlen_attn
@@ -110,10 +112,24 @@ def varlen_attention(q, k, v, params: PackedSeqs, scale: float) -> torch.Tensor:
     return fn(q, k, v, cu, cu, longest, longest, **kwargs)
 
 
+@functools.lru_cache(maxsize=None)
+def varlen_usable(device: torch.device, dtype: torch.dtype) -> bool:
+    """Whether torch's varlen kernel runs forward and backward here (checked once on a tiny GQA input)."""
+    if device.type != "cuda" or dtype not in (torch.bfloat16, torch.float16) or _varlen_fn()[0] is None:
+        return False
+    try:
+        q = torch.randn(6, 4, 64, device=device, dtype=dtype, requires_grad=True)
+        kv = torch.randn(6, 2, 64, device=device, dtype=dtype)
+        cu = torch.tensor([0, 2, 6], device=device, dtype=torch.int32)
+        varlen_attention(q, kv, kv, PackedSeqs(cu_seqlens_q=cu, max_seqlen_q=4), 0.125).sum().backward()
+        return True
+    except (RuntimeError, TypeError, NotImplementedError) as e:
+        log.warning("packed attention: torch varlen kernel unusable here (%s); using the masked SDPA path", e)
+        return False
+
+
 def choose_packed_kernel(q: torch.Tensor) -> str:
-    if q.is_cuda and q.dtype in (torch.bfloat16, torch.float16) and _varlen_fn()[0] is not None:
-        return "varlen"
-    return "sdpa_mask"
+    return "varlen" if varlen_usable(q.device, q.dtype) else "sdpa_mask"
 
 
 def packed_attention(q, k, v, params: PackedSeqs, scale: float) -> torch.Tensor:

@@ -116,3 +116,17 @@ def test_mask_kernel_equals_attention_per_sequence():
         qs, ks, vs = (t[start:start + n].transpose(0, 1) for t in (q, k, v))
         ref = torch.nn.functional.scaled_dot_product_attention(qs, ks, vs, is_causal=True, scale=0.3, enable_gqa=True)
         assert torch.allclose(out[start:start + n], ref.transpose(0, 1), atol=1e-6)
+
+
+@pytest.mark.gpu
+def test_varlen_kernel_matches_mask_kernel_on_gpu():
+    from rlhf_mcore.models.packed import choose_packed_kernel, varlen_attention
+
+    g = torch.Generator(device="cuda").manual_seed(0)
+    q = torch.randn(300, 14, 64, device="cuda", dtype=torch.bfloat16, generator=g)
+    k, v = (torch.randn(300, 2, 64, device="cuda", dtype=torch.bfloat16, generator=g) for _ in range(2))
+    cu = torch.tensor([0, 100, 101, 260, 300], device="cuda", dtype=torch.int32)
+    params = PackedSeqs(cu_seqlens_q=cu, max_seqlen_q=159)
+    assert choose_packed_kernel(q) == "varlen"
+    got, ref = varlen_attention(q, k, v, params, 0.125), sdpa_mask_attention(q, k, v, params, 0.125)
+    assert (got.float() - ref.float()).abs().max() < 2e-2
