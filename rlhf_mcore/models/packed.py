@@ -6,7 +6,11 @@ back. The model needs two things for it to equal the padded computation:
   its [max_seqlen, 1, 1, d] table is read at the per-token positions ([T, 1, 1, d]), once per forward;
 - attention that never crosses a boundary: `packed_attention`, one of PACKED_KERNELS:
   - `varlen`: torch.nn.attention.varlen.varlen_attn (flash-attention varlen; CUDA, bf16/fp16), no padding;
-  - `sdpa_mask`: SDPA with a block-diagonal causal [T, T] mask built once per micro-batch (CPU, fp32).
+  - `flash`: the same aten flash-attention varlen kernels, called directly with is_causal (for torch
+    releases whose public varlen_attn rejects causal attention here);
+  - `sdpa_mask`: SDPA with a block-diagonal causal [T, T] mask built once per micro-batch (CPU, fp32, and
+    the fallback): exact, but it computes and masks the whole [T, T] score matrix.
+  On CUDA the first of varlen / flash that matches sdpa_mask on a small probe (forward and gradients) runs.
 With Transformer Engine the params say qkv_format="thd" and megatron's TE path does both itself.
 Our own path passes qkv_format="sbhd" so megatron keeps [T, 1, h, d] tensors and leaves RoPE to the hook.
 """
@@ -112,24 +116,65 @@ def varlen_attention(q, k, v, params: PackedSeqs, scale: float) -> torch.Tensor:
     return fn(q, k, v, cu, cu, longest, longest, **kwargs)
 
 
-@functools.lru_cache(maxsize=None)
-def varlen_usable(device: torch.device, dtype: torch.dtype) -> bool:
-    """Whether torch's varlen kernel runs forward and backward here (checked once on a tiny GQA input)."""
-    if device.type != "cuda" or dtype not in (torch.bfloat16, torch.float16) or _varlen_fn()[0] is None:
-        return False
+class _FlashVarlen(torch.autograd.Function):
+    """Causal flash-attention varlen through aten's forward/backward ops (q, k, v: [T, heads, hn])."""
+
+    @staticmethod
+    def forward(ctx, q, k, v, cu, longest: int, scale: float):
+        out, lse, rng, unused, _ = torch.ops.aten._flash_attention_forward(
+            q, k, v, cu, cu, longest, longest, 0.0, True, False, scale=scale)
+        ctx.save_for_backward(q, k, v, out, lse, cu, rng, unused)
+        ctx.longest, ctx.scale = longest, scale
+        return out
+
+    @staticmethod
+    def backward(ctx, grad):
+        q, k, v, out, lse, cu, rng, unused = ctx.saved_tensors
+        dq, dk, dv = torch.ops.aten._flash_attention_backward(
+            grad.contiguous(), q, k, v, out, lse, cu, cu, ctx.longest, ctx.longest, 0.0, True, rng, unused,
+            scale=ctx.scale)
+        return dq, dk, dv, None, None, None
+
+
+@PACKED_KERNELS.register("flash")
+def flash_attention(q, k, v, params: PackedSeqs, scale: float) -> torch.Tensor:
+    if k.size(1) != q.size(1):
+        k, v = (t.repeat_interleave(q.size(1) // t.size(1), dim=1) for t in (k, v))
+    return _FlashVarlen.apply(q.contiguous(), k.contiguous(), v.contiguous(), params.cu_seqlens_q,
+                              params.max_seqlen_q, scale)
+
+
+def _probe(name: str, device: torch.device, dtype: torch.dtype) -> bool:
+    """Whether kernel `name` runs here and matches sdpa_mask, forward and gradients, on a small GQA pack."""
+    g = torch.Generator(device=device).manual_seed(0)
+    q, k, v = (torch.randn(70, h, 64, device=device, dtype=dtype, generator=g).requires_grad_() for h in (4, 2, 2))
+    params = PackedSeqs(cu_seqlens_q=torch.tensor([0, 30, 31, 70], device=device, dtype=torch.int32), max_seqlen_q=39)
     try:
-        q = torch.randn(6, 4, 64, device=device, dtype=dtype, requires_grad=True)
-        kv = torch.randn(6, 2, 64, device=device, dtype=dtype)
-        cu = torch.tensor([0, 2, 6], device=device, dtype=torch.int32)
-        varlen_attention(q, kv, kv, PackedSeqs(cu_seqlens_q=cu, max_seqlen_q=4), 0.125).sum().backward()
-        return True
-    except (RuntimeError, TypeError, NotImplementedError) as e:
-        log.warning("packed attention: torch varlen kernel unusable here (%s); using the masked SDPA path", e)
+        results = []
+        for kernel in (PACKED_KERNELS.get(name), sdpa_mask_attention):
+            out = kernel(q, k, v, params, 0.125)
+            results.append([out, *torch.autograd.grad(out.float().square().sum(), (q, k, v))])
+        ok = all((a.float() - b.float()).abs().max() < 5e-2 for a, b in zip(*results))
+        if not ok:
+            log.warning("packed attention: %s differs from the masked SDPA reference here; not used", name)
+        return ok
+    except (RuntimeError, TypeError, ValueError, NotImplementedError) as e:
+        log.warning("packed attention: %s unusable here (%s: %s)", name, type(e).__name__, str(e)[:300])
         return False
+
+
+@functools.lru_cache(maxsize=None)
+def choose_kernel_for(device: torch.device, dtype: torch.dtype) -> str:
+    if device.type == "cuda" and dtype in (torch.bfloat16, torch.float16):
+        candidates = (["varlen"] if _varlen_fn()[0] is not None else []) + ["flash"]
+        for name in candidates:
+            if _probe(name, device, dtype):
+                return name
+    return "sdpa_mask"
 
 
 def choose_packed_kernel(q: torch.Tensor) -> str:
-    return "varlen" if varlen_usable(q.device, q.dtype) else "sdpa_mask"
+    return choose_kernel_for(q.device, q.dtype)
 
 
 def packed_attention(q, k, v, params: PackedSeqs, scale: float) -> torch.Tensor:

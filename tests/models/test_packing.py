@@ -33,6 +33,7 @@ def ragged_batch(num=7, seq=29, vocab=250, seed=3) -> dict:
 
 def run_role(role, batch, mcore_ctx, **split):
     """(per-token outputs [B, S] of a forward pass, (loss_sum, count), {param: grad}) for one role."""
+    batch = {k: v.to(mcore_ctx.device) for k, v in batch.items()}
     cfg = tiny_model_config()
     hf = load_hf_config(cfg.model)
     torch.manual_seed(0)
@@ -56,7 +57,7 @@ def run_role(role, batch, mcore_ctx, **split):
 @pytest.mark.parametrize("role", ["actor", "critic"])
 def test_packed_equals_padded(role, mcore_ctx):
     batch = ragged_batch()
-    mask = batch["response_mask"]
+    mask = batch["response_mask"].to(mcore_ctx.device)
     out_pad, loss_pad, grads_pad = run_role(role, batch, mcore_ctx, micro_batch_size=3)
     out_pack, loss_pack, grads_pack = run_role(role, batch, mcore_ctx, max_tokens=48, pack=True)
     assert float(((out_pad - out_pack) * mask).abs().max()) <= TOL
@@ -76,13 +77,13 @@ def _packed_logp(model, batch, rows, mcore_ctx):
 def test_sequence_unchanged_by_its_neighbour(mcore_ctx):
     cfg = tiny_model_config()
     model = build_model("actor", load_hf_config(cfg.model), cfg.model, cfg.parallel, mcore_ctx)
-    batch = ragged_batch()
+    batch = {k: v.to(mcore_ctx.device) for k, v in ragged_batch().items()}
     alone = _packed_logp(model, batch, [1], mcore_ctx)  # [1, L]
     for rows in ([0, 1], [1, 5], [2, 1, 3]):
         together = _packed_logp(model, batch, sorted(rows), mcore_ctx)
         got = together[sorted(rows).index(1), :alone.size(1)]
         assert torch.allclose(got, alone[0], atol=TOL), rows
-    pos = torch.arange(batch["tokens"].size(1)).unsqueeze(0)
+    pos = torch.arange(batch["tokens"].size(1), device=mcore_ctx.device).unsqueeze(0)
     mb = {"tokens": batch["tokens"][1:2]}
     padded = actor_loss(mb, model(mb["tokens"], pos, None), True, model=model, tp_group=mcore_ctx.pgs.tp,
                         actor_cfg=None, temperature=1.0, norm_length=1.0)["logp"]
@@ -93,10 +94,11 @@ def test_sequence_unchanged_by_its_neighbour(mcore_ctx):
 def test_rope_positions_restart_at_every_boundary(mcore_ctx):
     cfg = tiny_model_config()
     model = build_model("actor", load_hf_config(cfg.model), cfg.model, cfg.parallel, mcore_ctx)
-    batch = ragged_batch()
+    batch = {k: v.to(mcore_ctx.device) for k, v in ragged_batch().items()}
     mb = pack_rows(batch, [0, 3, 4], batch["lengths"].tolist(), multiple=4)
     lens = [int(batch["lengths"][i]) for i in (0, 3, 4)]
     expected = torch.cat([torch.arange(n) for n in lens] + [torch.arange(mb["tokens"].size(1) - sum(lens))])
+    expected = expected.to(mcore_ctx.device)
     assert torch.equal(mb["position_ids"][0], expected)
     seen = {}
     model.rotary_pos_emb.register_forward_hook(lambda m, a, out: seen.setdefault("emb", out))
@@ -119,14 +121,15 @@ def test_mask_kernel_equals_attention_per_sequence():
 
 
 @pytest.mark.gpu
-def test_varlen_kernel_matches_mask_kernel_on_gpu():
-    from rlhf_mcore.models.packed import choose_packed_kernel, varlen_attention
+@pytest.mark.parametrize("name", ["varlen", "flash"])
+def test_flash_kernels_match_mask_kernel_on_gpu(name):
+    from rlhf_mcore.models.packed import PACKED_KERNELS, choose_packed_kernel
 
     g = torch.Generator(device="cuda").manual_seed(0)
     q = torch.randn(300, 14, 64, device="cuda", dtype=torch.bfloat16, generator=g)
     k, v = (torch.randn(300, 2, 64, device="cuda", dtype=torch.bfloat16, generator=g) for _ in range(2))
     cu = torch.tensor([0, 100, 101, 260, 300], device="cuda", dtype=torch.int32)
     params = PackedSeqs(cu_seqlens_q=cu, max_seqlen_q=159)
-    assert choose_packed_kernel(q) == "varlen"
-    got, ref = varlen_attention(q, k, v, params, 0.125), sdpa_mask_attention(q, k, v, params, 0.125)
+    assert choose_packed_kernel(q) in ("varlen", "flash")
+    got, ref = PACKED_KERNELS.get(name)(q, k, v, params, 0.125), sdpa_mask_attention(q, k, v, params, 0.125)
     assert (got.float() - ref.float()).abs().max() < 2e-2
