@@ -76,10 +76,16 @@ def segment_causal_mask(cu_seqlens: torch.Tensor, total: int) -> torch.Tensor:
 
 @PACKED_KERNELS.register("sdpa_mask")
 def sdpa_mask_attention(q, k, v, params: PackedSeqs, scale: float) -> torch.Tensor:
-    """q [T, np, hn], k/v [T, ng, hn] -> [T, np, hn] through SDPA with the block-diagonal causal mask."""
-    mask = params.cache.get("mask")
+    """q [T, np, hn], k/v [T, ng, hn] -> [T, np, hn] through SDPA with the block-diagonal causal mask.
+
+    The mask is one additive [T, T] bias per micro-batch, shared by every layer (a boolean mask would be
+    converted, and kept for backward, once per layer), its rows padded to 16 elements for the kernels."""
+    mask = params.cache.get(("mask", q.dtype))
     if mask is None:
-        mask = params.cache["mask"] = segment_causal_mask(params.cu_seqlens_q, q.size(0))
+        total = q.size(0)
+        bias = torch.zeros(total, -(-total // 16) * 16, dtype=q.dtype, device=q.device)[:, :total]
+        mask = bias.masked_fill_(~segment_causal_mask(params.cu_seqlens_q, total), float("-inf"))
+        params.cache[("mask", q.dtype)] = mask
     q, k, v = (t.transpose(0, 1).unsqueeze(0) for t in (q, k, v))  # [1, heads, T, hn]
     out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scale, enable_gqa=q.size(1) != k.size(1))
     return out[0].transpose(0, 1)
