@@ -154,9 +154,16 @@ class ActorConfig:
     rollout_correction: str = "none"  # none | token | sequence (truncated importance sampling)
     rollout_correction_mode: str = "truncate"  # truncate | mask
     rollout_correction_threshold: float = 2.0
+    honor_loss_agg_mode: bool = False  # false = verl: gspo/sapo use seq-mean-token-mean, geo_mean a row mean
+    sum_norm_per_seq: bool = False  # seq-mean-token-sum-norm also divides by the sequences (Dr. GRPO); false = verl
+    tau_pos: float = 1.0  # sapo: gate temperature for positive advantages
+    tau_neg: float = 1.05  # sapo: gate temperature for non-positive advantages
+    bypass_loss_type: str = "ppo_clip"  # bypass_mode: ppo_clip | reinforce (IS level: rollout_correction)
 
     def _checks(self, p: str) -> list[str]:
         errs = self.optim._checks(f"{p}.optim")
+        errs += positive(f"{p}.tau_pos", self.tau_pos) + positive(f"{p}.tau_neg", self.tau_neg)
+        errs += choice(f"{p}.bypass_loss_type", self.bypass_loss_type, ("ppo_clip", "reinforce"))
         errs += positive(f"{p}.ppo_mini_batch_size", self.ppo_mini_batch_size)
         errs += positive(f"{p}.micro_batch_size_per_gpu", self.micro_batch_size_per_gpu)
         errs += positive(f"{p}.ppo_epochs", self.ppo_epochs)
@@ -219,6 +226,8 @@ class AlgorithmConfig:
     kl_coef: float = 0.001
     target_kl: float = 0.1
     kl_horizon: int = 10000
+    returns_through_masked: bool = False  # reinforce_plus_plus: true = returns pass mask-0 tokens; false = verl
+    gpg_paper_alpha: bool = False  # gpg: true = alpha B/(B-M) of the paper; false = verl's B/#nonzero scores
 
     def _checks(self, p: str) -> list[str]:
         return choice(f"{p}.kl_ctrl_type", self.kl_ctrl_type, ("fixed", "adaptive"))

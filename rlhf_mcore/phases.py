@@ -12,6 +12,8 @@ import torch.distributed as dist
 import torch.nn.functional as F
 
 from rlhf_mcore.algorithms import ADVANTAGES, AdvantageInputs, apply_kl_penalty, compute_mismatch_weights
+from rlhf_mcore.config_validate import SUM_PI_SQUARED_ESTIMATORS
+from rlhf_mcore.logs import timer
 from rlhf_mcore.optim import optimizer_step, zero_grads
 from rlhf_mcore.role_losses import actor_loss, critic_loss, reward_model_scores
 from rlhf_mcore.rollout.types import RolloutBatch, SamplingParams
@@ -63,21 +65,37 @@ def seq_multiple(cfg) -> int:
     return cfg.parallel.tp if cfg.parallel.sequence_parallel else 1
 
 
-def forward_passes(roles, batch: dict, cfg, ctx) -> dict:
-    """Forward-only passes: old log-probs (actor), reference log-probs, values (critic), RM scores."""
+def actor_loss_fn(cfg, ctx, model, forward_only: bool = False):
+    """The actor's loss function bound to its config (forward-only: also sum pi^2 when the estimator needs it)."""
+    num_rows = cfg.actor.ppo_mini_batch_size * cfg.rollout.n
+    return partial(actor_loss, model=model, tp_group=ctx.pgs.tp, actor_cfg=cfg.actor,
+                   temperature=cfg.rollout.temperature, norm_length=float(cfg.rollout.max_response_length),
+                   num_rows=num_rows,
+                   with_sum_pi_squared=forward_only and cfg.algorithm.adv_estimator in SUM_PI_SQUARED_ESTIMATORS)
+
+
+def forward_passes(roles, batch: dict, cfg, ctx, timings: dict) -> dict:
+    """Forward-only passes, each timed: old log-probs (actor, timing_s/old_log_prob; + sum pi^2 for OTB),
+    reference log-probs (timing_s/ref), values (critic, timing_s/values)."""
     seq = batch["tokens"].size(1)
     mbs = split_micro_batches(batch, cfg.actor.micro_batch_size_per_gpu,
                               cfg.actor.max_tokens_per_gpu if cfg.actor.use_dynamic_bsz else 0, seq_multiple(cfg))
-    lm = partial(actor_loss, tp_group=ctx.pgs.tp, actor_cfg=cfg.actor, temperature=cfg.rollout.temperature,
-                 norm_length=float(cfg.rollout.max_response_length))
-    out = {"old_logp": forward_collect(roles.actor.model, mbs, partial(lm, model=roles.actor.module), ("logp",),
-                                       seq, ctx.pgs.pp)["logp"]}
+    out = {}
+    with timer("old_log_prob", timings):
+        fn = actor_loss_fn(cfg, ctx, roles.actor.module, forward_only=True)
+        keys = ("logp", "sum_pi_squared") if cfg.algorithm.adv_estimator in SUM_PI_SQUARED_ESTIMATORS else ("logp",)
+        res = forward_collect(roles.actor.model, mbs, fn, keys, seq, ctx.pgs.pp)
+        out["old_logp"] = res["logp"]
+        if "sum_pi_squared" in res:
+            out["sum_pi_squared"] = res["sum_pi_squared"]
     if roles.ref is not None:
-        out["ref_logp"] = forward_collect([roles.ref], mbs, partial(lm, model=roles.ref), ("logp",), seq,
-                                          ctx.pgs.pp)["logp"]
+        with timer("ref", timings):
+            out["ref_logp"] = forward_collect([roles.ref], mbs, actor_loss_fn(cfg, ctx, roles.ref), ("logp",), seq,
+                                              ctx.pgs.pp)["logp"]
     if roles.critic is not None:
-        fn = partial(critic_loss, cliprange_value=cfg.critic.cliprange_value)
-        out["values"] = forward_collect(roles.critic.model, mbs, fn, ("values",), seq, ctx.pgs.pp)["values"]
+        with timer("values", timings):
+            fn = partial(critic_loss, cliprange_value=cfg.critic.cliprange_value)
+            out["values"] = forward_collect(roles.critic.model, mbs, fn, ("values",), seq, ctx.pgs.pp)["values"]
     return out
 
 
@@ -108,12 +126,14 @@ def compute_advantages(batch: dict, cfg, kl_coef: float, ctx) -> tuple[dict, dic
         metrics.update({f"actor/reward_{k}": v for k, v in kl_metrics.items()})
     full = {k: gather_dp(v, ctx) for k, v in (("rewards", rewards), ("mask", batch["response_mask"]),
                                               ("group", batch["group_index"]))}
-    values = gather_dp(batch["values"], ctx) if "values" in batch else None
-    baseline = gather_dp(batch["baseline_rewards"], ctx) if "baseline_rewards" in batch else None
+    wanted = ("values", "baseline_rewards") + (("old_logp", "sum_pi_squared", "is_weights")
+                                               if "sum_pi_squared" in batch else ())  # the OTB inputs
+    optional = {key: gather_dp(batch[key], ctx) for key in wanted if key in batch}
     a = cfg.algorithm
     adv, returns = ADVANTAGES.get(a.adv_estimator)(AdvantageInputs(
-        token_level_rewards=full["rewards"], response_mask=full["mask"], values=values, group_index=full["group"],
-        baseline_rewards=baseline, gamma=a.gamma, lam=a.lam, norm_adv_by_std=a.norm_adv_by_std))
+        token_level_rewards=full["rewards"], response_mask=full["mask"], group_index=full["group"], **optional,
+        gamma=a.gamma, lam=a.lam, norm_adv_by_std=a.norm_adv_by_std,
+        returns_through_masked=a.returns_through_masked, gpg_paper_alpha=a.gpg_paper_alpha))
     b = batch["tokens"].size(0)
     mine = slice(ctx.dp_rank * b, (ctx.dp_rank + 1) * b)
     return {**batch, "token_level_rewards": rewards, "advantages": adv[mine], "returns": returns[mine]}, metrics

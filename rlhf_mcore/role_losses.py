@@ -13,27 +13,39 @@ import torch.nn.functional as F
 from rlhf_mcore.algorithms import (
     POLICY_LOSSES,
     PolicyLossInputs,
+    agg_mode_for,
     aggregate_loss,
     compute_entropy_bonus,
     compute_value_loss,
     kl_penalty,
 )
 from rlhf_mcore.algorithms.stats import masked_mean
-from rlhf_mcore.models.logprobs import token_logprobs
+from rlhf_mcore.models.logprobs import token_logprobs, token_sum_pi_squared
 
 
-def actor_loss(mb, output, non_loss_data=False, *, model, tp_group, actor_cfg, temperature, norm_length):
-    """output = final hidden states [b, s, h]."""
+def policy_loss_inputs(mb: dict, logp: torch.Tensor, actor_cfg) -> PolicyLossInputs:
+    a = actor_cfg
+    return PolicyLossInputs(
+        logp=logp, old_logp=mb["old_logp"], advantages=mb["advantages"], response_mask=mb["response_mask"],
+        clip_ratio_low=a.clip_ratio_low, clip_ratio_high=a.clip_ratio_high, clip_ratio_c=a.clip_ratio_c,
+        is_weights=mb.get("is_weights"), tau_pos=a.tau_pos, tau_neg=a.tau_neg, rollout_logp=mb.get("rollout_logp"),
+        bypass_loss_type=a.bypass_loss_type, bypass_is_threshold=a.rollout_correction_threshold,
+        bypass_is_level=None if a.rollout_correction == "none" else a.rollout_correction,
+    )
+
+
+def actor_loss(mb, output, non_loss_data=False, *, model, tp_group, actor_cfg, temperature, norm_length,
+               num_rows=None, with_sum_pi_squared=False):
+    """output = final hidden states [b, s, h]. num_rows: global rows of the mini-batch (seq-mean-token-sum-norm).
+    Forward-only with `with_sum_pi_squared` also returns sum_v pi(v)^2 per token (optimal token baseline)."""
     logp, entropy = token_logprobs(model, output, mb["tokens"], tp_group, temperature)  # [b, s]
     if non_loss_data:
-        return {"logp": logp.detach(), "entropy": entropy.detach()}
+        out = {"logp": logp.detach(), "entropy": entropy.detach()}
+        if with_sum_pi_squared:
+            out["sum_pi_squared"] = token_sum_pi_squared(model, output, mb["tokens"], tp_group, temperature)
+        return out
     mask = mb["response_mask"]
-    inputs = PolicyLossInputs(
-        logp=logp, old_logp=mb["old_logp"], advantages=mb["advantages"], response_mask=mask,
-        clip_ratio_low=actor_cfg.clip_ratio_low, clip_ratio_high=actor_cfg.clip_ratio_high,
-        clip_ratio_c=actor_cfg.clip_ratio_c, is_weights=mb.get("is_weights"),
-    )
-    per_token, metrics = POLICY_LOSSES.get(actor_cfg.policy_loss)(inputs)
+    per_token, metrics = POLICY_LOSSES.get(actor_cfg.policy_loss)(policy_loss_inputs(mb, logp, actor_cfg))
     metrics = {f"actor/{k}": v for k, v in metrics.items()}
     metrics["actor/pg_loss"] = masked_mean(per_token.detach(), mask)
     if actor_cfg.entropy_coeff:
@@ -44,7 +56,9 @@ def actor_loss(mb, output, non_loss_data=False, *, model, tp_group, actor_cfg, t
         per_token = per_token + actor_cfg.kl_loss_coef * kl
         metrics["actor/kl_loss"] = masked_mean(kl.detach(), mask)
     metrics["actor/entropy"] = masked_mean(entropy.detach(), mask)
-    loss_sum, count, _ = aggregate_loss(per_token, mask, actor_cfg.loss_agg_mode, norm_length=norm_length)
+    mode = agg_mode_for(actor_cfg.policy_loss, actor_cfg.loss_agg_mode, actor_cfg.honor_loss_agg_mode)
+    loss_sum, count, _ = aggregate_loss(per_token, mask, mode, norm_length=norm_length, num_rows=num_rows,
+                                        sum_norm_per_seq=actor_cfg.sum_norm_per_seq)
     return loss_sum, count, {**metrics, "actor/loss_sum": loss_sum.detach(), "actor/loss_count": count}
 
 
