@@ -9,6 +9,7 @@ No torch.distributed, no config objects, no `.item()`. Shapes: B responses, T re
 Group estimators compact `group_index` with torch.unique (one implicit device sync on CUDA, once a step).
 """
 from rlhf_mcore.algorithms import advantages_otb as _otb  # noqa: F401  (registers the OTB estimators)
+from rlhf_mcore.algorithms import losses_sapo_bypass as _sapo_bypass  # noqa: F401  (registers sapo, bypass_mode)
 from rlhf_mcore.algorithms.advantages import ADVANTAGES, AdvantageInputs, discounted_returns, gae_advantages
 from rlhf_mcore.algorithms.aggregate import LOSS_AGG_MODES, aggregate_loss
 from rlhf_mcore.algorithms.kl import (
@@ -19,7 +20,6 @@ from rlhf_mcore.algorithms.kl import (
     apply_kl_penalty,
     kl_penalty,
 )
-from rlhf_mcore.algorithms import losses_sapo_bypass as _sapo_bypass  # noqa: F401  (registers sapo, bypass_mode)
 from rlhf_mcore.algorithms.losses import POLICY_LOSSES, PolicyLossInputs, agg_mode_for, compute_entropy_bonus
 from rlhf_mcore.algorithms.mismatch import MISMATCH_LEVELS, MISMATCH_MODES, compute_mismatch_weights
 from rlhf_mcore.algorithms.stats import masked_mean, masked_sum, masked_whiten

@@ -24,8 +24,9 @@ _MAX_LOG_WEIGHT = 20.0
 
 @POLICY_LOSSES.register("sapo")
 def compute_sapo_loss(inp: PolicyLossInputs) -> tuple[Tensor, dict[str, Tensor]]:
-    """SAPO, Soft Adaptive Policy Optimization (Gao et al. 2025, arXiv 2511.20347):
-        J = E[ 1/G sum_i 1/|y_i| sum_t f_{i,t}(r_{i,t}) A_{i,t} ],   f_{i,t}(x) = sigmoid(tau_{i,t} (x - 1)) * 4 / tau_{i,t},
+    """SAPO, Soft Adaptive Policy Optimization (arXiv 2511.20347):
+        J = E[ 1/G sum_i 1/|y_i| sum_t f_{i,t}(r_{i,t}) A_{i,t} ],
+        f_{i,t}(x) = sigmoid(tau_{i,t} (x - 1)) * 4 / tau_{i,t},
     r = pi / pi_old (log-ratio clamped to +-20), tau = tau_pos where A > 0 else tau_neg. The gate's slope is 1 at
     r = 1 (the plain policy gradient on-policy) and decays smoothly off-policy instead of a hard clip.
     Aggregated with seq-mean-token-mean (the 1/G 1/|y_i| above; see `losses.agg_mode_for`).

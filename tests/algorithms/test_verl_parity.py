@@ -1,6 +1,6 @@
 """Parity with verl's `core_algos.py`: every shared estimator, policy loss (value, gradient w.r.t. log-probs,
 metrics), KL estimator (value, gradient), aggregation mode, value loss (incl. vf_clipfrac) and KL controller
-equals verl's output to 1e-6 (|ours - verl| <= 1e-6 + 1e-6 |verl|) in float64, on the inputs and goldens
+equals verl's output to 1e-7 (|ours - verl| <= 1e-7 + 1e-7 |verl|) in float64, on the inputs and goldens
 that verl_golden/gen_golden.py produced by running verl's own code (commit in golden["commit"]).
 
 Per-token outputs are compared on valid tokens: ours are 0 where the mask is 0, verl leaves values there
@@ -15,10 +15,10 @@ import torch
 
 from rlhf_mcore.algorithms import (
     ADVANTAGES,
+    KL_ESTIMATORS,
     POLICY_LOSSES,
     AdaptiveKLController,
     AdvantageInputs,
-    KL_ESTIMATORS,
     FixedKLController,
     PolicyLossInputs,
     agg_mode_for,
@@ -29,7 +29,7 @@ from rlhf_mcore.algorithms import (
 from tests.algorithms.verl_golden.cases import ACTOR
 
 GOLDEN = torch.load(Path(__file__).parent / "verl_golden" / "golden.pt", weights_only=True)
-TOL = 1e-6
+TOL = 1e-7  # stricter than the 1e-6 asked for: catches the old (x - mean) / (std + 1e-6) whitening
 
 
 def mismatch(ours: torch.Tensor, verl: torch.Tensor, mask: torch.Tensor | None = None) -> str:

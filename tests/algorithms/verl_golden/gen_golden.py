@@ -169,8 +169,8 @@ def run_aggregation_and_value(core, c: dict) -> dict:
         out[f"agg/{mode}"] = {"loss": core.agg_loss(c["loss_mat"], m, mode, **scale)}
     for clip, prefix, dtype in ((0.2, "", torch.float64), (0.5, "", torch.float64), (0.2, "critic_", torch.float32)):
         vpreds = c[f"{prefix}vpreds"].to(dtype).requires_grad_(True)
-        loss, clipfrac = core.compute_value_loss(vpreds, c[f"{prefix}returns"].to(dtype), c[f"{prefix}values"].to(dtype),
-                                                 m.to(dtype), clip)
+        returns, values = c[f"{prefix}returns"].to(dtype), c[f"{prefix}values"].to(dtype)
+        loss, clipfrac = core.compute_value_loss(vpreds, returns, values, m.to(dtype), clip)
         (grad,) = torch.autograd.grad(loss, vpreds)
         name = f"value/{clip}" + ("/fp32" if dtype == torch.float32 else "")
         out[name] = {"loss": loss.detach().double(), "vf_clipfrac": clipfrac.detach().double(), "grad": grad.double()}
