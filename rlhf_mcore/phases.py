@@ -11,9 +11,9 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
-from rlhf_mcore.algorithms import ADVANTAGES, AdvantageInputs, apply_kl_penalty, compute_mismatch_weights
+from rlhf_mcore.algorithms import ADVANTAGES, AdvantageInputs, apply_kl_penalty
 from rlhf_mcore.optim import optimizer_step, zero_grads
-from rlhf_mcore.role_losses import actor_loss, critic_loss, reward_model_scores
+from rlhf_mcore.role_losses import actor_loss, critic_loss, reward_model_scores, rollout_mismatch
 from rlhf_mcore.rollout.types import RolloutBatch, SamplingParams
 from rlhf_mcore.schedule import forward_collect, run_schedule, split_micro_batches, take
 
@@ -63,15 +63,24 @@ def seq_multiple(cfg) -> int:
     return cfg.parallel.tp if cfg.parallel.sequence_parallel else 1
 
 
-def forward_passes(roles, batch: dict, cfg, ctx) -> dict:
-    """Forward-only passes: old log-probs (actor), reference log-probs, values (critic), RM scores."""
+def is_on_policy(cfg, rows: int, rows_per_mini: int) -> bool:
+    """One epoch over one mini-batch holding all `rows` samples and no KL in the reward: the update's
+    first forward sees exactly the weights that the old-log-prob pass would, so that pass is skipped and
+    the update takes pi_old from its own forward (detached; `role_losses.actor_loss`)."""
+    return cfg.actor.ppo_epochs == 1 and rows_per_mini >= rows and not cfg.algorithm.use_kl_in_reward
+
+
+def forward_passes(roles, batch: dict, cfg, ctx, on_policy: bool = False) -> dict:
+    """Forward-only passes: old log-probs (actor, unless on_policy), reference log-probs, values (critic)."""
     seq = batch["tokens"].size(1)
     mbs = split_micro_batches(batch, cfg.actor.micro_batch_size_per_gpu,
                               cfg.actor.max_tokens_per_gpu if cfg.actor.use_dynamic_bsz else 0, seq_multiple(cfg))
     lm = partial(actor_loss, tp_group=ctx.pgs.tp, actor_cfg=cfg.actor, temperature=cfg.rollout.temperature,
                  norm_length=float(cfg.rollout.max_response_length))
-    out = {"old_logp": forward_collect(roles.actor.model, mbs, partial(lm, model=roles.actor.module), ("logp",),
-                                       seq, ctx.pgs.pp)["logp"]}
+    out = {}
+    if not on_policy:
+        out["old_logp"] = forward_collect(roles.actor.model, mbs, partial(lm, model=roles.actor.module), ("logp",),
+                                          seq, ctx.pgs.pp)["logp"]
     if roles.ref is not None:
         out["ref_logp"] = forward_collect([roles.ref], mbs, partial(lm, model=roles.ref), ("logp",), seq,
                                           ctx.pgs.pp)["logp"]
@@ -120,15 +129,12 @@ def compute_advantages(batch: dict, cfg, kl_coef: float, ctx) -> tuple[dict, dic
 
 
 def rollout_correction(batch: dict, actor_cfg) -> tuple[dict, dict]:
-    """Importance weights between the rollout engine's log-probs and the trainer's (mismatch metrics too)."""
-    weights, metrics = compute_mismatch_weights(
-        batch["old_logp"], batch["rollout_logp"], batch["response_mask"],
-        level=actor_cfg.rollout_correction if actor_cfg.rollout_correction != "none" else "token",
-        mode=actor_cfg.rollout_correction_mode, threshold=actor_cfg.rollout_correction_threshold)
-    metrics = {f"rollout/{k}": v for k, v in metrics.items()}
-    if actor_cfg.rollout_correction == "none":
-        return batch, metrics
-    return {**batch, "is_weights": weights}, metrics
+    """Importance weights between the rollout engine's log-probs and the trainer's (mismatch metrics too).
+    On-policy steps have no old_logp yet: the actor loss does this per micro-batch."""
+    if "old_logp" not in batch:
+        return batch, {}
+    weights, metrics = rollout_mismatch(batch["old_logp"], batch["rollout_logp"], batch["response_mask"], actor_cfg)
+    return (batch if weights is None else {**batch, "is_weights": weights}), metrics
 
 
 def update_role(name: str, state, batch: dict, loss_fn, section, rows_per_mini: int, lr: float,

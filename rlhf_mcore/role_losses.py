@@ -15,6 +15,7 @@ from rlhf_mcore.algorithms import (
     PolicyLossInputs,
     aggregate_loss,
     compute_entropy_bonus,
+    compute_mismatch_weights,
     compute_value_loss,
     kl_penalty,
 )
@@ -22,19 +23,36 @@ from rlhf_mcore.algorithms.stats import masked_mean
 from rlhf_mcore.models.logprobs import token_logprobs
 
 
+def rollout_mismatch(old_logp, rollout_logp, mask, actor_cfg):
+    """(importance weights pi_old / pi_rollout, or None when actor.rollout_correction=none;
+    rollout/mismatch_* metrics). old_logp / rollout_logp / mask [B, T]."""
+    level = actor_cfg.rollout_correction
+    weights, metrics = compute_mismatch_weights(
+        old_logp, rollout_logp, mask, level=level if level != "none" else "token",
+        mode=actor_cfg.rollout_correction_mode, threshold=actor_cfg.rollout_correction_threshold)
+    return (None if level == "none" else weights), {f"rollout/{k}": v for k, v in metrics.items()}
+
+
 def actor_loss(mb, output, non_loss_data=False, *, model, tp_group, actor_cfg, temperature, norm_length):
-    """output = final hidden states [b, s, h]."""
+    """output = final hidden states [b, s, h]. Without mb["old_logp"] the step is on-policy (one epoch,
+    one mini-batch): this forward's own log-probs, detached, are pi_old, and the rollout mismatch and its
+    correction are computed here per micro-batch (`phases.is_on_policy`)."""
     logp, entropy = token_logprobs(model, output, mb["tokens"], tp_group, temperature)  # [b, s]
     if non_loss_data:
         return {"logp": logp.detach(), "entropy": entropy.detach()}
     mask = mb["response_mask"]
+    is_weights, mismatch = mb.get("is_weights"), {}
+    old_logp = mb.get("old_logp")
+    if old_logp is None:
+        old_logp = logp.detach()
+        is_weights, mismatch = rollout_mismatch(old_logp, mb["rollout_logp"], mask, actor_cfg)
     inputs = PolicyLossInputs(
-        logp=logp, old_logp=mb["old_logp"], advantages=mb["advantages"], response_mask=mask,
+        logp=logp, old_logp=old_logp, advantages=mb["advantages"], response_mask=mask,
         clip_ratio_low=actor_cfg.clip_ratio_low, clip_ratio_high=actor_cfg.clip_ratio_high,
-        clip_ratio_c=actor_cfg.clip_ratio_c, is_weights=mb.get("is_weights"),
+        clip_ratio_c=actor_cfg.clip_ratio_c, is_weights=is_weights,
     )
     per_token, metrics = POLICY_LOSSES.get(actor_cfg.policy_loss)(inputs)
-    metrics = {f"actor/{k}": v for k, v in metrics.items()}
+    metrics = {**mismatch, **{f"actor/{k}": v for k, v in metrics.items()}}
     metrics["actor/pg_loss"] = masked_mean(per_token.detach(), mask)
     if actor_cfg.entropy_coeff:
         bonus, _ = compute_entropy_bonus(entropy, mask, actor_cfg.entropy_coeff)

@@ -36,7 +36,8 @@ def train_step(run: Run, step: int) -> dict:
         if roles.reward is not None:
             batch["token_level_scores"] = batch["token_level_scores"] + phases.reward_model_pass(roles, batch, cfg, ctx)
     with timer("old_log_prob", timings):
-        batch.update(phases.forward_passes(roles, batch, cfg, ctx))
+        on_policy = phases.is_on_policy(cfg, batch["tokens"].size(0), run.rows_per_mini("actor"))
+        batch.update(phases.forward_passes(roles, batch, cfg, ctx, on_policy))
     with timer("adv", timings):
         batch, adv_metrics = phases.compute_advantages(batch, cfg, run.kl_ctrl.value, ctx)
         batch, mismatch_metrics = phases.rollout_correction(batch, cfg.actor)
