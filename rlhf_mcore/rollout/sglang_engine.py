@@ -81,8 +81,14 @@ def cut_at_stop_string(response: Response, stop_strings, decode: Optional[Decode
 
 
 def sglang_sampling(params: SamplingParams) -> dict:
+    """Our stop tokens only: without any, the model's own EOS must not end a response either (ignore_eos).
+
+    >>> sglang_sampling(SamplingParams(max_new_tokens=4))["ignore_eos"]
+    True
+    """
     return {"max_new_tokens": params.max_new_tokens, "temperature": params.temperature, "top_p": params.top_p,
-            "top_k": params.top_k, "stop_token_ids": list(params.stop_token_ids)}
+            "top_k": params.top_k, "stop_token_ids": list(params.stop_token_ids),
+            "ignore_eos": not params.stop_token_ids}
 
 
 def per_rank_rows(cfg, dp: int) -> int:

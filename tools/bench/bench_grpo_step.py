@@ -220,7 +220,7 @@ def print_table(systems: list[dict]) -> None:
         ph, ro = s.get("phases_s", {}), s.get("rollout", {})
 
         def f(v, fmt):
-            return format(v, fmt) if isinstance(v, (int, float)) else "-"
+            return format(v, fmt) if isinstance(v, (int, float)) else "-".rjust(int(fmt.rstrip("f%").split(".")[0]))
         print(f"{s['system']:<14}{f(s['step_s'], '8.3f')}{f(ph.get('gen'), '8.3f')}{f(ph.get('old_log_prob'), '8.3f')}"
               f"{f(ph.get('update_actor', ph.get('train')), '9.3f')}{f(ph.get('sync_weights'), '8.3f')}"
               f"{f(s.get('tokens_per_s'), '9.0f')}{f(ro.get('rollout_s'), '10.3f')}{f(ro.get('ms_per_decode_step'), '8.2f')}"
