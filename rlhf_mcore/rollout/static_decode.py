@@ -252,9 +252,11 @@ class StaticDecoder:
         graph.replay()
 
     def _capture(self, b: int, params, stop_ids):
-        """Warm up on a side stream (state saved and restored), then capture decode_step for bucket b."""
+        """Warm up on a side stream, then capture decode_step for bucket b. The decode state and the CUDA
+        RNG state are restored afterwards, so a call that captures samples exactly what a replay would."""
         st = self.state
         saved = {f.name: getattr(st, f.name).clone() for f in dataclasses.fields(st) if f.name not in ("k", "v")}
+        rng = torch.cuda.get_rng_state()
         side = torch.cuda.Stream()
         side.wait_stream(torch.cuda.current_stream())
         with torch.cuda.stream(side):
@@ -266,6 +268,7 @@ class StaticDecoder:
             self.decode_step(b, params, stop_ids)
         for name, value in saved.items():  # capture ran nothing; the warm-up did: undo it
             getattr(st, name).copy_(value)
+        torch.cuda.set_rng_state(rng)  # the warm-up's draws advanced the generator
         return graph
 
 

@@ -137,8 +137,7 @@ def standalone_rollout(run, args) -> dict:
     def best(max_new: int) -> float:
         params = SamplingParams(n=args.n, max_new_tokens=max_new, temperature=1.0, seed=3)
         times = []
-        for _ in range(2):
-            run.engine.resume_memory()
+        for _ in range(2):  # train_step left the engine resumed, with the current weights
             sync()
             start = time.perf_counter()
             run.engine.generate(prompts, params)
