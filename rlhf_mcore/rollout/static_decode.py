@@ -6,8 +6,8 @@ It runs the actor's own megatron submodules (embedding, norms, QKV / output proj
 layer by layer; only attention and the cache are ours:
 - the cache holds rotated keys [L, B, G, T, D] at absolute slots (RoPE of slot t, exactly what the eager
   engine and megatron apply), written with `index_copy_` at a device-resident position;
-- a decode query attends to every slot with a mask (slot <= position and not left padding), GQA as a
-  [b, G, rep, T] batched matmul that reads each cached key once, softmax in fp32;
+- a decode query attends to every slot with a mask (slot <= position and not left padding) through
+  SDPA, the query heads of a key group passed as that group's query positions (reads each key once);
 - sampling, the log-prob and the stop-token test run inside the step too (`sampling.sample`), and its
   results are written into per-row response buffers at a device-resident column.
 
@@ -21,6 +21,7 @@ import dataclasses
 from typing import Optional
 
 import torch
+import torch.nn.functional as F
 
 from rlhf_mcore.rollout.sampling import mask_padded_vocab, sample
 
@@ -115,14 +116,14 @@ def rotate(t: torch.Tensor, freqs: torch.Tensor, attention) -> torch.Tensor:
 def decode_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, allowed: torch.Tensor,
                      scale: float) -> torch.Tensor:
     """One query per row over the whole cache. q [1, b, H, D], k/v [b, G, T, D], allowed [b, T] bool
-    -> [1, b, H * D]. Head h uses key group h // (H / G) (megatron's group-major head order)."""
+    -> [1, b, H * D]. Head h uses key group h // (H / G) (megatron's group-major head order): the rep =
+    H / G query heads of a group are passed to SDPA as rep query positions against that group's keys, so
+    one fused kernel reads each cached key once (no GQA expansion, no fp32 score tensor in memory)."""
     _, b, heads, d = q.shape
     groups = k.size(1)
     qg = q[0].reshape(b, groups, heads // groups, d)  # [b, G, rep, D]
-    scores = torch.matmul(qg, k.transpose(-1, -2)).float() * scale  # [b, G, rep, T]
-    scores = scores.masked_fill(~allowed[:, None, None, :], float("-inf"))
-    probs = torch.softmax(scores, dim=-1).to(v.dtype)
-    return torch.matmul(probs, v).reshape(1, b, heads * d)  # [b, G, rep, D] -> [1, b, H * D]
+    out = F.scaled_dot_product_attention(qg, k, v, attn_mask=allowed[:, None, None, :], scale=scale)
+    return out.reshape(1, b, heads * d)  # [b, G, rep, D] -> [1, b, H * D]
 
 
 def bias_add(out_with_bias, residual: torch.Tensor) -> torch.Tensor:
