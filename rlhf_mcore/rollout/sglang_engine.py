@@ -20,7 +20,7 @@ import logging
 import os
 import tempfile
 import time
-from typing import Iterator, Optional
+from typing import Iterable, Iterator, Optional
 
 import torch
 
@@ -102,14 +102,14 @@ def per_rank_rows(cfg, dp: int) -> int:
     return min(rows, cfg.rollout.micro_batch_size) if cfg.rollout.micro_batch_size else rows
 
 
-def engine_kwargs(cfg, dtype: torch.dtype, dp_rank: int, dp: int) -> dict:
+def engine_kwargs(cfg, dtype: torch.dtype, dp_rank: int, dp: int, gpu: int) -> dict:
     """sglang.Engine arguments: decode CUDA graphs up to the per-rank rollout batch (sglang 0.5.17 stops
     at 256 by default and decodes larger batches eagerly, 2.8x slower at 512), the configured attention
     backend, memory saver for release/resume between rollouts, one seed per rank, no tokenizer."""
     r = cfg.rollout
     return dict(skip_tokenizer_init=True, dtype="bfloat16" if dtype == torch.bfloat16 else "float32",
                 attention_backend=r.attention_backend, enable_memory_saver=True,
-                mem_fraction_static=r.gpu_memory_utilization, base_gpu_id=torch.cuda.current_device(),
+                mem_fraction_static=r.gpu_memory_utilization, base_gpu_id=gpu,
                 cuda_graph_max_bs_decode=r.cuda_graph_max_bs or per_rank_rows(cfg, dp),
                 random_seed=cfg.trainer.seed + dp_rank, log_level="error")
 
@@ -124,14 +124,17 @@ def set_compile_cache(directory: str) -> None:
         os.environ.setdefault(var, os.path.join(directory, sub))
 
 
-def weight_buckets(state: dict[str, torch.Tensor], bucket_bytes: int) -> Iterator[list[tuple[str, torch.Tensor]]]:
-    """Consecutive groups of (name, tensor) of at most bucket_bytes each (a larger tensor goes alone).
+def weight_buckets(named: Iterable[tuple[str, torch.Tensor]], bucket_bytes: int
+                   ) -> Iterator[list[tuple[str, torch.Tensor]]]:
+    """Consecutive groups of (name, tensor) of at most bucket_bytes each (a larger tensor goes alone),
+    drawn lazily from `named`.
 
-    >>> [[n for n, _ in b] for b in weight_buckets({"a": torch.zeros(4), "b": torch.zeros(4), "c": torch.zeros(9)}, 32)]
+    >>> [[n for n, _ in b] for b in weight_buckets([("a", torch.zeros(4)), ("b", torch.zeros(4)),
+    ...                                              ("c", torch.zeros(9))], 32)]
     [['a', 'b'], ['c']]
     """
     bucket, size = [], 0
-    for name, tensor in state.items():
+    for name, tensor in named:
         nbytes = tensor.numel() * tensor.element_size()
         if bucket and size + nbytes > bucket_bytes:
             yield bucket
@@ -165,7 +168,7 @@ class SGLangRolloutEngine:
         start = time.perf_counter()
         self.model_dir = write_hf_dir(actor_hf_state(actor, self.hf_cfg), self.hf_cfg, dtype)
         set_compile_cache(cfg.rollout.compile_cache_dir)
-        kwargs = engine_kwargs(cfg, dtype, ctx.dp_rank, ctx.dims.dp)
+        kwargs = engine_kwargs(cfg, dtype, ctx.dp_rank, ctx.dims.dp, torch.cuda.current_device())
         self.engine = sglang.Engine(model_path=self.model_dir, **kwargs)
         self.startup_s = time.perf_counter() - start
         log.info("rollout engine: embedded SGLang %s on GPU %d (%s attention, decode CUDA graphs up to batch %d, "
@@ -182,14 +185,26 @@ class SGLangRolloutEngine:
         return assemble_batch(rows, responses, self.pad_id, self.ctx.device)
 
     def update_weights(self, actor_model) -> None:
-        """The actor's weights (CUDA tensors, handed over by IPC, no host copy) in buckets of
-        rollout.weight_bucket_mb; the prefix cache is flushed once, with the last bucket."""
-        state = actor_hf_state(unwrap_model(actor_model), self.hf_cfg)
-        buckets = list(weight_buckets(state, self.bucket_bytes))
-        for i, bucket in enumerate(buckets):
-            ok, message = self.engine.update_weights_from_tensor(bucket, flush_cache=i == len(buckets) - 1)
-            if not ok:
-                raise RuntimeError(f"sglang update_weights_from_tensor failed: {message}")
+        """The actor's weights (CUDA tensors handed over by IPC, no host copy), converted to HF names and
+        sent in buckets of rollout.weight_bucket_mb as they are made (at most two buckets of converted
+        copies exist at once); the prefix cache is flushed once, with the last bucket."""
+        from rlhf_mcore.checkpoint.convert_io import full_state_dict
+        from rlhf_mcore.models.weights import iter_mcore_to_hf
+
+        with torch.no_grad():
+            named = iter_mcore_to_hf(full_state_dict(unwrap_model(actor_model)), self.hf_cfg, role="actor")
+            pending = None
+            for bucket in weight_buckets(named, self.bucket_bytes):
+                if pending is not None:
+                    self._send(pending, flush_cache=False)
+                pending = bucket
+            if pending is not None:
+                self._send(pending, flush_cache=True)
+
+    def _send(self, bucket: list, flush_cache: bool) -> None:
+        ok, message = self.engine.update_weights_from_tensor(bucket, flush_cache=flush_cache)
+        if not ok:
+            raise RuntimeError(f"sglang update_weights_from_tensor failed: {message}")
 
     def release_memory(self) -> None:
         self.engine.release_memory_occupation()
