@@ -194,7 +194,7 @@ class NativeRolloutEngine:
         prompt, valid = kv_cache.left_pad(rows, self.pad_id, self.ctx.device)  # [b, P]
         b, max_new = len(rows), params.max_new_tokens
         st = self.static.reserve(b, prompt.size(1) + max_new, max_new, self.ctx.device)
-        stop_ids = torch.tensor(params.stop_token_ids, dtype=torch.long, device=self.ctx.device)
+        stop_ids = self.static.stop_tensor(params.stop_token_ids, self.ctx.device)
         can_stop = bool(params.stop_token_ids or params.stop_strings)
         self.static.prefill(prompt, valid, params, stop_ids)
         bar.update(1)

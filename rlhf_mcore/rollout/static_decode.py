@@ -158,6 +158,7 @@ class StaticDecoder:
         self.state: Optional[DecodeState] = None
         self.freqs: Optional[torch.Tensor] = None
         self.graphs: dict = {}  # (bucket, sampling key) -> CUDAGraph
+        self.stop_ids: dict = {}  # stop-id tuple -> [n] long tensor (graphs read its memory)
         self.pool = None
         self.weight_ptrs: tuple = ()
 
@@ -177,6 +178,12 @@ class StaticDecoder:
 
     def release(self) -> None:
         self.state, self.freqs, self.graphs, self.pool = None, None, {}, None
+
+    def stop_tensor(self, stop_ids: tuple[int, ...], device) -> torch.Tensor:
+        """The stop ids as a device tensor that lives as long as the graphs reading it (one per tuple)."""
+        if stop_ids not in self.stop_ids:
+            self.stop_ids[stop_ids] = torch.tensor(stop_ids, dtype=torch.long, device=device)
+        return self.stop_ids[stop_ids]
 
     # ---- one step -----------------------------------------------------------------------------------
     def forward(self, tokens: torch.Tensor, slots: torch.Tensor, b: int, attend_fn) -> torch.Tensor:
