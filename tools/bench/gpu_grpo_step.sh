@@ -4,6 +4,10 @@
 #          GPU tests of the graphed native decoder, our GRPO step with rollout.engine=native, TRL's GRPOTrainer
 #   part2: carries ../.carry/part2: our GRPO step with rollout.engine=sglang
 # Results land in $OUT; combine them here with bench_grpo_step.py --combine.
+# TRL's wheels (the box has transformers and accelerate, not trl / datasets / dill / multiprocess), once, here:
+#   python3 -m pip download --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
+#     --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 \
+#     -d <carry dir>/.trlwhl trl==1.16.0 datasets==5.2.0 "dill<0.4.2" "multiprocess<0.70.20"
 set -uo pipefail
 PART=${1:?part1|part2}
 TRL=${TRL:-.trlwhl}
