@@ -104,7 +104,13 @@ class RolloutConfig:
     stop: list[str] = field(default_factory=list)
     val_temperature: float = 0.0  # 0 = greedy
     micro_batch_size: int = 0  # sequences decoded together per rank (0 = all)
+    cuda_graphs: bool = True  # native: CUDA-graphed decode at tp=pp=1 on a GPU (else eager, logged)
+    keep_graphs: bool = True  # native: keep the static KV cache and graphs between steps (false frees them)
     gpu_memory_utilization: float = 0.5  # sglang: fraction of GPU memory for weights + KV cache
+    attention_backend: str = "triton"  # sglang: triton | flashinfer
+    cuda_graph_max_bs: int = 0  # sglang: largest decode batch with a CUDA graph (0 = the per-rank rollout batch)
+    weight_bucket_mb: int = 512  # sglang: weight refresh in buckets of this many MiB
+    compile_cache_dir: str = ""  # sglang: JIT caches (tvm-ffi, Triton, flashinfer) here ("" = their defaults)
 
     def _checks(self, p: str) -> list[str]:
         errs = choice(f"{p}.engine", self.engine, ("native", "sglang"))
@@ -114,6 +120,9 @@ class RolloutConfig:
             errs.append(f"{p}.top_p: must be in (0, 1] (got {self.top_p}). Use 1.0 to turn nucleus sampling off.")
         if self.top_k == 0 or self.top_k < -1:
             errs.append(f"{p}.top_k: must be -1 (off) or >= 1 (got {self.top_k}). Use -1 to turn it off.")
+        errs += choice(f"{p}.attention_backend", self.attention_backend, ("triton", "flashinfer"))
+        errs += positive(f"{p}.cuda_graph_max_bs", self.cuda_graph_max_bs, allow_zero=True)
+        errs += positive(f"{p}.weight_bucket_mb", self.weight_bucket_mb)
         return errs
 
 

@@ -35,7 +35,8 @@ def train_step(run: Run, step: int) -> dict:
             batch["baseline_rewards"] = baseline
         if roles.reward is not None:
             batch["token_level_scores"] = batch["token_level_scores"] + phases.reward_model_pass(roles, batch, cfg, ctx)
-    batch.update(phases.forward_passes(roles, batch, cfg, ctx, timings))  # timing_s/old_log_prob, ref, values
+    on_policy = phases.is_on_policy(cfg, batch["tokens"].size(0), run.rows_per_mini("actor"))
+    batch.update(phases.forward_passes(roles, batch, cfg, ctx, timings, on_policy))  # old_log_prob, ref, values
     with timer("adv", timings):
         batch, mismatch_metrics = phases.rollout_correction(batch, cfg.actor)
         batch, adv_metrics = phases.compute_advantages(batch, cfg, run.kl_ctrl.value, ctx)
