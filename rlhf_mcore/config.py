@@ -106,7 +106,13 @@ class RolloutConfig:
     stop: list[str] = field(default_factory=list)
     val_temperature: float = 0.0  # 0 = greedy
     micro_batch_size: int = 0  # sequences decoded together per rank (0 = all)
+    cuda_graphs: bool = True  # native: CUDA-graphed decode at tp=pp=1 on a GPU (else eager, logged)
+    keep_graphs: bool = True  # native: keep the static KV cache and graphs between steps (false frees them)
     gpu_memory_utilization: float = 0.5  # sglang: fraction of GPU memory for weights + KV cache
+    attention_backend: str = "triton"  # sglang: triton | flashinfer
+    cuda_graph_max_bs: int = 0  # sglang: largest decode batch with a CUDA graph (0 = the per-rank rollout batch)
+    weight_bucket_mb: int = 512  # sglang: weight refresh in buckets of this many MiB
+    compile_cache_dir: str = ""  # sglang: JIT caches (tvm-ffi, Triton, flashinfer) here ("" = their defaults)
 
     def _checks(self, p: str) -> list[str]:
         errs = choice(f"{p}.engine", self.engine, ("native", "sglang"))
@@ -116,6 +122,9 @@ class RolloutConfig:
             errs.append(f"{p}.top_p: must be in (0, 1] (got {self.top_p}). Use 1.0 to turn nucleus sampling off.")
         if self.top_k == 0 or self.top_k < -1:
             errs.append(f"{p}.top_k: must be -1 (off) or >= 1 (got {self.top_k}). Use -1 to turn it off.")
+        errs += choice(f"{p}.attention_backend", self.attention_backend, ("triton", "flashinfer"))
+        errs += positive(f"{p}.cuda_graph_max_bs", self.cuda_graph_max_bs, allow_zero=True)
+        errs += positive(f"{p}.weight_bucket_mb", self.weight_bucket_mb)
         return errs
 
 
@@ -156,9 +165,16 @@ class ActorConfig:
     rollout_correction: str = "none"  # none | token | sequence (truncated importance sampling)
     rollout_correction_mode: str = "truncate"  # truncate | mask
     rollout_correction_threshold: float = 2.0
+    honor_loss_agg_mode: bool = False  # false = verl: gspo/sapo use seq-mean-token-mean, geo_mean a row mean
+    sum_norm_per_seq: bool = False  # seq-mean-token-sum-norm also divides by the sequences (Dr. GRPO); false = verl
+    tau_pos: float = 1.0  # sapo: gate temperature for positive advantages
+    tau_neg: float = 1.05  # sapo: gate temperature for non-positive advantages
+    bypass_loss_type: str = "ppo_clip"  # bypass_mode: ppo_clip | reinforce (IS level: rollout_correction)
 
     def _checks(self, p: str) -> list[str]:
         errs = self.optim._checks(f"{p}.optim")
+        errs += positive(f"{p}.tau_pos", self.tau_pos) + positive(f"{p}.tau_neg", self.tau_neg)
+        errs += choice(f"{p}.bypass_loss_type", self.bypass_loss_type, ("ppo_clip", "reinforce"))
         errs += positive(f"{p}.ppo_mini_batch_size", self.ppo_mini_batch_size)
         errs += positive(f"{p}.micro_batch_size_per_gpu", self.micro_batch_size_per_gpu)
         errs += positive(f"{p}.ppo_epochs", self.ppo_epochs)
@@ -221,6 +237,8 @@ class AlgorithmConfig:
     kl_coef: float = 0.001
     target_kl: float = 0.1
     kl_horizon: int = 10000
+    returns_through_masked: bool = False  # reinforce_plus_plus: true = returns pass mask-0 tokens; false = verl
+    gpg_paper_alpha: bool = False  # gpg: true = alpha B/(B-M) of the paper; false = verl's B/#nonzero scores
 
     def _checks(self, p: str) -> list[str]:
         return choice(f"{p}.kl_ctrl_type", self.kl_ctrl_type, ("fixed", "adaptive"))

@@ -8,7 +8,10 @@ import os
 from rlhf_mcore.config import Config
 
 # Estimators that compare the samples of one prompt: they need rollout.n >= 2.
-GROUP_ESTIMATORS = ("grpo", "rloo", "reinforce_plus_plus_baseline", "opo", "grpo_passk", "gpg")
+GROUP_ESTIMATORS = ("grpo", "rloo", "reinforce_plus_plus_baseline", "opo", "grpo_passk", "gpg",
+                    "optimal_token_baseline", "tir_optimal_token_baseline")
+# Estimators that need sum_v pi(v)^2 of the old policy (computed with the old log-probs).
+SUM_PI_SQUARED_ESTIMATORS = ("optimal_token_baseline", "tir_optimal_token_baseline")
 # Estimators that need critic values (a critic is built and trained for them).
 VALUE_ESTIMATORS = ("gae",)
 # Estimators whose baseline is the reward of a greedy rollout of the same prompt (generated each step).

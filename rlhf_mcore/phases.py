@@ -12,10 +12,12 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
-from rlhf_mcore.algorithms import ADVANTAGES, AdvantageInputs, apply_kl_penalty, compute_mismatch_weights
+from rlhf_mcore.algorithms import ADVANTAGES, AdvantageInputs, apply_kl_penalty
+from rlhf_mcore.config_validate import SUM_PI_SQUARED_ESTIMATORS
 from rlhf_mcore.data.packing import plan_dp_split
+from rlhf_mcore.logs import timer
 from rlhf_mcore.optim import optimizer_step, zero_grads
-from rlhf_mcore.role_losses import actor_loss, critic_loss, reward_model_scores
+from rlhf_mcore.role_losses import actor_loss, critic_loss, reward_model_scores, rollout_mismatch
 from rlhf_mcore.rollout.types import RolloutBatch, SamplingParams
 from rlhf_mcore.schedule import forward_collect, run_schedule, split_micro_batches, take
 
@@ -75,20 +77,47 @@ def micro_batching(cfg, section) -> dict:
                 pack=pack)
 
 
-def forward_passes(roles, batch: dict, cfg, ctx) -> dict:
-    """Forward-only passes: old log-probs (actor), reference log-probs, values (critic), RM scores."""
+def actor_loss_fn(cfg, ctx, model, forward_only: bool = False):
+    """The actor's loss function bound to its config (forward-only: also sum pi^2 when the estimator needs it)."""
+    num_rows = cfg.actor.ppo_mini_batch_size * cfg.rollout.n
+    return partial(actor_loss, model=model, tp_group=ctx.pgs.tp, actor_cfg=cfg.actor,
+                   temperature=cfg.rollout.temperature, norm_length=float(cfg.rollout.max_response_length),
+                   num_rows=num_rows,
+                   with_sum_pi_squared=forward_only and cfg.algorithm.adv_estimator in SUM_PI_SQUARED_ESTIMATORS)
+
+
+def is_on_policy(cfg, rows: int, rows_per_mini: int) -> bool:
+    """One epoch over one mini-batch holding all `rows` samples, no KL in the reward, and an estimator that
+    needs nothing from the old policy: the update's first forward sees exactly the weights that the
+    old-log-prob pass would, so that pass is skipped and the update takes pi_old from its own forward
+    (detached; `role_losses.actor_loss`)."""
+    return (cfg.actor.ppo_epochs == 1 and rows_per_mini >= rows and not cfg.algorithm.use_kl_in_reward
+            and cfg.algorithm.adv_estimator not in SUM_PI_SQUARED_ESTIMATORS)
+
+
+def forward_passes(roles, batch: dict, cfg, ctx, timings: dict, on_policy: bool = False) -> dict:
+    """Forward-only passes, each timed: old log-probs (actor, timing_s/old_log_prob, unless on_policy;
+    + sum pi^2 for OTB), reference log-probs (timing_s/ref), values (critic, timing_s/values)."""
     seq = batch["tokens"].size(1)
     mbs = split_micro_batches(batch, **micro_batching(cfg, cfg.actor))
-    lm = partial(actor_loss, tp_group=ctx.pgs.tp, actor_cfg=cfg.actor, temperature=cfg.rollout.temperature,
-                 norm_length=float(cfg.rollout.max_response_length))
-    out = {"old_logp": forward_collect(roles.actor.model, mbs, partial(lm, model=roles.actor.module), ("logp",),
-                                       seq, ctx.pgs.pp)["logp"]}
+    out = {}
+    with timer("old_log_prob", timings):
+        if not on_policy:
+            fn = actor_loss_fn(cfg, ctx, roles.actor.module, forward_only=True)
+            keys = ("logp", "sum_pi_squared") if cfg.algorithm.adv_estimator in SUM_PI_SQUARED_ESTIMATORS \
+                else ("logp",)
+            res = forward_collect(roles.actor.model, mbs, fn, keys, seq, ctx.pgs.pp)
+            out["old_logp"] = res["logp"]
+            if "sum_pi_squared" in res:
+                out["sum_pi_squared"] = res["sum_pi_squared"]
     if roles.ref is not None:
-        out["ref_logp"] = forward_collect([roles.ref], mbs, partial(lm, model=roles.ref), ("logp",), seq,
-                                          ctx.pgs.pp)["logp"]
+        with timer("ref", timings):
+            out["ref_logp"] = forward_collect([roles.ref], mbs, actor_loss_fn(cfg, ctx, roles.ref), ("logp",), seq,
+                                              ctx.pgs.pp)["logp"]
     if roles.critic is not None:
-        fn = partial(critic_loss, cliprange_value=cfg.critic.cliprange_value)
-        out["values"] = forward_collect(roles.critic.model, mbs, fn, ("values",), seq, ctx.pgs.pp)["values"]
+        with timer("values", timings):
+            fn = partial(critic_loss, cliprange_value=cfg.critic.cliprange_value)
+            out["values"] = forward_collect(roles.critic.model, mbs, fn, ("values",), seq, ctx.pgs.pp)["values"]
     return out
 
 
@@ -136,27 +165,26 @@ def compute_advantages(batch: dict, cfg, kl_coef: float, ctx) -> tuple[dict, dic
         metrics.update({f"actor/reward_{k}": v for k, v in kl_metrics.items()})
     full = {k: gather_dp(v, ctx) for k, v in (("rewards", rewards), ("mask", batch["response_mask"]),
                                               ("group", batch["group_index"]))}
-    values = gather_dp(batch["values"], ctx) if "values" in batch else None
-    baseline = gather_dp(batch["baseline_rewards"], ctx) if "baseline_rewards" in batch else None
+    wanted = ("values", "baseline_rewards") + (("old_logp", "sum_pi_squared", "is_weights")
+                                               if "sum_pi_squared" in batch else ())  # the OTB inputs
+    optional = {key: gather_dp(batch[key], ctx) for key in wanted if key in batch}
     a = cfg.algorithm
     adv, returns = ADVANTAGES.get(a.adv_estimator)(AdvantageInputs(
-        token_level_rewards=full["rewards"], response_mask=full["mask"], values=values, group_index=full["group"],
-        baseline_rewards=baseline, gamma=a.gamma, lam=a.lam, norm_adv_by_std=a.norm_adv_by_std))
+        token_level_rewards=full["rewards"], response_mask=full["mask"], group_index=full["group"], **optional,
+        gamma=a.gamma, lam=a.lam, norm_adv_by_std=a.norm_adv_by_std,
+        returns_through_masked=a.returns_through_masked, gpg_paper_alpha=a.gpg_paper_alpha))
     b = batch["tokens"].size(0)
     mine = slice(ctx.dp_rank * b, (ctx.dp_rank + 1) * b)
     return {**batch, "token_level_rewards": rewards, "advantages": adv[mine], "returns": returns[mine]}, metrics
 
 
 def rollout_correction(batch: dict, actor_cfg) -> tuple[dict, dict]:
-    """Importance weights between the rollout engine's log-probs and the trainer's (mismatch metrics too)."""
-    weights, metrics = compute_mismatch_weights(
-        batch["old_logp"], batch["rollout_logp"], batch["response_mask"],
-        level=actor_cfg.rollout_correction if actor_cfg.rollout_correction != "none" else "token",
-        mode=actor_cfg.rollout_correction_mode, threshold=actor_cfg.rollout_correction_threshold)
-    metrics = {f"rollout/{k}": v for k, v in metrics.items()}
-    if actor_cfg.rollout_correction == "none":
-        return batch, metrics
-    return {**batch, "is_weights": weights}, metrics
+    """Importance weights between the rollout engine's log-probs and the trainer's (mismatch metrics too).
+    On-policy steps have no old_logp yet: the actor loss does this per micro-batch."""
+    if "old_logp" not in batch:
+        return batch, {}
+    weights, metrics = rollout_mismatch(batch["old_logp"], batch["rollout_logp"], batch["response_mask"], actor_cfg)
+    return (batch if weights is None else {**batch, "is_weights": weights}), metrics
 
 
 def update_role(name: str, state, batch: dict, loss_fn, section, rows_per_mini: int, lr: float,

@@ -14,31 +14,64 @@ import torch.nn.functional as F
 from rlhf_mcore.algorithms import (
     POLICY_LOSSES,
     PolicyLossInputs,
+    agg_mode_for,
     aggregate_loss,
     compute_entropy_bonus,
+    compute_mismatch_weights,
     compute_value_loss,
     kl_penalty,
 )
 from rlhf_mcore.algorithms.stats import masked_mean
 from rlhf_mcore.data.packing import is_packed, to_rows
-from rlhf_mcore.models.logprobs import token_logprobs
+from rlhf_mcore.models.logprobs import token_logprobs, token_sum_pi_squared
 
 
-def actor_loss(mb, output, non_loss_data=False, *, model, tp_group, actor_cfg, temperature, norm_length):
-    """output = final hidden states [b, s, h] ([1, T, h] packed)."""
+def rollout_mismatch(old_logp, rollout_logp, mask, actor_cfg):
+    """(importance weights pi_old / pi_rollout, or None when actor.rollout_correction=none;
+    rollout/mismatch_* metrics). old_logp / rollout_logp / mask [B, T]."""
+    level = actor_cfg.rollout_correction
+    weights, metrics = compute_mismatch_weights(
+        old_logp, rollout_logp, mask, level=level if level != "none" else "token",
+        mode=actor_cfg.rollout_correction_mode, threshold=actor_cfg.rollout_correction_threshold)
+    return (None if level == "none" else weights), {f"rollout/{k}": v for k, v in metrics.items()}
+
+
+def policy_loss_inputs(mb: dict, logp: torch.Tensor, old_logp: torch.Tensor, is_weights, actor_cfg) -> PolicyLossInputs:
+    a = actor_cfg
+    return PolicyLossInputs(
+        logp=logp, old_logp=old_logp, advantages=mb["advantages"], response_mask=mb["response_mask"],
+        clip_ratio_low=a.clip_ratio_low, clip_ratio_high=a.clip_ratio_high, clip_ratio_c=a.clip_ratio_c,
+        is_weights=is_weights, tau_pos=a.tau_pos, tau_neg=a.tau_neg, rollout_logp=mb.get("rollout_logp"),
+        bypass_loss_type=a.bypass_loss_type, bypass_is_threshold=a.rollout_correction_threshold,
+        bypass_is_level=None if a.rollout_correction == "none" else a.rollout_correction,
+    )
+
+
+def actor_loss(mb, output, non_loss_data=False, *, model, tp_group, actor_cfg, temperature, norm_length,
+               num_rows=None, with_sum_pi_squared=False):
+    """output = final hidden states [b, s, h] ([1, T, h] packed). num_rows: global rows of the mini-batch (seq-mean-token-sum-norm).
+    Forward-only with `with_sum_pi_squared` also returns sum_v pi(v)^2 per token (optimal token baseline).
+    Without mb["old_logp"] the step is on-policy (one epoch, one mini-batch): this forward's own log-probs,
+    detached, are pi_old, and the rollout mismatch and its correction are computed here per micro-batch
+    (`phases.is_on_policy`)."""
     logp, entropy = token_logprobs(model, output, mb["tokens"], tp_group, temperature)  # [b, s]
     if is_packed(mb):
         logp, entropy = to_rows(logp, mb), to_rows(entropy, mb)
     if non_loss_data:
-        return {"logp": logp.detach(), "entropy": entropy.detach()}
+        out = {"logp": logp.detach(), "entropy": entropy.detach()}
+        if with_sum_pi_squared:
+            sum_pi_squared = token_sum_pi_squared(model, output, mb["tokens"], tp_group, temperature)
+            out["sum_pi_squared"] = to_rows(sum_pi_squared, mb) if is_packed(mb) else sum_pi_squared
+        return out
     mask = mb["response_mask"]
-    inputs = PolicyLossInputs(
-        logp=logp, old_logp=mb["old_logp"], advantages=mb["advantages"], response_mask=mask,
-        clip_ratio_low=actor_cfg.clip_ratio_low, clip_ratio_high=actor_cfg.clip_ratio_high,
-        clip_ratio_c=actor_cfg.clip_ratio_c, is_weights=mb.get("is_weights"),
-    )
-    per_token, metrics = POLICY_LOSSES.get(actor_cfg.policy_loss)(inputs)
-    metrics = {f"actor/{k}": v for k, v in metrics.items()}
+    is_weights, mismatch = mb.get("is_weights"), {}
+    old_logp = mb.get("old_logp")
+    if old_logp is None:
+        old_logp = logp.detach()
+        is_weights, mismatch = rollout_mismatch(old_logp, mb["rollout_logp"], mask, actor_cfg)
+    per_token, metrics = POLICY_LOSSES.get(actor_cfg.policy_loss)(
+        policy_loss_inputs(mb, logp, old_logp, is_weights, actor_cfg))
+    metrics = {**mismatch, **{f"actor/{k}": v for k, v in metrics.items()}}
     metrics["actor/pg_loss"] = masked_mean(per_token.detach(), mask)
     if actor_cfg.entropy_coeff:
         bonus, _ = compute_entropy_bonus(entropy, mask, actor_cfg.entropy_coeff)
@@ -48,7 +81,9 @@ def actor_loss(mb, output, non_loss_data=False, *, model, tp_group, actor_cfg, t
         per_token = per_token + actor_cfg.kl_loss_coef * kl
         metrics["actor/kl_loss"] = masked_mean(kl.detach(), mask)
     metrics["actor/entropy"] = masked_mean(entropy.detach(), mask)
-    loss_sum, count, _ = aggregate_loss(per_token, mask, actor_cfg.loss_agg_mode, norm_length=norm_length)
+    mode = agg_mode_for(actor_cfg.policy_loss, actor_cfg.loss_agg_mode, actor_cfg.honor_loss_agg_mode)
+    loss_sum, count, _ = aggregate_loss(per_token, mask, mode, norm_length=norm_length, num_rows=num_rows,
+                                        sum_norm_per_seq=actor_cfg.sum_norm_per_seq)
     return loss_sum, count, {**metrics, "actor/loss_sum": loss_sum.detach(), "actor/loss_count": count}
 
 

@@ -142,7 +142,8 @@ def start_run(cfg) -> Run:
 def engine_kwargs(cfg, roles: Roles, tokenizer, ctx) -> dict:
     kwargs = dict(model=roles.actor.model[0], ctx=ctx, pad_id=tokenizer.pad_id, decode=tokenizer.decode)
     if cfg.rollout.engine == "native":
-        kwargs["micro_batch_size"] = cfg.rollout.micro_batch_size
+        r = cfg.rollout
+        kwargs.update(micro_batch_size=r.micro_batch_size, cuda_graphs=r.cuda_graphs, keep_graphs=r.keep_graphs)
     else:
         kwargs["cfg"] = cfg
     return kwargs

@@ -14,7 +14,7 @@ LINE_FIELDS = (
     ("max", "response_length/max", "{:.0f}"), ("tok/s", "perf/throughput", "{:.0f}"),
     ("mem", "perf/max_memory_gb", "{:.2f}GB"),
 )
-PHASES = ("gen", "reward", "old_log_prob", "adv", "update_critic", "update_actor", "sync_weights")
+PHASES = ("gen", "reward", "old_log_prob", "ref", "values", "adv", "update_critic", "update_actor", "sync_weights")
 
 
 def _stats(prefix: str, values: torch.Tensor, mask: torch.Tensor | None = None) -> dict[str, torch.Tensor]:
@@ -44,8 +44,10 @@ def peak_memory_gb() -> float:
     return psutil.Process().memory_info().rss / 2**30
 
 
-def step_metrics(batch: dict, loss_metrics: dict, extra: dict, timings: dict, ctx) -> dict[str, float]:
-    """Everything logged for one step, reduced over DP (batch statistics are over the global batch)."""
+def step_metrics(batch: dict, loss_metrics: dict, extra: dict, timings: dict, ctx,
+                 max_response_length: int | None = None) -> dict[str, float]:
+    """Everything logged for one step, reduced over DP (batch statistics are over the global batch).
+    With `max_response_length`: response_length/clip_ratio, the fraction of responses that hit it (verl)."""
     g = {k: gather_dp(batch[k], ctx) for k in ("token_level_scores", "token_level_rewards", "response_mask",
                                                 "response_lengths", "prompt_lengths", "advantages", "returns")}
     mask = g["response_mask"]
@@ -55,6 +57,8 @@ def step_metrics(batch: dict, loss_metrics: dict, extra: dict, timings: dict, ct
              **_stats("response_length", g["response_lengths"]), **_stats("prompt_length", g["prompt_lengths"])}
     if "values" in batch:
         stats.update(_stats("critic/values", gather_dp(batch["values"], ctx), mask))
+    if max_response_length is not None and "response_length/clip_ratio" not in stats:
+        stats["response_length/clip_ratio"] = (g["response_lengths"] >= max_response_length).float().mean()
     stats["perf/total_num_tokens"] = (g["response_lengths"] + g["prompt_lengths"]).sum().float()
     metrics = to_floats(stats)
     metrics.update({k: float(v) for k, v in extra.items()})

@@ -12,7 +12,7 @@ from rlhf_mcore import phases
 from rlhf_mcore.logs import timer
 from rlhf_mcore.metrics import reduce_outputs
 from rlhf_mcore.optim import lr_at, offload_for_rollout, reload_after_rollout
-from rlhf_mcore.role_losses import actor_loss, critic_loss
+from rlhf_mcore.role_losses import critic_loss
 from rlhf_mcore.run import Run, finish_run, start_run
 from rlhf_mcore.step_log import step_metrics
 
@@ -36,11 +36,11 @@ def train_step(run: Run, step: int) -> dict:
         if roles.reward is not None:
             batch["token_level_scores"] = batch["token_level_scores"] + phases.reward_model_pass(roles, batch, cfg, ctx)
         batch = phases.balance_dp(batch, cfg, ctx, [run.rows_per_mini(r) for r in roles.trainable()])
-    with timer("old_log_prob", timings):
-        batch.update(phases.forward_passes(roles, batch, cfg, ctx))
+    on_policy = phases.is_on_policy(cfg, batch["tokens"].size(0), run.rows_per_mini("actor"))
+    batch.update(phases.forward_passes(roles, batch, cfg, ctx, timings, on_policy))  # old_log_prob, ref, values
     with timer("adv", timings):
-        batch, adv_metrics = phases.compute_advantages(batch, cfg, run.kl_ctrl.value, ctx)
         batch, mismatch_metrics = phases.rollout_correction(batch, cfg.actor)
+        batch, adv_metrics = phases.compute_advantages(batch, cfg, run.kl_ctrl.value, ctx)
     reports = []
     if roles.critic is not None:
         with timer("update_critic", timings):
@@ -49,8 +49,7 @@ def train_step(run: Run, step: int) -> dict:
                                           lr_at(step, cfg.critic.optim, run.total_steps),
                                           phases.micro_batching(cfg, cfg.critic))
     with timer("update_actor", timings):
-        fn = partial(actor_loss, model=roles.actor.module, tp_group=ctx.pgs.tp, actor_cfg=cfg.actor,
-                     temperature=cfg.rollout.temperature, norm_length=float(cfg.rollout.max_response_length))
+        fn = phases.actor_loss_fn(cfg, ctx, roles.actor.module)
         reports += phases.update_role("actor", roles.actor, batch, fn, cfg.actor, run.rows_per_mini("actor"),
                                       lr_at(step, cfg.actor.optim, run.total_steps),
                                       phases.micro_batching(cfg, cfg.actor))
@@ -58,9 +57,9 @@ def train_step(run: Run, step: int) -> dict:
         run.engine.resume_memory()
         run.engine.update_weights(roles.actor.model[0])
     metrics = step_metrics(batch, reduce_outputs(reports, ctx), {**reward_metrics, **adv_metrics, **mismatch_metrics},
-                           timings, ctx)
+                           timings, ctx, max_response_length=cfg.rollout.max_response_length)
     if cfg.algorithm.use_kl_in_reward:
-        run.kl_ctrl.update(metrics.get("actor/reward_kl", 0.0), cfg.data.train_batch_size)
+        run.kl_ctrl.update(metrics.get("actor/reward_kl", 0.0), cfg.data.train_batch_size * cfg.rollout.n)
     return metrics
 
 

@@ -1,8 +1,10 @@
 """Step statistics (masked, one host copy) against hand computations, and the fixed-format step line."""
+from types import SimpleNamespace
+
 import pytest
 import torch
 
-from rlhf_mcore.step_log import _stats, format_step_line, to_floats
+from rlhf_mcore.step_log import _stats, format_step_line, step_metrics, to_floats
 
 
 def test_masked_stats_by_hand():
@@ -18,3 +20,15 @@ def test_step_line_has_the_same_fields_every_step():
     line = format_step_line(3, 10, {"critic/score/mean": 0.5, "actor/pg_loss": -0.01, "timing_s/gen": 1.25})
     assert line.startswith("step 3/10 | reward 0.500 ± - acc - | pg -0.0100 vf - kl - ent - clip - gnorm -")
     assert line.endswith("| gen 1.2s")
+
+
+def test_response_length_clip_ratio_and_phase_timings():
+    ctx = SimpleNamespace(dims=SimpleNamespace(dp=1, world_size=1))
+    mask = torch.tensor([[1.0, 1, 1, 1], [1, 1, 0, 0], [1, 1, 1, 1], [1, 0, 0, 0]])
+    batch = {"token_level_scores": torch.zeros(4, 4), "token_level_rewards": torch.zeros(4, 4), "response_mask": mask,
+             "response_lengths": torch.tensor([4, 2, 4, 1]), "prompt_lengths": torch.tensor([3, 3, 3, 3]),
+             "advantages": torch.zeros(4, 4), "returns": torch.zeros(4, 4)}
+    m = step_metrics(batch, {}, {}, {"old_log_prob": 1.0, "ref": 0.5}, ctx, max_response_length=4)
+    assert m["response_length/clip_ratio"] == 0.5  # two of four responses hit the maximum length (verl)
+    assert m["timing_s/ref"] == 0.5
+    assert "ref 0.5s" in format_step_line(1, 1, m)

@@ -9,8 +9,10 @@ tokens and broadcast one advantage to all of its valid tokens. A group is a set 
 same prompt (`group_index`, any long ids, groups of any size). A singleton group has no baseline to
 compare against: its baseline is 0 and its std is 1, so its advantage is its raw score.
 
-Masks are "skip" masks: tokens with mask 0 in the middle of a response (e.g. tool outputs) are
-passed through by the recursions (GAE, discounted returns), as if they were absent.
+Masks are "skip" masks for GAE: tokens with mask 0 in the middle of a response (e.g. tool outputs) are
+passed through, as if they were absent. reinforce_plus_plus follows verl and restarts its return at
+each mask-0 token unless `returns_through_masked` (see rlhf_mcore/algorithms/README.md).
+Defaults reproduce verl's `core_algos.py` (tests/algorithms/test_verl_parity.py) on valid tokens.
 """
 from __future__ import annotations
 
@@ -35,11 +37,16 @@ class AdvantageInputs:
     values: Tensor | None = None  # [B, T] critic values V(s_t) (gae)
     group_index: Tensor | None = None  # [B] long prompt id shared by a group (grpo, rloo, ...)
     baseline_rewards: Tensor | None = None  # [B] score of the greedy rollout (remax)
+    old_logp: Tensor | None = None  # [B, T] log pi_old(y_t) (optimal_token_baseline)
+    sum_pi_squared: Tensor | None = None  # [B, T] sum_v pi_old(v | s_t)^2 (optimal_token_baseline)
+    is_weights: Tensor | None = None  # [B, T] rollout IS weights, scale the OTB path variance (optional)
     gamma: float = 1.0  # discount (gae, reinforce_plus_plus)
     lam: float = 1.0  # GAE lambda
     norm_adv_by_std: bool = True  # grpo / grpo_passk: divide by group std; False gives Dr.GRPO
     whiten_gae: bool = True  # gae: whiten advantages over valid tokens (standard PPO practice)
-    epsilon: float = 1e-6  # added to every std in a denominator
+    epsilon: float = 1e-6  # added to the group std in a denominator (grpo, grpo_passk)
+    returns_through_masked: bool = False  # reinforce_plus_plus: False resets G at mask-0 tokens (verl)
+    gpg_paper_alpha: bool = False  # gpg: alpha = B / (B - M) of the paper; False: B / #nonzero scores (verl)
 
     def __post_init__(self):
         shape = self.token_level_rewards.shape
@@ -51,6 +58,10 @@ class AdvantageInputs:
         if self.values is not None and self.values.shape != shape:
             got = tuple(self.values.shape)
             raise ValueError(f"AdvantageInputs.values: expected shape {tuple(shape)} (got {got}).")
+        for name in ("old_logp", "sum_pi_squared", "is_weights"):
+            t = getattr(self, name)
+            if t is not None and t.shape != shape:
+                raise ValueError(f"AdvantageInputs.{name}: expected shape {tuple(shape)} (got {tuple(t.shape)}).")
         for name in ("group_index", "baseline_rewards"):
             t = getattr(self, name)
             if t is not None and t.shape != shape[:1]:
@@ -87,6 +98,19 @@ def discounted_returns(rewards: Tensor, mask: Tensor, gamma: float) -> Tensor:
     return torch.where(valid, torch.stack(out[::-1], dim=1), torch.zeros_like(rewards))
 
 
+def restarting_returns(rewards: Tensor, mask: Tensor, gamma: float) -> Tensor:
+    """verl's REINFORCE++ returns: G_t = r_t + gamma * G_{t+1}, with G reset to 0 after each mask-0 token.
+    0 at mask-0 positions. [B, T] -> [B, T]."""
+    valid = mask.bool()
+    running = torch.zeros_like(rewards[:, 0])  # [B]
+    out = []
+    for t in reversed(range(rewards.shape[1])):
+        current = rewards[:, t] + gamma * running
+        out.append(current)
+        running = torch.where(valid[:, t], current, torch.zeros_like(current))
+    return torch.where(valid, torch.stack(out[::-1], dim=1), torch.zeros_like(rewards))
+
+
 def gae_advantages(rewards: Tensor, values: Tensor, mask: Tensor, gamma: float, lam: float) -> Tensor:
     """Raw GAE over valid tokens: A_t = sum_l (gamma lam)^l delta_{t+l}, delta_t = r_t + gamma V_{t+1} - V_t,
     with V_{t+1} the value of the next valid token (0 after the last one). [B, T] -> [B, T]."""
@@ -115,7 +139,7 @@ def compute_gae(inp: AdvantageInputs) -> tuple[Tensor, Tensor]:
     adv = gae_advantages(inp.token_level_rewards, values, mask, inp.gamma, inp.lam)
     returns = torch.where(mask.bool(), adv + values, torch.zeros_like(adv))
     if inp.whiten_gae:
-        adv = masked_whiten(adv, mask, inp.epsilon)
+        adv = masked_whiten(adv, mask)
     return adv, returns
 
 
@@ -158,27 +182,30 @@ def compute_rloo(inp: AdvantageInputs) -> tuple[Tensor, Tensor]:
 @ADVANTAGES.register("reinforce_plus_plus")
 @torch.no_grad()
 def compute_reinforce_plus_plus(inp: AdvantageInputs) -> tuple[Tensor, Tensor]:
-    """REINFORCE++, Hu 2025 (arXiv 2501.03262): token returns G_t = sum_{s>=t} gamma^{s-t} r_s, where r_s
-    already holds the token-level KL-shaped reward r_s = 1[s = end] r(x, y) - beta KL_s (see
-    `kl.apply_kl_penalty`), then A = (G - mean(G)) / (std(G) + eps) over all valid tokens of the batch
+    """REINFORCE++, Hu 2025 (arXiv 2501.03262): token returns G_t = sum_{s>=t} gamma^{s-t} r_s, where
+    r_s already holds the token-level KL-shaped reward r_s = 1[s = end] r(x, y) - beta KL_s (see
+    `kl.apply_kl_penalty`), then A = (G - mean(G)) / sqrt(var(G) + 1e-8) over all valid tokens of the batch
     (global advantage normalisation). returns = G (unwhitened).
 
-    Pass the whole rollout batch, not a DP shard: the whitening statistics are batch-global.
+    Default (verl): the running return restarts at every mask-0 token, so a reward after a tool output
+    does not reach the tokens before it. `returns_through_masked=True` passes it through (the paper's sum
+    over the response's own tokens). Pass the whole rollout batch, not a DP shard.
     """
-    returns = discounted_returns(inp.token_level_rewards, inp.response_mask, inp.gamma)
-    return masked_whiten(returns, inp.response_mask, inp.epsilon), returns
+    returns_fn = discounted_returns if inp.returns_through_masked else restarting_returns
+    returns = returns_fn(inp.token_level_rewards, inp.response_mask, inp.gamma)
+    return masked_whiten(returns, inp.response_mask), returns
 
 
 @ADVANTAGES.register("reinforce_plus_plus_baseline")
 @torch.no_grad()
 def compute_reinforce_plus_plus_baseline(inp: AdvantageInputs) -> tuple[Tensor, Tensor]:
     """REINFORCE++-baseline, Hu 2025 (arXiv 2501.03262): A_i = r_i - mean_group(r), broadcast to tokens, then
-    A = (A - mean(A)) / (std(A) + eps) over all valid tokens of the batch. Needs `group_index`.
+    A = (A - mean(A)) / sqrt(var(A) + 1e-8) over all valid tokens of the batch. Needs `group_index`.
     """
     scores = _scores(inp.token_level_rewards, inp.response_mask)  # [B]
     mean, _, size = group_mean_std(scores, inp.require("group_index", "reinforce_plus_plus_baseline"))
     adv = _broadcast(scores - torch.where(size == 1, torch.zeros_like(mean), mean), inp.response_mask)
-    adv = masked_whiten(adv, inp.response_mask, inp.epsilon)
+    adv = masked_whiten(adv, inp.response_mask)
     return adv, adv
 
 
@@ -197,16 +224,18 @@ def compute_remax(inp: AdvantageInputs) -> tuple[Tensor, Tensor]:
 @ADVANTAGES.register("gpg")
 @torch.no_grad()
 def compute_gpg(inp: AdvantageInputs) -> tuple[Tensor, Tensor]:
-    """GPG, Chu et al. 2025 (arXiv 2504.02546), corrected advantage:
-    A_i = alpha * (r_i - mean_group(r)) / F_norm with F_norm = 1 and alpha = B / (B - M), M = the number
-    of samples in groups whose rewards are all equal (they carry no gradient), so the batch gradient is not
-    diluted by them. Needs `group_index`.
+    """GPG, Chu et al. 2025 (arXiv 2504.02546), the corrected advantage:
+    A_i = alpha * (r_i - mean_group(r)) / F_norm with F_norm = 1.
+
+    Default (verl): alpha = B / #{i : r_i != 0}. `gpg_paper_alpha=True`: the paper's alpha = B / (B - M),
+    M = the number of samples in groups whose rewards are all equal (they carry no gradient), so the batch
+    gradient is not diluted by them. Needs `group_index`.
     """
     scores = _scores(inp.token_level_rewards, inp.response_mask)  # [B]
     mean, std, size = group_mean_std(scores, inp.require("group_index", "gpg"))
     mean = torch.where(size == 1, torch.zeros_like(mean), mean)
-    num_informative = ((std > 0) | (size == 1)).sum().clamp(min=1)
-    alpha = scores.shape[0] / num_informative.to(scores.dtype)
+    counted = ((std > 0) | (size == 1)) if inp.gpg_paper_alpha else scores != 0
+    alpha = scores.shape[0] / counted.sum().clamp(min=1).to(scores.dtype)
     adv = _broadcast(alpha * (scores - mean), inp.response_mask)
     return adv, adv
 

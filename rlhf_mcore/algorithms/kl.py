@@ -5,7 +5,8 @@ with samples drawn from the current policy and log r = ref_logp - logp:
   k1 = -log r,  k2 = (log r)^2 / 2,  k3 = (r - 1) - log r,  abs = |log r|.
 Each `name+` variant is straight-through: its forward value is `name`'s and its gradient is k2's,
 (logp - ref_logp) * grad(logp), whose expectation over on-policy samples is exactly grad KL(pi || pi_ref).
-Gradients never flow into `ref_logp`.
+Gradients never flow into `ref_logp`. Values and gradients equal verl's `kl_penalty` (k3 clamped to
+[-10, 10]); verl's own `+` names raise (its forward does not strip the "+"), ours work.
 """
 from __future__ import annotations
 
@@ -22,6 +23,7 @@ KL_ESTIMATORS: Registry = Registry("KL estimator (algorithm.kl_penalty / actor.k
 KL_CONTROLLERS: Registry = Registry("KL controller (algorithm.kl_ctrl_type)")
 
 _MAX_LOG_RATIO = 20.0  # exp(20) ~ 5e8: beyond this k3 is numerically meaningless
+_MAX_K3 = 10.0  # verl clamps the k3 estimate to [-10, 10]
 
 
 def _k1(logp: Tensor, ref_logp: Tensor) -> Tensor:
@@ -40,9 +42,10 @@ def _k2(logp: Tensor, ref_logp: Tensor) -> Tensor:
 
 
 def _k3(logp: Tensor, ref_logp: Tensor) -> Tensor:
-    """k3 = exp(log r) - 1 - log r, log r = log pi_ref - log pi clamped to +-20; unbiased, non-negative."""
+    """k3 = exp(log r) - 1 - log r, log r = log pi_ref - log pi clamped to +-20; unbiased, non-negative.
+    The estimate is clamped to [-10, 10] as in verl (its gradient is 0 beyond; `k3+` keeps k2's gradient)."""
     log_r = (ref_logp - logp).clamp(-_MAX_LOG_RATIO, _MAX_LOG_RATIO)
-    return torch.expm1(log_r) - log_r
+    return (torch.expm1(log_r) - log_r).clamp(-_MAX_K3, _MAX_K3)
 
 
 def _straight_through(forward_fn: Callable[[Tensor, Tensor], Tensor]) -> Callable[[Tensor, Tensor], Tensor]:
@@ -78,7 +81,8 @@ def apply_kl_penalty(
     et al. 2019 (arXiv 1909.08593) Sec. 2.2, per token as in REINFORCE++. 0 at padding.
 
     Returns (token_level_rewards [B, T], metrics) with metrics["kl"] the batch mean of per-sequence token-mean
-    KL (feed it, as a float, to the KL controller's `update`) and metrics["kl_coef"].
+    KL (feed it, as a float, to the KL controller's `update` with num_steps = the number of responses,
+    prompts x n, as verl does) and metrics["kl_coef"].
     """
     kl = kl_penalty(logp, ref_logp, kind)  # [B, T]
     rewards = torch.where(mask.bool(), token_level_scores - coef * kl, torch.zeros_like(token_level_scores))

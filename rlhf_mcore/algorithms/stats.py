@@ -36,11 +36,12 @@ def masked_var(x: Tensor, mask: Tensor, unbiased: bool = True) -> Tensor:
     return masked_sum((x - mean) ** 2, mask) / denom
 
 
-def masked_whiten(x: Tensor, mask: Tensor, epsilon: float) -> Tensor:
-    """(x - mean) / (std + epsilon) over valid positions, 0 at padding. Std is unbiased."""
+def masked_whiten(x: Tensor, mask: Tensor, var_epsilon: float = 1e-8) -> Tensor:
+    """(x - mean) / sqrt(var + var_epsilon) over valid positions, 0 at padding; var is unbiased.
+    verl's `masked_whiten` (rsqrt of var + 1e-8), not (x - mean) / (std + eps)."""
     mean = masked_mean(x, mask)
-    std = masked_var(x, mask).sqrt()
-    return torch.where(mask.bool(), (x - mean) / (std + epsilon), torch.zeros_like(x))
+    var = masked_var(x, mask)
+    return torch.where(mask.bool(), (x - mean) * torch.rsqrt(var + var_epsilon), torch.zeros_like(x))
 
 
 def masked_max(x: Tensor, mask: Tensor) -> Tensor:

@@ -47,3 +47,30 @@ def full_logits(model, hidden: torch.Tensor, tp_group) -> torch.Tensor:
     parts = [torch.empty_like(padded) for _ in range(tp_group.size())]
     torch.distributed.all_gather(parts, padded.contiguous(), group=tp_group)
     return torch.cat(parts, dim=-1)[..., : model.vocab_size_unpadded]
+
+
+@torch.no_grad()
+def token_sum_pi_squared(model, hidden: torch.Tensor, tokens: torch.Tensor, tp_group, temperature: float = 1.0,
+                         chunk_size: int = 4096) -> torch.Tensor:
+    """hidden [b, s, h] -> sum_v pi(v | tokens[:, :t])^2 [b, s] (0 at t = 0), forward only, aligned like
+    `token_logprobs`. Vocab-parallel like the fused kernel: per row chunk, the local max, sum exp(z - m) and
+    sum exp(2 (z - m)) are combined over TP ranks, so full-vocab logits never exist. For the optimal token
+    baseline (rlhf_mcore.algorithms.advantages_otb)."""
+    weight, _ = real_vocab_shard(lm_output_weight(model), model.vocab_size_unpadded, tp_group.rank())
+    b, s, h = hidden.shape
+    flat = hidden[:, :-1].reshape(-1, h)
+    inv_t = 1.0 / temperature if temperature > 0 else 1.0
+    parts = []
+    for start in range(0, flat.size(0), chunk_size):
+        z = torch.matmul(flat[start:start + chunk_size], weight.t())
+        z = z.to(torch.promote_types(z.dtype, torch.float32)) * inv_t  # [n, V_local]
+        local_max = z.max(-1).values
+        global_max = local_max.clone()
+        if tp_group.size() > 1:
+            torch.distributed.all_reduce(global_max, op=torch.distributed.ReduceOp.MAX, group=tp_group)
+        e = torch.exp(z - global_max[:, None])
+        sums = torch.stack([e.sum(-1), e.square().sum(-1)])  # [2, n]
+        if tp_group.size() > 1:
+            torch.distributed.all_reduce(sums, group=tp_group)
+        parts.append(sums[1] / sums[0].square())
+    return F.pad(torch.cat(parts).view(b, s - 1), (1, 0))

@@ -17,7 +17,7 @@ keeps its own initialisation.
 from __future__ import annotations
 
 import dataclasses
-from typing import Mapping
+from typing import Iterator, Mapping
 
 import torch
 
@@ -202,9 +202,20 @@ def hf_to_mcore(hf_sd: Mapping[str, torch.Tensor], hf_config: dict, *, role: str
 def mcore_to_hf(mcore_sd: dict[str, torch.Tensor], hf_config: dict, *, role: str | None = None,
                 source: str = "megatron state dict") -> dict[str, torch.Tensor]:
     """Megatron full (TP1/PP1) state dict -> HF state dict; vocab padding is dropped."""
+    return dict(iter_mcore_to_hf(mcore_sd, hf_config, role=role, source=source))
+
+
+def iter_mcore_to_hf(mcore_sd: dict[str, torch.Tensor], hf_config: dict, *, role: str | None = None,
+                     source: str = "megatron state dict") -> Iterator[tuple[str, torch.Tensor]]:
+    """`mcore_to_hf` one (HF name, tensor) at a time: split / trimmed tensors are made only as they are
+    consumed (a weight refresh in buckets holds one bucket of copies, not the whole model)."""
     role = role or default_role(hf_config)
     dims = model_dims(hf_config, source)
-    out, rules = {}, rules_for(hf_config, role, source)
+    rules = rules_for(hf_config, role, source)
+    leftovers = set(mcore_sd) - {r.mcore for r in rules}
+    if hf_config.get("tie_word_embeddings") and role in ("actor", "ref"):
+        leftovers.discard("output_layer.weight")  # a last pipeline stage's copy of the tied embedding
+    _check_leftovers(leftovers, source, "megatron")
     for rule in rules:
         if rule.mcore not in mcore_sd:
             raise ValueError(f"{source}: missing tensor '{rule.mcore}' (for HF {', '.join(rule.hf)}).")
@@ -216,9 +227,4 @@ def mcore_to_hf(mcore_sd: dict[str, torch.Tensor], hf_config: dict, *, role: str
             want = list(expected) if expected is not None else f"[>={dims['vocab']}, {dims['h']}]"
             raise ValueError(f"{source}: tensor '{rule.mcore}' has shape {list(tensor.shape)}, "
                              f"expected {want} from the HF config.")
-        out.update(zip(rule.hf, _split(rule, tensor, dims)))
-    leftovers = set(mcore_sd) - {r.mcore for r in rules}
-    if hf_config.get("tie_word_embeddings") and role in ("actor", "ref"):
-        leftovers.discard("output_layer.weight")  # a last pipeline stage's copy of the tied embedding
-    _check_leftovers(leftovers, source, "megatron")
-    return out
+        yield from zip(rule.hf, _split(rule, tensor, dims))

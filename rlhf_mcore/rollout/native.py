@@ -12,12 +12,17 @@ then decode one token per step for the whole batch until every row has finished.
 - PP: each forward runs the stages in turn (hidden [s, b, h] sent stage to stage); the last stage samples
   and broadcasts tokens, log-probs and finished flags, so every rank of a replica returns the same batch.
   Micro-batches are not interleaved across stages (one stage computes at a time).
+- CUDA graphs (`rollout.cuda_graphs`, on by default): at tp = pp = 1 on a GPU the engine decodes with
+  `static_decode.StaticDecoder` instead (static KV cache, one captured graph per batch-size bucket,
+  sampling and log-probs inside the graph, no host sync per step unless stop tokens / strings can end
+  rows). Elsewhere it keeps this eager path and logs why once.
 - Not supported: sequence parallelism (a 1-token decode step cannot be split over TP ranks) and virtual
   pipeline chunks; the constructor says so.
 """
 from __future__ import annotations
 
 import contextlib
+import logging
 from typing import Optional
 
 import torch
@@ -27,8 +32,11 @@ from rlhf_mcore.rollout import comm, kv_cache
 from rlhf_mcore.rollout.base import ROLLOUT_ENGINES
 from rlhf_mcore.rollout.responses import Response, ResponseBuffer, assemble_batch
 from rlhf_mcore.rollout.sampling import replica_seed, sample
+from rlhf_mcore.rollout.static_decode import StaticDecoder, bucket_for, graph_blockers
 from rlhf_mcore.rollout.stopping import Decode, is_stop_token, stop_string_hits, tail_window
 from rlhf_mcore.rollout.types import RolloutBatch, SamplingParams
+
+log = logging.getLogger(__name__)
 
 
 def unwrap_model(model):
@@ -68,7 +76,8 @@ def check_request(prompts: list[list[int]], params: SamplingParams) -> None:
 class NativeRolloutEngine:
     """generate() with the actor's megatron modules; see `rlhf_mcore.rollout.base` for the contract."""
 
-    def __init__(self, model, ctx, pad_id: int, decode: Optional[Decode] = None, micro_batch_size: int = 0):
+    def __init__(self, model, ctx, pad_id: int, decode: Optional[Decode] = None, micro_batch_size: int = 0,
+                 cuda_graphs: bool = True, keep_graphs: bool = True):
         self.model = unwrap_model(model)
         if getattr(self.model.config, "sequence_parallel", False):
             raise ValueError("parallel.sequence_parallel: the native rollout engine cannot decode with sequence "
@@ -81,6 +90,23 @@ class NativeRolloutEngine:
         self.micro_batch_size = micro_batch_size  # rows decoded together; 0 = all of them
         self._kv = None  # StaticInferenceContext, kept between calls while it is large enough
         self._released = False
+        self.keep_graphs = keep_graphs  # release_memory() keeps the static cache and graphs
+        self.static = self._static_decoder(cuda_graphs)
+
+    def _static_decoder(self, cuda_graphs: bool) -> Optional[StaticDecoder]:
+        if not cuda_graphs:
+            log.info("native rollout: CUDA graphs off (rollout.cuda_graphs=false); decoding eagerly")
+            return None
+        blockers = graph_blockers(self.model, self.ctx)
+        if self.ctx.device.type != "cuda":
+            blockers.insert(0, "no CUDA device")
+        if blockers:
+            log.info("native rollout: CUDA graphs unavailable (%s); decoding eagerly", "; ".join(blockers))
+            return None
+        from rlhf_mcore.models.build import lm_output_weight
+
+        log.info("native rollout: CUDA-graphed decode (static KV cache, graphs per batch-size bucket)")
+        return StaticDecoder(self.model, lambda: lm_output_weight(self.model), use_graphs=True)
 
     # ---- the RolloutEngine protocol ------------------------------------------------------------------
     def generate(self, prompts: list[list[int]], params: SamplingParams, show_progress: bool = False) -> RolloutBatch:
@@ -94,7 +120,12 @@ class NativeRolloutEngine:
         bar = tqdm(total=len(chunks) * params.max_new_tokens, desc="rollout", unit="step", leave=False,
                    disable=not (show_progress and self.ctx.rank == 0))
         with inference_mode(self.model), bar:
-            responses = [r for chunk in chunks for r in self._generate_chunk(chunk, params, generator, bar)]
+            if self.static is not None:
+                with torch.random.fork_rng(devices=[self.ctx.device] if self.ctx.device.type == "cuda" else []):
+                    torch.manual_seed(replica_seed(params.seed, self.ctx.dp_rank))
+                    responses = [r for chunk in chunks for r in self._generate_static(chunk, params, bar)]
+            else:
+                responses = [r for chunk in chunks for r in self._generate_chunk(chunk, params, generator, bar)]
         return assemble_batch(rows, responses, self.pad_id, self.ctx.device)
 
     def update_weights(self, actor_model) -> None:
@@ -104,9 +135,12 @@ class NativeRolloutEngine:
                              "with. The native engine shares the actor's modules; build it with that model.")
 
     def release_memory(self) -> None:
-        """Drop the KV cache (the weights are the actor's and stay)."""
+        """Drop the KV cache (the weights are the actor's and stay); the static cache and its graphs stay
+        too when keep_graphs (re-capturing them costs more than the memory is worth at small scale)."""
         self._kv = None
         self._released = True
+        if self.static is not None and not self.keep_graphs:
+            self.static.release()
         if torch.cuda.is_available():
             torch.cuda.empty_cache()
 
@@ -154,6 +188,44 @@ class NativeRolloutEngine:
             kv.enable_decode_mode()
         out.finish(slots[alive], max_new - 1, stopped=False)
         return out.to_responses()
+
+    def _generate_static(self, rows: list[list[int]], params: SamplingParams, bar) -> list[Response]:
+        """Prefill, then one decode step per token over the smallest bucket holding the running rows."""
+        prompt, valid = kv_cache.left_pad(rows, self.pad_id, self.ctx.device)  # [b, P]
+        b, max_new = len(rows), params.max_new_tokens
+        st = self.static.reserve(b, prompt.size(1) + max_new, max_new, self.ctx.device)
+        stop_ids = self.static.stop_tensor(params.stop_token_ids, self.ctx.device)
+        can_stop = bool(params.stop_token_ids or params.stop_strings)
+        self.static.prefill(prompt, valid, params, stop_ids)
+        bar.update(1)
+        bucket = bucket_for(b)
+        for step in range(1, max_new + 1):
+            if params.stop_strings:
+                self._stop_strings(st, bucket, step - 1, params)
+            if can_stop:  # one host sync per step, only when rows can end early
+                num_alive = int((~st.done[:bucket]).sum())
+                if num_alive == 0:
+                    break
+                if bucket_for(num_alive) < bucket:  # decode only the running rows from now on
+                    st.compact((~st.done[:bucket]).nonzero().squeeze(1), bucket_for(num_alive))
+                    bucket = bucket_for(num_alive)
+            if step == max_new:
+                break
+            self.static.step(bucket, params, stop_ids)
+            bar.update(1)
+        bar.update(max_new - step)
+        return ResponseBuffer(st.out_tokens[:b, :max_new], st.out_logprobs[:b, :max_new], st.out_lengths[:b],
+                              st.out_stopped[:b]).to_responses()
+
+    def _stop_strings(self, st, bucket: int, step: int, params: SamplingParams) -> None:
+        """End the running rows whose response (through column `step`) completes a stop string."""
+        slots = (~st.done[:bucket]).nonzero().squeeze(1)
+        rows = st.slot_row[slots]
+        start = max(0, step + 1 - tail_window(params.stop_strings))
+        hits = torch.tensor(stop_string_hits(st.out_tokens[rows, start:step + 1].tolist(), params.stop_strings,
+                                             self.decode), dtype=torch.bool, device=slots.device)
+        st.done[slots[hits]] = True
+        st.out_stopped[rows[hits]] = True
 
     def _forward(self, input_ids: torch.Tensor, mask: Optional[torch.Tensor], kv) -> Optional[torch.Tensor]:
         """One forward of this stage's layers over input_ids [b, s] at the cache offset; the hidden state of

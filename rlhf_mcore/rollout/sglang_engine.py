@@ -19,7 +19,8 @@ import json
 import logging
 import os
 import tempfile
-from typing import Optional
+import time
+from typing import Iterable, Iterator, Optional
 
 import torch
 
@@ -80,8 +81,68 @@ def cut_at_stop_string(response: Response, stop_strings, decode: Optional[Decode
 
 
 def sglang_sampling(params: SamplingParams) -> dict:
+    """Our stop tokens only: without any, the model's own EOS must not end a response either (ignore_eos).
+
+    >>> sglang_sampling(SamplingParams(max_new_tokens=4))["ignore_eos"]
+    True
+    """
     return {"max_new_tokens": params.max_new_tokens, "temperature": params.temperature, "top_p": params.top_p,
-            "top_k": params.top_k, "stop_token_ids": list(params.stop_token_ids)}
+            "top_k": params.top_k, "stop_token_ids": list(params.stop_token_ids),
+            "ignore_eos": not params.stop_token_ids}
+
+
+def per_rank_rows(cfg, dp: int) -> int:
+    """Sequences one rank decodes at once: its share of the step's prompts x n (or rollout.micro_batch_size).
+
+    >>> from types import SimpleNamespace as N
+    >>> per_rank_rows(N(data=N(train_batch_size=64), rollout=N(n=8, micro_batch_size=0)), dp=2)
+    256
+    """
+    rows = -(-cfg.data.train_batch_size // dp) * cfg.rollout.n
+    return min(rows, cfg.rollout.micro_batch_size) if cfg.rollout.micro_batch_size else rows
+
+
+def engine_kwargs(cfg, dtype: torch.dtype, dp_rank: int, dp: int, gpu: int) -> dict:
+    """sglang.Engine arguments: decode CUDA graphs up to the per-rank rollout batch (sglang 0.5.17 stops
+    at 256 by default and decodes larger batches eagerly, 2.8x slower at 512), the configured attention
+    backend, memory saver for release/resume between rollouts, one seed per rank, no tokenizer."""
+    r = cfg.rollout
+    return dict(skip_tokenizer_init=True, dtype="bfloat16" if dtype == torch.bfloat16 else "float32",
+                attention_backend=r.attention_backend, enable_memory_saver=True,
+                mem_fraction_static=r.gpu_memory_utilization, base_gpu_id=gpu,
+                cuda_graph_max_bs_decode=r.cuda_graph_max_bs or per_rank_rows(cfg, dp),
+                random_seed=cfg.trainer.seed + dp_rank, log_level="error")
+
+
+def set_compile_cache(directory: str) -> None:
+    """Point the JIT caches SGLang uses (tvm-ffi / nvcc kernels, Triton, flashinfer) at `directory`, so a
+    later run on the same machine or a persisted directory skips the compile. Variables already set win."""
+    if not directory:
+        return
+    for var, sub in (("TVM_FFI_CACHE_DIR", "tvm-ffi"), ("TRITON_CACHE_DIR", "triton"),
+                     ("FLASHINFER_WORKSPACE_BASE", "flashinfer")):
+        os.environ.setdefault(var, os.path.join(directory, sub))
+
+
+def weight_buckets(named: Iterable[tuple[str, torch.Tensor]], bucket_bytes: int
+                   ) -> Iterator[list[tuple[str, torch.Tensor]]]:
+    """Consecutive groups of (name, tensor) of at most bucket_bytes each (a larger tensor goes alone),
+    drawn lazily from `named`.
+
+    >>> [[n for n, _ in b] for b in weight_buckets([("a", torch.zeros(4)), ("b", torch.zeros(4)),
+    ...                                              ("c", torch.zeros(9))], 32)]
+    [['a', 'b'], ['c']]
+    """
+    bucket, size = [], 0
+    for name, tensor in named:
+        nbytes = tensor.numel() * tensor.element_size()
+        if bucket and size + nbytes > bucket_bytes:
+            yield bucket
+            bucket, size = [], 0
+        bucket.append((name, tensor))
+        size += nbytes
+    if bucket:
+        yield bucket
 
 
 def to_response(out: dict) -> Response:
@@ -101,16 +162,19 @@ class SGLangRolloutEngine:
 
         self.ctx, self.pad_id, self.decode = ctx, pad_id, decode
         self.hf_cfg = load_hf_config(cfg.model)
+        self.bucket_bytes = cfg.rollout.weight_bucket_mb * 2**20
         actor = unwrap_model(model)
         dtype = actor.config.params_dtype
+        start = time.perf_counter()
         self.model_dir = write_hf_dir(actor_hf_state(actor, self.hf_cfg), self.hf_cfg, dtype)
-        self.engine = sglang.Engine(
-            model_path=self.model_dir, skip_tokenizer_init=True, dtype="bfloat16" if dtype == torch.bfloat16
-            else "float32", attention_backend="triton", enable_memory_saver=True,
-            mem_fraction_static=cfg.rollout.gpu_memory_utilization, base_gpu_id=torch.cuda.current_device(),
-            random_seed=cfg.trainer.seed + ctx.dp_rank, log_level="error")
-        log.info("rollout engine: embedded SGLang %s (triton attention, memory saver) on GPU %d",
-                 sglang.__version__, torch.cuda.current_device())
+        set_compile_cache(cfg.rollout.compile_cache_dir)
+        kwargs = engine_kwargs(cfg, dtype, ctx.dp_rank, ctx.dims.dp, torch.cuda.current_device())
+        self.engine = sglang.Engine(model_path=self.model_dir, **kwargs)
+        self.startup_s = time.perf_counter() - start
+        log.info("rollout engine: embedded SGLang %s on GPU %d (%s attention, decode CUDA graphs up to batch %d, "
+                 "memory saver) started in %.1f s (JIT compile + graph capture; rollout.compile_cache_dir=%r)",
+                 sglang.__version__, torch.cuda.current_device(), kwargs["attention_backend"],
+                 kwargs["cuda_graph_max_bs_decode"], self.startup_s, cfg.rollout.compile_cache_dir)
 
     def generate(self, prompts: list[list[int]], params: SamplingParams, show_progress: bool = False) -> RolloutBatch:
         rows = [p for p in prompts for _ in range(params.n)]
@@ -121,9 +185,26 @@ class SGLangRolloutEngine:
         return assemble_batch(rows, responses, self.pad_id, self.ctx.device)
 
     def update_weights(self, actor_model) -> None:
-        state = actor_hf_state(unwrap_model(actor_model), self.hf_cfg)
-        self.engine.update_weights_from_tensor(list(state.items()))
-        self.engine.flush_cache()  # cached prefixes were computed with the old weights
+        """The actor's weights (CUDA tensors handed over by IPC, no host copy), converted to HF names and
+        sent in buckets of rollout.weight_bucket_mb as they are made (at most two buckets of converted
+        copies exist at once); the prefix cache is flushed once, with the last bucket."""
+        from rlhf_mcore.checkpoint.convert_io import full_state_dict
+        from rlhf_mcore.models.weights import iter_mcore_to_hf
+
+        with torch.no_grad():
+            named = iter_mcore_to_hf(full_state_dict(unwrap_model(actor_model)), self.hf_cfg, role="actor")
+            pending = None
+            for bucket in weight_buckets(named, self.bucket_bytes):
+                if pending is not None:
+                    self._send(pending, flush_cache=False)
+                pending = bucket
+            if pending is not None:
+                self._send(pending, flush_cache=True)
+
+    def _send(self, bucket: list, flush_cache: bool) -> None:
+        ok, message = self.engine.update_weights_from_tensor(bucket, flush_cache=flush_cache)
+        if not ok:
+            raise RuntimeError(f"sglang update_weights_from_tensor failed: {message}")
 
     def release_memory(self) -> None:
         self.engine.release_memory_occupation()

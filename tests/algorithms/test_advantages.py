@@ -43,8 +43,8 @@ EXPECTED = {
     "rloo": [0.5, -1.0, 0.5, 1.5, -1.5, 3.0, 0.0, 0.0],
     # baselines: group 7 (3*1 + 2*0 + 4*1) / 9 = 7/9; group 3 (1*2 + 3*0.5) / 4 = 0.875
     "opo": [2 / 9, -7 / 9, 2 / 9, 1.125, -0.375, 3.0, 0.0, 0.0],
-    # alpha = B / (B - M) = 8 / 6: group 5 (two equal rewards) is uninformative
-    "gpg": [4 / 9, -8 / 9, 4 / 9, 1.0, -1.0, 4.0, 0.0, 0.0],
+    # verl: alpha = B / #nonzero scores = 8 / 7
+    "gpg": [8 / 21, -16 / 21, 8 / 21, 6 / 7, -6 / 7, 24 / 7, 0.0, 0.0],
     # best minus second best, only for the (first) best: group 7 ties, group 3 gives 1.5
     "grpo_passk": [0.0, 0.0, 0.0, 1.5 / S2, 0.0, 0.0, 0.0, 0.0],
 }
@@ -56,6 +56,13 @@ def test_outcome_estimators_hand_values(name):
     adv, returns = ADVANTAGES.get(name)(inp)
     assert per_seq(adv, inp.response_mask) == pytest.approx(EXPECTED[name], abs=1e-5)
     assert torch.equal(adv, returns)
+
+
+def test_gpg_paper_alpha():
+    # alpha = B / (B - M) = 8 / 6: group 5 (two equal rewards) is uninformative
+    inp = outcome_batch(gpg_paper_alpha=True)
+    adv, _ = ADVANTAGES.get("gpg")(inp)
+    assert per_seq(adv, inp.response_mask) == pytest.approx([4 / 9, -8 / 9, 4 / 9, 1.0, -1.0, 4.0, 0.0, 0.0])
 
 
 def test_dr_grpo_drops_std():
@@ -77,22 +84,24 @@ def test_reinforce_plus_plus_baseline_whitens_over_tokens():
     adv, _ = ADVANTAGES.get("reinforce_plus_plus_baseline")(inp)
     centred = [1 / 3, -2 / 3, 1 / 3, 0.75, -0.75, 3.0, 0.0, 0.0]  # score - group mean
     tokens = torch.tensor([c for c, n in zip(centred, LENGTHS) for _ in range(n)], dtype=torch.float64)
-    expected = (torch.tensor(centred, dtype=torch.float64) - tokens.mean()) / (tokens.std() + 1e-6)
+    expected = (torch.tensor(centred, dtype=torch.float64) - tokens.mean()) / (tokens.var() + 1e-8).sqrt()
     assert per_seq(adv, inp.response_mask) == pytest.approx(expected.tolist(), abs=1e-5)
     assert adv[inp.response_mask.bool()].mean().abs() < 1e-6
 
 
-def test_reinforce_plus_plus_discounted_returns_skip_masked_tokens():
+@pytest.mark.parametrize("through", [False, True])
+def test_reinforce_plus_plus_returns_at_masked_tokens(through):
     # seq 0: r = (0.1, 0.2, 1.0), padding; seq 1: the same with a masked (tool) token at t = 1
     rewards = torch.tensor([[0.1, 0.2, 1.0, 5.0], [0.1, 7.0, 0.2, 1.0]])
     mask = torch.tensor([[1, 1, 1, 0], [1, 0, 1, 1]])
     adv, returns = ADVANTAGES.get("reinforce_plus_plus")(
-        AdvantageInputs(token_level_rewards=rewards, response_mask=mask, gamma=0.5))
-    # G = (0.1 + 0.5 * 0.7, 0.2 + 0.5 * 1.0, 1.0)
-    expected = torch.tensor([[0.45, 0.7, 1.0, 0.0], [0.45, 0.0, 0.7, 1.0]])
+        AdvantageInputs(token_level_rewards=rewards, response_mask=mask, gamma=0.5, returns_through_masked=through))
+    # G = (0.1 + 0.5 * 0.7, 0.2 + 0.5 * 1.0, 1.0); verl restarts G at the tool token: G_0 = 0.1
+    first = 0.45 if through else 0.1
+    expected = torch.tensor([[0.45, 0.7, 1.0, 0.0], [first, 0.0, 0.7, 1.0]])
     torch.testing.assert_close(returns, expected)
-    valid = torch.tensor([0.45, 0.7, 1.0, 0.45, 0.7, 1.0], dtype=torch.float64)
-    white = ((valid - valid.mean()) / (valid.std() + 1e-6)).float()
+    valid = torch.tensor([0.45, 0.7, 1.0, first, 0.7, 1.0], dtype=torch.float64)
+    white = ((valid - valid.mean()) / (valid.var() + 1e-8).sqrt()).float()
     torch.testing.assert_close(adv[mask.bool()], white)
     assert torch.all(adv[~mask.bool()] == 0)
 
@@ -119,7 +128,7 @@ def test_gae_hand_values():
         token_level_rewards=rewards, values=values, response_mask=inp.response_mask, gamma=0.9, lam=0.8))
     torch.testing.assert_close(returns_w, returns)  # returns use the raw advantages
     raw = torch.tensor([0.16816, 0.428, 0.4], dtype=torch.float64)
-    torch.testing.assert_close(white[0, :3], ((raw - raw.mean()) / (raw.std() + 1e-6)).float())
+    torch.testing.assert_close(white[0, :3], ((raw - raw.mean()) / (raw.var() + 1e-8).sqrt()).float())
 
 
 def gae_loop(rewards, values, mask, gamma, lam):
@@ -157,6 +166,8 @@ def test_advantages_carry_no_gradient(name):
     inp.token_level_rewards.requires_grad_(True)
     inp.values = torch.randn(8, 4, requires_grad=True)
     inp.baseline_rewards = torch.randn(8, requires_grad=True)
+    inp.old_logp = -torch.rand(8, 4, requires_grad=True)
+    inp.sum_pi_squared = torch.rand(8, 4, requires_grad=True)
     adv, returns = ADVANTAGES.get(name)(inp)
     assert not adv.requires_grad and not returns.requires_grad
     assert torch.isfinite(adv).all() and torch.all(adv[~inp.response_mask.bool()] == 0)

@@ -13,7 +13,8 @@ MASK = torch.tensor([[1, 1, 1, 0], [1, 0, 0, 0], [0, 0, 0, 0]])  # the third seq
     ("token-mean", 10.0, 4),  # (1 + 2 + 3 + 4) / 4 tokens
     ("seq-mean-token-mean", 6.0, 2),  # (mean(1, 2, 3) + mean(4)) / 2 sequences
     ("seq-mean-token-sum", 10.0, 2),  # (6 + 4) / 2
-    ("seq-mean-token-sum-norm", 2.0, 2),  # (6 + 4) / 5 / 2 with norm_length 5
+    ("seq-mean-token-sum-norm", 6.0, 3),  # verl: (6 + 4) / 5 with norm_length 5, as 3 rows x 2 / 3 rows
+    ("seq-mean-all-rows", 6.0, 3),  # (mean(1, 2, 3) + mean(4) + 0) / 3 rows
 ])
 def test_hand_values(mode, loss_sum, count):
     s, c, m = aggregate_loss(LOSS, MASK, mode, norm_length=5)
@@ -23,6 +24,11 @@ def test_hand_values(mode, loss_sum, count):
     assert m["num_tokens"].item() == 4 and m["num_seqs"].item() == 2
     s_g, c_g, _ = aggregate_loss(LOSS, MASK, mode, norm_length=5, global_count=torch.tensor(8))
     assert s_g.item() == pytest.approx(loss_sum / 8) and c_g.item() == count
+
+
+def test_sum_norm_per_seq_divides_by_sequences():
+    s, c, _ = aggregate_loss(LOSS, MASK, "seq-mean-token-sum-norm", norm_length=5, sum_norm_per_seq=True)
+    assert s.item() / c.item() == pytest.approx(1.0)  # (6 + 4) / 5 / 2 sequences (Dr. GRPO)
 
 
 def test_count_adds_into_megatron_int32_accumulator():
@@ -43,7 +49,8 @@ def reference_loss(loss: torch.Tensor, mask: torch.Tensor, mode: str, norm_lengt
         "token-mean": lambda: torch.cat(rows).mean(),
         "seq-mean-token-mean": lambda: torch.stack([r.mean() for r in rows]).mean(),
         "seq-mean-token-sum": lambda: torch.stack([r.sum() for r in rows]).mean(),
-        "seq-mean-token-sum-norm": lambda: torch.stack([r.sum() / norm_length for r in rows]).mean(),
+        "seq-mean-token-sum-norm": lambda: torch.stack([r.sum() / norm_length for r in rows]).sum(),
+        "seq-mean-all-rows": lambda: torch.stack([r.mean() for r in rows]).sum() / loss.shape[0],
     }
     return per_mode[mode]()
 
@@ -76,7 +83,7 @@ def test_micro_batch_split_invariance(mode, num_micro):
     for xs, ys, ms in zip(x.chunk(num_micro), y.chunk(num_micro), mask.chunk(num_micro)):
         width = max(int(ms.sum(-1).max()), 1)  # each micro-batch padded only to its own longest response
         loss_sum, count, _ = aggregate_loss(per_token_loss(w, xs[:, :width], ys[:, :width]), ms[:, :width],
-                                            mode, norm_length=norm_length)
+                                            mode, norm_length=norm_length, num_rows=x.shape[0])
         loss_sum.backward()
         total_sum, total_count = total_sum + loss_sum.detach(), total_count + count
     torch.testing.assert_close(total_sum / total_count, expected.detach())
@@ -87,7 +94,7 @@ def test_micro_batch_split_invariance(mode, num_micro):
     global_sum = torch.zeros(())
     for xs, ys, ms in zip(x.chunk(num_micro), y.chunk(num_micro), mask.chunk(num_micro)):
         loss_sum, _, _ = aggregate_loss(per_token_loss(w2, xs, ys), ms, mode, norm_length=norm_length,
-                                        global_count=total_count)
+                                        global_count=total_count, num_rows=x.shape[0])
         loss_sum.backward()
         global_sum = global_sum + loss_sum.detach()
     torch.testing.assert_close(global_sum, expected.detach())
@@ -97,6 +104,6 @@ def test_micro_batch_split_invariance(mode, num_micro):
 def test_modes_really_differ():
     """Guard against an invariance test that passes because every mode computes the same thing."""
     x, y, mask = minibatch(0)
-    values = [reference_loss(per_token_loss(torch.tensor(0.7), x, y), mask, m, 7.0).item()
+    values = [reference_loss(per_token_loss(torch.tensor(0.7), x, y), mask, m, 5.0).item()
               for m in LOSS_AGG_MODES.names()]
     assert len({round(v, 6) for v in values}) == len(values)

@@ -116,7 +116,7 @@ def test_clip_cov_cuts_gradient_of_selected_tokens():
     loss, m = POLICY_LOSSES.get("clip_cov")(inp)
     e = math.exp
     torch.testing.assert_close(loss, torch.tensor([[-e(0.1), 0.0, 0.0, 0.0]], dtype=torch.float64))
-    assert m["clip_cov_frac"].item() == pytest.approx(0.5)
+    assert m["pg_clipfrac"].item() == pytest.approx(0.5)  # verl reports the cut fraction as pg_clipfrac
     torch.testing.assert_close(grad_of(loss, inp), torch.tensor([[-e(0.1), 0, 0, 0]], dtype=torch.float64))
     # ratio 0.25 of 4 tokens -> exactly one of the two eligible tokens is cut, chosen by the generator
     cut = set()
@@ -126,7 +126,7 @@ def test_clip_cov_cuts_gradient_of_selected_tokens():
         loss, m = POLICY_LOSSES.get("clip_cov")(inp)
         zeros = (loss[0] == 0).nonzero().flatten().tolist()
         assert len(zeros) == 2 and zeros[0] in (1, 2) and zeros[1] == 3  # token 3 has A = 0
-        assert m["clip_cov_frac"].item() == pytest.approx(0.25)
+        assert m["pg_clipfrac"].item() == pytest.approx(0.25)
         cut.add(zeros[0])
     assert cut == {1, 2}
 
@@ -144,7 +144,8 @@ def test_is_weights_scale_the_loss_without_gradient():
 def test_every_loss_zero_on_padding_and_reports_metrics(name):
     g = torch.Generator().manual_seed(1)
     inp = inputs(torch.randn(3, 5, generator=g).mul(0.3).tolist(), torch.randn(3, 5, generator=g).tolist(),
-                 mask=[[1, 1, 1, 0, 0], [1, 1, 1, 1, 1], [1, 0, 0, 0, 0]])
+                 mask=[[1, 1, 1, 0, 0], [1, 1, 1, 1, 1], [1, 0, 0, 0, 0]], bypass_is_level="token")
+    inp.rollout_logp = inp.old_logp.detach() + 0.1
     loss, m = POLICY_LOSSES.get(name)(inp)
     assert loss.shape == (3, 5) and torch.all(loss[inp.response_mask == 0] == 0) and torch.isfinite(loss).all()
     assert {"pg_clipfrac", "pg_clipfrac_lower", "ppo_kl", "ratio_mean", "ratio_max", "ratio_min"} <= set(m)

@@ -12,13 +12,15 @@ from rlhf_mcore.algorithms import (
 )
 
 EXPECTED_NAMES = {
-    "ADVANTAGES": (ADVANTAGES, ["gae", "gpg", "grpo", "grpo_passk", "opo", "reinforce_plus_plus",
-                                "reinforce_plus_plus_baseline", "remax", "rloo"]),
-    "POLICY_LOSSES": (POLICY_LOSSES, ["cispo", "clip_cov", "geo_mean", "gpg", "gspo", "kl_cov", "vanilla"]),
+    "ADVANTAGES": (ADVANTAGES, ["gae", "gpg", "grpo", "grpo_passk", "opo", "optimal_token_baseline",
+                                "reinforce_plus_plus", "reinforce_plus_plus_baseline", "remax", "rloo",
+                                "tir_optimal_token_baseline"]),
+    "POLICY_LOSSES": (POLICY_LOSSES, ["bypass_mode", "cispo", "clip_cov", "geo_mean", "gpg", "gspo", "kl_cov",
+                                      "sapo", "vanilla"]),
     "KL_ESTIMATORS": (KL_ESTIMATORS, sorted(n + s for n in ("k1", "kl", "abs", "k2", "mse", "k3", "low_var_kl")
                                             for s in ("", "+"))),
-    "LOSS_AGG_MODES": (LOSS_AGG_MODES, ["seq-mean-token-mean", "seq-mean-token-sum", "seq-mean-token-sum-norm",
-                                        "token-mean"]),
+    "LOSS_AGG_MODES": (LOSS_AGG_MODES, ["seq-mean-all-rows", "seq-mean-token-mean", "seq-mean-token-sum",
+                                        "seq-mean-token-sum-norm", "token-mean"]),
     "KL_CONTROLLERS": (KL_CONTROLLERS, ["adaptive", "fixed"]),
     "MISMATCH_LEVELS": (MISMATCH_LEVELS, ["sequence", "token"]),
     "MISMATCH_MODES": (MISMATCH_MODES, ["mask", "truncate"]),

@@ -40,13 +40,16 @@ def run_role(role, batch, mcore_ctx, **split):
     state = build_train_state(build_model(role, hf, cfg.model, cfg.parallel, mcore_ctx), cfg.actor.optim,
                               cfg.parallel)
     if role == "actor":
-        fn, key = partial(actor_loss, model=state.module, tp_group=mcore_ctx.pgs.tp, actor_cfg=cfg.actor,
-                          temperature=0.9, norm_length=32.0), "logp"
+        fn, keys = partial(actor_loss, model=state.module, tp_group=mcore_ctx.pgs.tp, actor_cfg=cfg.actor,
+                           temperature=0.9, norm_length=32.0), ("logp", "sum_pi_squared")
+        forward_fn = partial(fn, with_sum_pi_squared=True)
     else:
-        fn, key = partial(critic_loss, cliprange_value=0.2), "values"
-    out = forward_collect(state.model, split_micro_batches(batch, **split), fn, (key,), batch["tokens"].size(1),
-                          mcore_ctx.pgs.pp)[key]
-    batch = {**batch, "old_logp": out + 0.1 * batch["nudge"] * batch["response_mask"]}
+        fn, keys = partial(critic_loss, cliprange_value=0.2), ("values",)
+        forward_fn = fn
+    outs = forward_collect(state.model, split_micro_batches(batch, **split), forward_fn, keys,
+                           batch["tokens"].size(1), mcore_ctx.pgs.pp)
+    out = torch.cat([outs[k] for k in keys], dim=1)  # [B, S * len(keys)]
+    batch = {**batch, "old_logp": outs[keys[0]] + 0.1 * batch["nudge"] * batch["response_mask"]}
     zero_grads(state)
     reports = run_schedule(state.model, split_micro_batches(batch, **split), fn, forward_only=False)
     loss = sum(r[f"{role}/loss_sum"] for r in reports), sum(int(r[f"{role}/loss_count"]) for r in reports)
@@ -57,7 +60,7 @@ def run_role(role, batch, mcore_ctx, **split):
 @pytest.mark.parametrize("role", ["actor", "critic"])
 def test_packed_equals_padded(role, mcore_ctx):
     batch = ragged_batch()
-    mask = batch["response_mask"].to(mcore_ctx.device)
+    mask = batch["response_mask"].to(mcore_ctx.device).repeat(1, 2 if role == "actor" else 1)
     out_pad, loss_pad, grads_pad = run_role(role, batch, mcore_ctx, micro_batch_size=3)
     out_pack, loss_pack, grads_pack = run_role(role, batch, mcore_ctx, max_tokens=48, pack=True)
     assert float(((out_pad - out_pack) * mask).abs().max()) <= TOL

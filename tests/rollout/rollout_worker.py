@@ -184,6 +184,29 @@ def check_modes_memory_registry(model, ctx, out):
         assert "Did you mean 'native'" in str(e)
 
 
+def check_static_decode_matches_eager(model, ctx, out):
+    """The static-shape decode step (what CUDA graphs capture), run eagerly on CPU, gives the eager
+    engine's greedy tokens exactly and its log-probs to 1e-5; also with stop tokens ending rows at
+    different steps (slot compaction into smaller buckets) and with stop strings."""
+    from rlhf_mcore.rollout.static_decode import StaticDecoder
+
+    static = engine(model, ctx)
+    static.static = StaticDecoder(static.model, lambda: lm_output_weight(static.model), use_graphs=False)
+    greedy = responses(out["greedy"])
+    stops = tuple({row[k] for k, row in zip((1, 4, 7, 11), greedy)})
+    for params in (SCENARIOS["greedy"], SamplingParams(n=3, max_new_tokens=12, temperature=0.0, stop_token_ids=stops),
+                   SamplingParams(max_new_tokens=12, temperature=0.0, stop_strings=(f"{greedy[0][2]}><{greedy[0][3]}",))):
+        want = engine(model, ctx).generate(PROMPTS, params)
+        got = static.generate(PROMPTS, params)
+        assert torch.equal(got.tokens, want.tokens), (params, responses(got), responses(want))
+        assert got.finish_reasons == want.finish_reasons, (got.finish_reasons, want.finish_reasons)
+        torch.testing.assert_close(got.rollout_logprobs, want.rollout_logprobs, atol=1e-5, rtol=0)
+    assert len(set(map(len, responses(got)))) > 1 or params.stop_strings
+    sampled = [static.generate(PROMPTS, SCENARIOS["sampled"]) for _ in range(2)]
+    assert torch.equal(sampled[0].tokens, sampled[1].tokens), "seeded sampling must be reproducible"
+    assert len({tuple(r) for r in responses(sampled[0])}) > len(PROMPTS), "samples of a prompt should differ"
+
+
 CHECKS = {name[len("check_"):]: fn for name, fn in globals().items() if name.startswith("check_")}
 
 

@@ -22,7 +22,7 @@ ROOT = os.path.dirname(os.path.dirname(HERE))
 WORKER = os.path.join(HERE, "rollout_worker.py")
 CHECKS = ["greedy_matches_naive_loop", "logprobs_match_full_forward", "layout_and_n", "stop_tokens_and_length",
           "stop_strings", "micro_batching", "vocab_padding_never_sampled", "ddp_wrapped_model",
-          "modes_memory_registry"]
+          "modes_memory_registry", "static_decode_matches_eager"]
 SCENARIOS = ["greedy", "sampled", "stopped"]
 
 

@@ -88,3 +88,51 @@ def test_sglang_engine_matches_the_trainer_and_follows_weight_updates(mcore_ctx)
     after, _ = mismatch()
     assert after < 0.05, after  # the engine now samples from the updated weights
     engine.shutdown()
+
+
+def test_weight_refresh_in_buckets_with_one_flush(mcore_ctx):
+    """update_weights sends every HF tensor exactly once, equal to the converter's, in buckets of at most
+    weight_bucket_mb (a larger tensor alone), flushing the prefix cache only with the last bucket."""
+    from rlhf_mcore.checkpoint.convert_io import full_state_dict
+    from rlhf_mcore.models.weights import mcore_to_hf
+    from rlhf_mcore.rollout.sglang_engine import SGLangRolloutEngine
+
+    class Recorder:
+        def __init__(self):
+            self.calls = []
+
+        def update_weights_from_tensor(self, named, flush_cache):
+            self.calls.append(([(n, t.clone()) for n, t in named], flush_cache))
+            return True, "Success"
+
+    cfg = tiny_model_config(tie_embeddings=True)
+    hf = load_hf_config(cfg.model)
+    actor = build_model("actor", hf, cfg.model, cfg.parallel, mcore_ctx)
+    engine = object.__new__(SGLangRolloutEngine)  # no sglang.Engine: the sending logic only
+    engine.hf_cfg, engine.bucket_bytes, engine.engine = hf, 40_000, Recorder()
+    engine.update_weights(actor)
+    want = mcore_to_hf(full_state_dict(actor), hf, role="actor")
+    sent = [pair for named, _ in engine.engine.calls for pair in named]
+    assert [n for n, _ in sent] == list(want) and all(torch.equal(t, want[n]) for n, t in sent)
+    assert [flush for _, flush in engine.engine.calls] == [False] * (len(engine.engine.calls) - 1) + [True]
+    assert len(engine.engine.calls) > 2
+    for named, _ in engine.engine.calls:
+        size = sum(t.numel() * t.element_size() for _, t in named)
+        assert size <= engine.bucket_bytes or len(named) == 1
+
+
+def test_engine_arguments_follow_the_config():
+    """Decode CUDA graphs cover the per-rank rollout batch unless set; the attention backend is the key's."""
+    from rlhf_mcore.config_load import load_config
+    from rlhf_mcore.rollout.sglang_engine import engine_kwargs
+    from tests.conftest import ROOT
+
+    cfg = load_config(f"{ROOT}/configs/tiny_grpo.yaml", ["data.train_batch_size=64", "rollout.n=8",
+                                                         "rollout.attention_backend=flashinfer"])
+    kw = engine_kwargs(cfg, torch.bfloat16, dp_rank=1, dp=2, gpu=1)
+    assert kw["cuda_graph_max_bs_decode"] == 256 and kw["attention_backend"] == "flashinfer"
+    assert kw["base_gpu_id"] == 1 and kw["random_seed"] == cfg.trainer.seed + 1 and kw["dtype"] == "bfloat16"
+    cfg = load_config(f"{ROOT}/configs/tiny_grpo.yaml", ["rollout.cuda_graph_max_bs=96", "rollout.micro_batch_size=4"])
+    assert engine_kwargs(cfg, torch.float32, 0, 1, 0)["cuda_graph_max_bs_decode"] == 96
+    with pytest.raises(ValueError, match="rollout.attention_backend: must be one of triton, flashinfer"):
+        load_config(f"{ROOT}/configs/tiny_grpo.yaml", ["rollout.attention_backend=fa3"])

@@ -10,13 +10,15 @@ from rlhf_mcore.trainer import train
 from tests.conftest import ROOT
 
 
-def run_one_step(tmp_path, *overrides):
+def run_one_step(tmp_path, *overrides, with_run=False):
     cfg = load_config(f"{ROOT}/configs/tiny_grpo.yaml", [f"trainer.output_dir={tmp_path}", "trainer.total_steps=1",
                                                          "trainer.save_freq=0", "trainer.resume=disable",
                                                          "trainer.logger=[console]", *overrides])
-    metrics = train(cfg).history[-1]
+    run = train(cfg)
+    metrics = run.history[-1]
     assert all(math.isfinite(v) for v in metrics.values()), metrics
-    return metrics
+    assert 0.0 <= metrics["response_length/clip_ratio"] <= 1.0
+    return (metrics, run) if with_run else metrics
 
 
 @pytest.mark.parametrize("name", ADVANTAGES.names())
@@ -31,3 +33,14 @@ def test_estimator_runs_in_the_loop(name, tmp_path, mcore_ctx):
 def test_policy_loss_runs_in_the_loop(name, tmp_path, mcore_ctx):
     metrics = run_one_step(tmp_path, f"actor.policy_loss={name}", "actor.use_kl_loss=true", "actor.kl_loss_type=k3+")
     assert "actor/pg_loss" in metrics and "actor/kl_loss" in metrics
+    assert metrics["timing_s/ref"] > 0  # the reference forward is timed on its own, as in verl
+
+
+def test_adaptive_kl_controller_counts_responses(tmp_path, mcore_ctx):
+    """verl updates the adaptive KL coefficient with the number of responses (prompts x n) as n_steps."""
+    metrics, run = run_one_step(tmp_path, "algorithm.use_kl_in_reward=true", "algorithm.kl_ctrl_type=adaptive",
+                                "algorithm.kl_coef=0.1", "algorithm.target_kl=0.001", "algorithm.kl_horizon=100",
+                                with_run=True)
+    error = min(max(metrics["actor/reward_kl"] / 0.001 - 1.0, -0.2), 0.2)
+    responses = run.cfg.data.train_batch_size * run.cfg.rollout.n
+    assert run.kl_ctrl.value == pytest.approx(0.1 * (1 + error * responses / 100))

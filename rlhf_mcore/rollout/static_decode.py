@@ -1,0 +1,286 @@
+"""Static-shape decoding for the native engine: a KV cache of fixed size and a decode step with no host
+sync, no Python-int offsets and no allocation that depends on the step, so it can be captured once per
+batch-size bucket as a CUDA graph and replayed for every token (gpt-fast `generate.py`, nanochat `engine.py`).
+
+It runs the actor's own megatron submodules (embedding, norms, QKV / output projections, MLP, final norm)
+layer by layer; only attention and the cache are ours:
+- the cache holds rotated keys [L, B, G, T, D] at absolute slots (RoPE of slot t, exactly what the eager
+  engine and megatron apply), written with `index_copy_` at a device-resident position;
+- a decode query attends to every slot with a mask (slot <= position and not left padding) through
+  SDPA, the query heads of a key group passed as that group's query positions (reads each key once);
+- sampling, the log-prob and the stop-token test run inside the step too (`sampling.sample`), and its
+  results are written into per-row response buffers at a device-resident column.
+
+The prefill goes through the same layer function eagerly, with the layer's own SDPA core attention.
+Where the layout or the model is not supported (TP/PP > 1, a core attention other than ours), the engine
+keeps megatron's eager inference path (`native.py`) and says why (`graph_blockers`).
+"""
+from __future__ import annotations
+
+import dataclasses
+from typing import Optional
+
+import torch
+import torch.nn.functional as F
+
+from rlhf_mcore.rollout.sampling import mask_padded_vocab, sample
+
+BUCKETS = (1, 2, 4, 8, 16, 32, 48, 64, 96, 128, 192, 256, 384, 512, 768, 1024)
+
+
+def bucket_for(num_rows: int) -> int:
+    """The smallest batch-size bucket holding num_rows rows (multiples of 256 above the table).
+
+    >>> bucket_for(3), bucket_for(512), bucket_for(1500)
+    (4, 512, 1536)
+    """
+    for b in BUCKETS:
+        if b >= num_rows:
+            return b
+    return -(-num_rows // 256) * 256
+
+
+def graph_blockers(model, ctx) -> list[str]:
+    """Why the static decoder cannot run this model on this layout ([] = it can)."""
+    from rlhf_mcore.models.attention import SDPAttention
+
+    reasons = []
+    if ctx.dims.tp != 1 or ctx.dims.pp != 1:
+        reasons.append(f"tp={ctx.dims.tp}, pp={ctx.dims.pp} (static decoding needs tp=1, pp=1)")
+    layers = getattr(getattr(model, "decoder", None), "layers", [])
+    if not layers or not all(isinstance(layer.self_attention.core_attention, SDPAttention) for layer in layers):
+        reasons.append("core attention is not SDPAttention (model.attention_backend must be sdpa)")
+    return reasons
+
+
+@dataclasses.dataclass
+class DecodeState:
+    """Everything a decode step reads or writes; dim 0 of the per-slot tensors is the cache slot."""
+
+    k: torch.Tensor  # [L, B, G, T, D] rotated keys
+    v: torch.Tensor  # [L, B, G, T, D]
+    key_valid: torch.Tensor  # [B, T] bool, False on left padding
+    tokens_in: torch.Tensor  # [B] long, the token each slot feeds to the next step
+    done: torch.Tensor  # [B] bool
+    slot_row: torch.Tensor  # [B] long, the response row each slot writes (rows >= B: scratch of idle slots)
+    pos: torch.Tensor  # [] long, the cache slot the next step writes
+    col: torch.Tensor  # [] long, the response column the next step writes
+    out_tokens: torch.Tensor  # [2B, N] long, by response row
+    out_logprobs: torch.Tensor  # [2B, N] fp32
+    out_lengths: torch.Tensor  # [2B] long
+    out_stopped: torch.Tensor  # [2B] bool
+
+    @classmethod
+    def allocate(cls, num_layers, batch, groups, length, head_dim, max_new, dtype, device) -> "DecodeState":
+        def z(*shape, dt=torch.long):
+            return torch.zeros(*shape, dtype=dt, device=device)
+        return cls(k=z(num_layers, batch, groups, length, head_dim, dt=dtype),
+                   v=z(num_layers, batch, groups, length, head_dim, dt=dtype),
+                   key_valid=z(batch, length, dt=torch.bool), tokens_in=z(batch), done=z(batch, dt=torch.bool),
+                   slot_row=z(batch), pos=z(()), col=z(()), out_tokens=z(2 * batch, max_new),
+                   out_logprobs=z(2 * batch, max_new, dt=torch.float32), out_lengths=z(2 * batch),
+                   out_stopped=z(2 * batch, dt=torch.bool))
+
+    def idle(self, start: int, stop: int) -> None:
+        """Slots [start, stop) decode nothing real: done, writing scratch rows of their own (never a real
+        row, so no two slots write one row in a step)."""
+        self.done[start:stop] = True
+        self.slot_row[start:stop] = self.done.numel() + torch.arange(start, stop, device=self.done.device)
+
+    def fits(self, batch: int, length: int, max_new: int) -> bool:
+        return self.k.size(1) >= batch and self.k.size(3) >= length and self.out_tokens.size(1) >= max_new
+
+    def compact(self, keep: torch.Tensor, bucket: int) -> None:
+        """Move slots `keep` ([n] long) to the front (cache rows too) and idle the rest of the new bucket;
+        response buffers stay by row."""
+        n = keep.numel()
+        self.k[:, :n] = self.k[:, keep]
+        self.v[:, :n] = self.v[:, keep]
+        for t in (self.key_valid, self.tokens_in, self.done, self.slot_row):
+            t[:n] = t[keep]
+        self.idle(n, bucket)
+
+
+def rope_table(model, length: int) -> torch.Tensor:
+    """[T, 1, 1, d] fp32 rotary angles of slots 0..T-1 (megatron's RotaryEmbedding)."""
+    return model.rotary_pos_emb(length)
+
+
+def rotate(t: torch.Tensor, freqs: torch.Tensor, attention) -> torch.Tensor:
+    """megatron's apply_rotary_pos_emb as its attention calls it; t [s, b, heads, d], freqs [s, 1, 1, d]."""
+    from megatron.core.models.common.embeddings.rope_utils import apply_rotary_pos_emb
+
+    return apply_rotary_pos_emb(t, freqs, config=attention.config, cp_group=attention.pg_collection.cp)
+
+
+def decode_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, allowed: torch.Tensor,
+                     scale: float) -> torch.Tensor:
+    """One query per row over the whole cache. q [1, b, H, D], k/v [b, G, T, D], allowed [b, T] bool
+    -> [1, b, H * D]. Head h uses key group h // (H / G) (megatron's group-major head order): the rep =
+    H / G query heads of a group are passed to SDPA as rep query positions against that group's keys, so
+    one fused kernel reads each cached key once (no GQA expansion, no fp32 score tensor in memory)."""
+    _, b, heads, d = q.shape
+    groups = k.size(1)
+    qg = q[0].reshape(b, groups, heads // groups, d)  # [b, G, rep, D]
+    out = F.scaled_dot_product_attention(qg, k, v, attn_mask=allowed[:, None, None, :], scale=scale)
+    return out.reshape(1, b, heads * d)  # [b, G, rep, D] -> [1, b, H * D]
+
+
+def bias_add(out_with_bias, residual: torch.Tensor) -> torch.Tensor:
+    """megatron's bias-dropout-add in eval: residual + (out + bias)."""
+    out, bias = out_with_bias
+    return residual + (out if bias is None else out + bias)
+
+
+def layer_step(layer, hidden, k_cache, v_cache, freqs, slots, attend) -> torch.Tensor:
+    """One transformer layer over hidden [s, b, h] whose tokens sit at cache `slots` ([s] long); writes
+    their rotated keys / values into k_cache / v_cache [b, G, T, D] and attends with `attend(q, k, v)`."""
+    attention = layer.self_attention
+    x = layer.input_layernorm(hidden)
+    q, k, v = attention.get_query_key_value_tensors(x, None)  # [s, b, H, D], [s, b, G, D] x2
+    q, k = rotate(q, freqs, attention), rotate(k, freqs, attention)
+    k_cache.index_copy_(2, slots, k.permute(1, 2, 0, 3))
+    v_cache.index_copy_(2, slots, v.permute(1, 2, 0, 3))
+    hidden = bias_add(attention.linear_proj(attend(q, k, v)), hidden)
+    return bias_add(layer.mlp(layer.pre_mlp_layernorm(hidden)), hidden)
+
+
+class StaticDecoder:
+    """Prefill + CUDA-graphed decode steps over the actor's modules (tp = pp = 1). See the module doc."""
+
+    def __init__(self, model, weight_fn, use_graphs: bool):
+        self.model, self.weight_fn, self.use_graphs = model, weight_fn, use_graphs
+        attention = model.decoder.layers[0].self_attention
+        self.heads = attention.num_attention_heads_per_partition
+        self.groups = attention.num_query_groups_per_partition
+        self.head_dim = attention.hidden_size_per_attention_head
+        self.scale = attention.core_attention.softmax_scale
+        self.state: Optional[DecodeState] = None
+        self.freqs: Optional[torch.Tensor] = None
+        self.graphs: dict = {}  # (bucket, sampling key) -> CUDAGraph
+        self.stop_ids: dict = {}  # stop-id tuple -> [n] long tensor (graphs read its memory)
+        self.pool = None
+        self.weight_ptrs: tuple = ()
+
+    # ---- state --------------------------------------------------------------------------------------
+    def reserve(self, batch: int, length: int, max_new: int, device) -> DecodeState:
+        if self.state is None or not self.state.fits(batch, length, max_new):
+            self.release()
+            p = next(self.model.parameters())
+            self.state = DecodeState.allocate(len(self.model.decoder.layers), bucket_for(batch), self.groups, length,
+                                              self.head_dim, max_new, p.dtype, device)
+            self.freqs = rope_table(self.model, length)
+        ptrs = tuple(p.data_ptr() for p in self.model.parameters())
+        if ptrs != self.weight_ptrs:  # parameters were re-allocated: graphs would read stale memory
+            self.graphs.clear()
+            self.weight_ptrs = ptrs
+        return self.state
+
+    def release(self) -> None:
+        self.state, self.freqs, self.graphs, self.pool = None, None, {}, None
+
+    def stop_tensor(self, stop_ids: tuple[int, ...], device) -> torch.Tensor:
+        """The stop ids as a device tensor that lives as long as the graphs reading it (one per tuple)."""
+        if stop_ids not in self.stop_ids:
+            self.stop_ids[stop_ids] = torch.tensor(stop_ids, dtype=torch.long, device=device)
+        return self.stop_ids[stop_ids]
+
+    # ---- one step -----------------------------------------------------------------------------------
+    def forward(self, tokens: torch.Tensor, slots: torch.Tensor, b: int, attend_fn) -> torch.Tensor:
+        """tokens [b, s] at cache slots [s] -> final hidden of the last position [b, h]."""
+        st = self.state
+        freqs = self.freqs.index_select(0, slots)  # [s, 1, 1, d]
+        positions = slots.unsqueeze(0).expand(b, -1)
+        hidden = self.model.embedding(input_ids=tokens, position_ids=positions)  # [s, b, h]
+        for i, layer in enumerate(self.model.decoder.layers):
+            hidden = layer_step(layer, hidden, st.k[i, :b], st.v[i, :b], freqs, slots,
+                                lambda q, k, v, i=i: attend_fn(layer, q, k, v, st.k[i, :b], st.v[i, :b]))
+        return self.model.decoder.final_layernorm(hidden)[-1]
+
+    def emit(self, hidden: torch.Tensor, b: int, params, stop_ids: torch.Tensor) -> None:
+        """Sample from hidden [b, h], write token / log-prob at the response column, advance the state."""
+        st = self.state
+        logits = mask_padded_vocab(torch.matmul(hidden, self.weight_fn().t()).float(), self.model.vocab_size_unpadded)
+        tokens, logprobs = sample(logits, params.temperature, params.top_k, params.top_p)
+        finished = torch.isin(tokens, stop_ids) if stop_ids.numel() else torch.zeros_like(st.done[:b])
+        was_done, rows = st.done[:b], st.slot_row[:b]
+        col = st.col.view(1, 1).expand(b, 1)
+        st.out_tokens.index_put_((rows.unsqueeze(1), col), torch.where(was_done, st.out_tokens[rows, col[:, 0]],
+                                                                       tokens).unsqueeze(1))
+        st.out_logprobs.index_put_((rows.unsqueeze(1), col), torch.where(was_done, 0.0, logprobs).unsqueeze(1))
+        st.out_lengths.index_add_(0, rows, (~was_done).long())
+        st.out_stopped.index_put_((rows,), st.out_stopped[rows] | (finished & ~was_done))
+        st.done[:b] = was_done | finished
+        st.tokens_in[:b] = tokens
+        st.col.add_(1)
+
+    def prefill(self, prompt: torch.Tensor, valid: torch.Tensor, params, stop_ids) -> None:
+        """prompt / valid [b, P]: fill cache slots [0, P), emit the first response token. Slots from b up
+        to the bucket are padding: done from the start, writing response rows of their own."""
+        b, width = prompt.shape
+        st = self.state
+        bucket = min(bucket_for(b), st.done.numel())
+        st.key_valid[:bucket] = True
+        st.key_valid[:b, :width] = valid
+        st.done[:b] = False
+        st.slot_row[:b] = torch.arange(b, device=prompt.device)
+        st.idle(b, bucket)
+        st.out_lengths.zero_()
+        st.out_stopped.zero_()
+        st.col.zero_()
+        mask = None if bool(valid.all()) else _prefill_mask(valid)
+
+        def attend(layer, q, k, v, k_cache, v_cache):
+            return layer.self_attention.core_attention(q, k, v, mask)
+        hidden = self.forward(prompt, torch.arange(width, device=prompt.device), b, attend)
+        self.emit(hidden, b, params, stop_ids)
+        st.pos.fill_(width)
+
+    def decode_step(self, b: int, params, stop_ids) -> None:
+        """Eager body of one decode step over slots [:b] (what the graph captures)."""
+        st = self.state
+        slots = st.pos.view(1)
+        length = st.key_valid.size(1)
+        allowed = st.key_valid[:b] & (torch.arange(length, device=slots.device) <= st.pos)
+
+        def attend(layer, q, k, v, k_cache, v_cache):
+            return decode_attention(q, k_cache, v_cache, allowed, self.scale)
+        hidden = self.forward(st.tokens_in[:b].unsqueeze(1), slots, b, attend)
+        self.emit(hidden, b, params, stop_ids)
+        st.pos.add_(1)
+
+    def step(self, b: int, params, stop_ids) -> None:
+        """One decode step over slots [:b] (a bucket): a graph replay when graphs are on, else eager."""
+        if not self.use_graphs:
+            return self.decode_step(b, params, stop_ids)
+        key = (b, params.temperature, params.top_k, params.top_p, params.stop_token_ids)
+        graph = self.graphs.get(key)
+        if graph is None:
+            graph = self.graphs[key] = self._capture(b, params, stop_ids)
+        graph.replay()
+
+    def _capture(self, b: int, params, stop_ids):
+        """Warm up on a side stream, then capture decode_step for bucket b. The decode state and the CUDA
+        RNG state are restored afterwards, so a call that captures samples exactly what a replay would."""
+        st = self.state
+        saved = {f.name: getattr(st, f.name).clone() for f in dataclasses.fields(st) if f.name not in ("k", "v")}
+        rng = torch.cuda.get_rng_state()
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):
+            self.decode_step(b, params, stop_ids)
+        torch.cuda.current_stream().wait_stream(side)
+        self.pool = self.pool or torch.cuda.graph_pool_handle()
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph, pool=self.pool):
+            self.decode_step(b, params, stop_ids)
+        for name, value in saved.items():  # capture ran nothing; the warm-up did: undo it
+            getattr(st, name).copy_(value)
+        torch.cuda.set_rng_state(rng)  # the warm-up's draws advanced the generator
+        return graph
+
+
+def _prefill_mask(valid: torch.Tensor) -> torch.Tensor:
+    from rlhf_mcore.rollout.kv_cache import prefill_mask
+
+    return prefill_mask(valid)

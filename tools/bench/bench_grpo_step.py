@@ -1,0 +1,258 @@
+"""One GRPO step at a fixed shape, our trainer's real `train_step`, per rollout engine; plus a combine mode
+that puts ours and TRL's (tools/bench/bench_trl_grpo.py, same shape, same machine) in one JSON and table.
+
+    python tools/bench/bench_grpo_step.py --engine native --out results/      # one H200: ~1 min
+    python tools/bench/bench_grpo_step.py --engine sglang --out results/      # + SGLang start-up
+    python tools/bench/bench_grpo_step.py --combine results/ --out results/   # -> grpo_step_<preset>.json
+    python tools/bench/bench_grpo_step.py --tiny --engine native             # CPU dry run, seconds
+
+Shape (issue 8): random Qwen2.5-0.5B shape, bf16, 64 prompts x 8 samples x 256 new tokens, 128-token
+prompts, one optimizer step per step (ppo_mini_batch_size = train_batch_size, one epoch: on-policy), no
+KL, GRPO, random rewards. No stop tokens, so every response has exactly 256 tokens (runs are comparable).
+Reported: per-phase seconds (median of the timed steps), tokens/s, peak memory, rollout-vs-trainer
+log-prob mismatch (`rollout/mismatch_*`), MFU of the log-prob + update phases, and a standalone rollout
+(512 x 256 with log-probs; prefill-only call for ms per decode step).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import tempfile
+import time
+import types
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # run from a plain checkout
+from rlhf_mcore import trainer  # noqa: E402
+from rlhf_mcore.algorithms import KL_CONTROLLERS  # noqa: E402
+from rlhf_mcore.config import (ActorConfig, Config, DataConfig, ModelConfig, OptimConfig,  # noqa: E402
+                               RolloutConfig, TrainerConfig)
+from rlhf_mcore.config_validate import validate  # noqa: E402
+from rlhf_mcore.logs import MetricLogger, init_logger  # noqa: E402
+from rlhf_mcore.models.transformer_config import load_hf_config  # noqa: E402
+from rlhf_mcore.parallel import init_distributed  # noqa: E402
+from rlhf_mcore.roles import build_roles  # noqa: E402
+from rlhf_mcore.rollout.base import build_rollout_engine  # noqa: E402
+from rlhf_mcore.rollout.types import SamplingParams  # noqa: E402
+from rlhf_mcore.run import Run, engine_kwargs  # noqa: E402
+
+QWEN = dict(family="qwen2", num_layers=24, hidden_size=896, ffn_hidden_size=4864, num_attention_heads=14,
+            num_query_groups=2, vocab_size=151936, tie_embeddings=True, dtype="bf16")
+TINY = dict(num_layers=2, hidden_size=64, ffn_hidden_size=128, num_attention_heads=4, num_query_groups=2,
+            vocab_size=300, dtype="fp32")
+PHASES = ("gen", "reward", "old_log_prob", "adv", "update_actor", "sync_weights")
+PEAK_TFLOPS = 790.0  # measured bf16 dense matmul rate of the H200 (tools/bench/RESULTS.md)
+
+
+def parse_args(argv=None):
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--engine", default="native", choices=["native", "sglang"])
+    p.add_argument("--tiny", action="store_true", help="tiny fp32 model, 4 prompts x 2 x 8 tokens (CPU dry run)")
+    p.add_argument("--prompts", type=int, default=64)
+    p.add_argument("--n", type=int, default=8)
+    p.add_argument("--prompt-len", type=int, default=128)
+    p.add_argument("--new-tokens", type=int, default=256)
+    p.add_argument("--micro-batch", type=int, default=32, help="actor.micro_batch_size_per_gpu")
+    p.add_argument("--steps", type=int, default=3, help="timed steps (after --warmup)")
+    p.add_argument("--warmup", type=int, default=1)
+    p.add_argument("--attention-backend", default="triton", help="rollout.attention_backend (sglang)")
+    p.add_argument("--cuda-graphs", type=int, default=1, help="rollout.cuda_graphs (native)")
+    p.add_argument("--profile", default="", help="write a torch.profiler table of one step to this file")
+    p.add_argument("--combine", default="", help="directory of grpo_step_part_*.json to merge")
+    p.add_argument("--out", default="", help="directory for the JSON result")
+    return p.parse_args(argv)
+
+
+def build_config(args) -> Config:
+    if args.tiny:
+        args.prompts, args.n, args.prompt_len, args.new_tokens, args.micro_batch = 4, 2, 12, 8, 4
+    rollout = RolloutConfig(engine=args.engine, n=args.n, max_response_length=args.new_tokens, temperature=1.0,
+                            attention_backend=args.attention_backend, cuda_graphs=bool(args.cuda_graphs),
+                            gpu_memory_utilization=0.5)
+    actor = ActorConfig(optim=OptimConfig(lr=1e-6), ppo_mini_batch_size=args.prompts,
+                        micro_batch_size_per_gpu=args.micro_batch)
+    return Config(model=ModelConfig(**(TINY if args.tiny else QWEN)), rollout=rollout, actor=actor,
+                  data=DataConfig(train_batch_size=args.prompts, max_prompt_length=args.prompt_len),
+                  trainer=TrainerConfig(seed=1, logger=[], total_steps=1000))
+
+
+class RandomPrompts:
+    """The sampler: `num` prompts of `length` random token ids per step (seeded by step)."""
+
+    def __init__(self, num: int, length: int, vocab: int):
+        self.num, self.length, self.vocab, self.step = num, length, vocab, 0
+
+    def next_batch(self):
+        g = torch.Generator().manual_seed(self.step)
+        self.step += 1
+        ids = torch.randint(10, self.vocab, (self.num, self.length), generator=g).tolist()
+        return [types.SimpleNamespace(prompt_ids=p) for p in ids]
+
+
+def random_scores(rollout, prompts, n: int):
+    """Rewards in [0, 1) drawn per sample (GRPO needs spread within a group, not meaning)."""
+    g = torch.Generator().manual_seed(int(rollout.tokens[:, -1].sum()) % 2**31)
+    return torch.rand(rollout.tokens.size(0), generator=g).to(rollout.tokens.device), {}
+
+
+def build_run(cfg, ctx) -> Run:
+    errors = validate(cfg, ctx.dims.world_size)
+    if errors:
+        raise ValueError("\n".join(errors))
+    hf = load_hf_config(cfg.model)
+    roles = build_roles(cfg, hf, ctx)
+    tokenizer = types.SimpleNamespace(pad_id=0, decode=None)
+    start = time.perf_counter()
+    engine = build_rollout_engine(cfg.rollout.engine, **engine_kwargs(cfg, roles, tokenizer, ctx))
+    run = Run(cfg=cfg, ctx=ctx, roles=roles, engine=engine, tokenizer=tokenizer, stop_ids=(),
+              sampler=RandomPrompts(cfg.data.train_batch_size, cfg.data.max_prompt_length, hf["vocab_size"]),
+              val_sampler=None, scorer=random_scores, kl_ctrl=KL_CONTROLLERS.get("fixed")(value=0.0),
+              total_steps=1 << 30, run_dir=tempfile.mkdtemp(), metric_logger=MetricLogger("", [], False))
+    run.engine_start_s = time.perf_counter() - start
+    return run
+
+
+def sync() -> None:
+    if torch.cuda.is_available():
+        torch.cuda.synchronize()
+
+
+def timed_step(run, step: int) -> dict:
+    sync()
+    start = time.perf_counter()
+    metrics = trainer.train_step(run, step)
+    sync()
+    metrics["timing_s/step"] = time.perf_counter() - start
+    return metrics
+
+
+def standalone_rollout(run, args) -> dict:
+    """512 x 256 (the step's rollout) alone, with log-probs: best of two, and a prefill-only call."""
+    prompts = [list(p.prompt_ids) for p in run.sampler.next_batch()]
+
+    def best(max_new: int) -> float:
+        params = SamplingParams(n=args.n, max_new_tokens=max_new, temperature=1.0, seed=3)
+        times = []
+        for _ in range(2):  # train_step left the engine resumed, with the current weights
+            sync()
+            start = time.perf_counter()
+            run.engine.generate(prompts, params)
+            sync()
+            times.append(time.perf_counter() - start)
+        return min(times)
+
+    full, prefill = best(args.new_tokens), best(1)
+    return {"rollout_s": full, "prefill_s": prefill,
+            "ms_per_decode_step": 1e3 * (full - prefill) / max(args.new_tokens - 1, 1),
+            "rollout_tok_s": args.prompts * args.n * args.new_tokens / full}
+
+
+def train_flops(hf: dict, rows: int, seq: int, passes: float) -> float:
+    """Matmul FLOPs of `passes` forward-equivalents (fwd = 1, fwd + bwd = 3) over rows x seq tokens."""
+    h, layers, ffn, v = hf["hidden_size"], hf["num_hidden_layers"], hf["intermediate_size"], hf["vocab_size"]
+    kv = hf["num_key_value_heads"] * h // hf["num_attention_heads"]
+    per_token = 2 * (layers * (2 * h * h + 2 * h * kv + 3 * h * ffn) + h * v) + 2 * layers * h * seq
+    return passes * per_token * rows * seq
+
+
+def summarize(args, cfg, run, steps: list[dict], rollout: dict) -> dict:
+    med = {k: statistics.median(s.get(f"timing_s/{k}", 0.0) for s in steps) for k in PHASES + ("step",)}
+    hf = load_hf_config(cfg.model)
+    rows, seq = args.prompts * args.n, args.prompt_len + args.new_tokens
+    passes = 3.0 + (1.0 if med["old_log_prob"] > 0.05 else 0.0)  # update fwd+bwd, + the old-log-prob pass
+    train_s = med["old_log_prob"] + med["update_actor"]
+    last = steps[-1]
+    return {
+        "system": f"ours-{args.engine}", "engine": args.engine, "step_s": med["step"], "phases_s": med,
+        "steps_s": [s["timing_s/step"] for s in steps], "tokens_per_s": rows * seq / med["step"],
+        "peak_mem_gib": torch.cuda.max_memory_allocated() / 2**30 if torch.cuda.is_available() else None,
+        "mismatch": {k: last.get(k) for k in ("rollout/mismatch_logp_abs_diff", "rollout/mismatch_kl_k1",
+                                              "rollout/mismatch_kl_k3")},
+        "logprob_update_mfu": train_flops(hf, rows, seq, passes) / max(train_s, 1e-9) / (PEAK_TFLOPS * 1e12),
+        "engine_start_s": run.engine_start_s, "rollout": rollout,
+        "shape": {"prompts": args.prompts, "n": args.n, "prompt_len": args.prompt_len, "new_tokens": args.new_tokens,
+                  "micro_batch": args.micro_batch, "dtype": cfg.model.dtype, "tiny": args.tiny},
+        "config": {"attention_backend": cfg.rollout.attention_backend, "cuda_graphs": cfg.rollout.cuda_graphs},
+        "device": torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu",
+    }
+
+
+def profile_step(run, step: int, path: str) -> None:
+    from torch.profiler import ProfilerActivity, profile
+
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if torch.cuda.is_available() else [])
+    with profile(activities=activities) as prof:
+        timed_step(run, step)
+    key = "cuda_time_total" if torch.cuda.is_available() else "cpu_time_total"
+    Path(path).parent.mkdir(parents=True, exist_ok=True)
+    Path(path).write_text(prof.key_averages().table(sort_by=key, row_limit=40))
+
+
+def bench(args) -> dict:
+    init_logger(0)
+    cfg = build_config(args)
+    ctx = init_distributed(1, 1, seed=cfg.trainer.seed)
+    run = build_run(cfg, ctx)
+    steps = []
+    for step in range(args.warmup + args.steps):
+        metrics = timed_step(run, step)
+        if step >= args.warmup:
+            steps.append(metrics)
+        print(f"[{args.engine}] step {step}: " + " ".join(f"{p} {metrics.get(f'timing_s/{p}', 0):.3f}"
+                                                          for p in PHASES + ("step",)), flush=True)
+    if args.profile:
+        profile_step(run, args.warmup + args.steps, args.profile)
+    result = summarize(args, cfg, run, steps, standalone_rollout(run, args))
+    if hasattr(run.engine, "shutdown"):
+        run.engine.shutdown()
+    return result
+
+
+def print_table(systems: list[dict]) -> None:
+    print(f"{'system':<14}{'step s':>8}{'gen s':>8}{'logp s':>8}{'update s':>9}{'sync s':>8}{'tok/s':>9}"
+          f"{'rollout s':>10}{'ms/dec':>8}{'mismatch':>10}{'MFU':>7}{'mem GiB':>9}")
+    for s in systems:
+        ph, ro = s.get("phases_s", {}), s.get("rollout", {})
+
+        def f(v, fmt):
+            return format(v, fmt) if isinstance(v, (int, float)) else "-".rjust(int(fmt.rstrip("f%").split(".")[0]))
+        print(f"{s['system']:<14}{f(s['step_s'], '8.3f')}{f(ph.get('gen'), '8.3f')}{f(ph.get('old_log_prob'), '8.3f')}"
+              f"{f(ph.get('update_actor', ph.get('train')), '9.3f')}{f(ph.get('sync_weights'), '8.3f')}"
+              f"{f(s.get('tokens_per_s'), '9.0f')}{f(ro.get('rollout_s'), '10.3f')}{f(ro.get('ms_per_decode_step'), '8.2f')}"
+              f"{f(s.get('mismatch', {}).get('rollout/mismatch_logp_abs_diff'), '10.5f')}"
+              f"{f(s.get('logprob_update_mfu'), '7.1%')}{f(s.get('peak_mem_gib'), '9.1f')}")
+
+
+def combine(directory: str, out: str) -> None:
+    parts = [json.loads(p.read_text()) for p in sorted(Path(directory).glob("grpo_step_part_*.json"))]
+    trl = next((p for p in parts if p["system"].startswith("trl")), None)
+    for p in parts:
+        p["speedup_vs_trl"] = trl["step_s"] / p["step_s"] if trl else None
+    print_table(parts)
+    if trl:
+        print("speed-up vs TRL: " + ", ".join(f"{p['system']} {p['speedup_vs_trl']:.2f}x" for p in parts))
+    if out:
+        path = Path(out) / "grpo_step_qwen2.5-0.5b.json"
+        path.write_text(json.dumps({"systems": parts, "baseline": trl and trl["system"]}, indent=2))
+        print(f"wrote {path}")
+
+
+def main(argv=None) -> None:
+    args = parse_args(argv)
+    if args.combine:
+        return combine(args.combine, args.out)
+    result = bench(args)
+    print_table([result])
+    if args.out:
+        Path(args.out).mkdir(parents=True, exist_ok=True)
+        path = Path(args.out) / f"grpo_step_part_{args.engine}{'_tiny' if args.tiny else ''}.json"
+        path.write_text(json.dumps(result, indent=2))
+        print(f"wrote {path}")
+
+
+if __name__ == "__main__":
+    main()
