@@ -77,6 +77,8 @@ def test_unknown_yaml_key_is_an_error(tmp_path):
     ("parallel.sequence_parallel=true", "parallel.sequence_parallel: needs tp > 1 (got true with tp=1)."),
     ("parallel.tp=2 parallel.sequence_parallel=true", "parallel.sequence_parallel: the native rollout engine"),
     ("parallel.tp=2 rollout.engine=sglang", "rollout.engine: sglang runs one engine per GPU and needs parallel.tp=1"),
+    ("data.use_sequence_packing=true model.attention_backend=local",
+     "model.attention_backend: megatron's local attention cannot run packed sequences (got local"),
     ("rollout", "rollout: an override must look like a.b=value"),
     ("actor=3", "actor: is a section, not a value (got '3')."),
     ("rollout.n.x=3", "rollout.n.x: rollout.n is a value, not a section"),
