@@ -106,8 +106,8 @@ def check_finite(state_dict: dict, source) -> None:
     """Refuse to export weights that hold inf or nan (ValueError naming the tensors)."""
     bad = [k for k, v in state_dict.items() if v.is_floating_point() and not bool(v.isfinite().all())]
     if bad:
-        raise NonFiniteExportError(f"{source}: refusing to export non-finite weights: {len(bad)} of {len(state_dict)} tensors "
-                         f"hold inf or nan (first: {bad[0]}). Export an earlier checkpoint.")
+        raise NonFiniteExportError(f"{source}: refusing to export non-finite weights: {len(bad)} of "
+                                   f"{len(state_dict)} tensors hold inf or nan (first: {bad[0]}). Export an earlier checkpoint.")
 
 
 def main(argv=None) -> int:

@@ -12,7 +12,14 @@ from pathlib import Path
 
 import torch.distributed as dist
 
-from rlhf_mcore.checkpoint.layout import META_FILE, CheckpointError, is_checkpoint, list_checkpoints, read_meta, resolve_resume
+from rlhf_mcore.checkpoint.layout import (
+    META_FILE,
+    CheckpointError,
+    is_checkpoint,
+    list_checkpoints,
+    read_meta,
+    resolve_resume,
+)
 
 log = logging.getLogger(__name__)
 ALGORITHM = "sha256"

@@ -8,8 +8,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from rlhf_mcore.checkpoint import CheckpointError, list_checkpoints, load_checkpoint, save_checkpoint
-from rlhf_mcore.checkpoint import save_load
+from rlhf_mcore.checkpoint import CheckpointError, list_checkpoints, load_checkpoint, save_checkpoint, save_load
 from rlhf_mcore.checkpoint.verify import checkpoint_problems, newest_intact, pick_resume
 from rlhf_mcore.logs import MetricLogger
 from tests.checkpoint.helpers import build_state, perturb, same, snapshot
@@ -84,11 +83,12 @@ def test_old_checkpoints_go_only_after_the_new_one_verifies(state, mcore_ctx, tm
     monkeypatch.setattr(save_load, "checkpoint_problems", lambda path: [f"{path}/actor/x: injected"])
     with pytest.raises(CheckpointError, match="does not verify .*injected.*older checkpoints are kept"):
         save_steps(tmp_path, state, mcore_ctx, [2], keep=1)
-    assert (tmp_path / "global_step_1").is_dir() and (tmp_path / "latest_checkpointed_iteration.txt").read_text() == "1\n"
+    assert (tmp_path / "global_step_1").is_dir()
+    assert (tmp_path / "latest_checkpointed_iteration.txt").read_text() == "1\n"
 
 
-@pytest.mark.parametrize("error", [OSError(errno.ENOSPC, "No space left on device"),
-                                   RuntimeError("[enforce fail at inline_container.cc:664] . unexpected pos 704 vs 598")])
+@pytest.mark.parametrize("error", [OSError(errno.ENOSPC, "No space left on device"), RuntimeError(
+    "[enforce fail at inline_container.cc:664] . unexpected pos 704 vs 598")])
 def test_full_disk_says_no_space_left_naming_the_path(state, mcore_ctx, tmp_path, monkeypatch, error):
     save_steps(tmp_path, state, mcore_ctx, [1], keep=1)
 
@@ -119,3 +119,23 @@ def test_metrics_are_truncated_to_the_resumed_step(tmp_path):
     path.write_text("".join(f'{{"step": {s}, "a": {s}}}\n' for s in (1, 2, 3, 4)) + '{"step": 5, "a"')  # torn line
     MetricLogger(str(tmp_path), ["jsonl"], enabled=True, truncate_after=2).close()
     assert path.read_text() == '{"step": 1, "a": 1}\n{"step": 2, "a": 2}\n'
+
+
+def test_hf_export_refuses_non_finite_weights(mcore_ctx, tmp_path, capfd):
+    from megatron.core import dist_checkpointing
+
+    from rlhf_mcore.checkpoint.export import export_actor_to_hf
+    from tests.checkpoint.helpers import build_tiny
+    from tests.conftest import tiny_model_config
+
+    model = build_tiny(mcore_ctx)
+    with torch.no_grad():
+        next(model.parameters()).view(-1)[:3] = float("inf")
+    actor = tmp_path / "global_step_1" / "actor"  # written around save_checkpoint, which refuses it
+    actor.mkdir(parents=True)
+    dist_checkpointing.save(model.sharded_state_dict(), str(actor))
+    run = SimpleNamespace(cfg=tiny_model_config(), run_dir=str(tmp_path))
+    with pytest.raises(RuntimeError, match="HF export of .* failed \\(exit code 3\\)"):
+        export_actor_to_hf(run, tmp_path / "global_step_1")
+    assert "refusing to export non-finite weights: 1 of" in capfd.readouterr().err
+    assert not (tmp_path / "hf_export" / "global_step_1").exists()

@@ -9,8 +9,17 @@ import time
 import pytest
 
 from tests.conftest import free_port
-from tests.reliability.helpers import alive, children, env, overrides_for, start, train_cmd, vowel_row, wait_for, \
-    write_rows
+from tests.reliability.helpers import (
+    alive,
+    children,
+    env,
+    overrides_for,
+    start,
+    train_cmd,
+    vowel_row,
+    wait_for,
+    write_rows,
+)
 
 pytestmark = pytest.mark.dist
 TWO_RANKS = ("data.train_batch_size=2", "rollout.max_response_length=8", "data.val_files=", "trainer.total_steps=500")
