@@ -107,7 +107,8 @@ def check_finite(state_dict: dict, source) -> None:
     bad = [k for k, v in state_dict.items() if v.is_floating_point() and not bool(v.isfinite().all())]
     if bad:
         raise NonFiniteExportError(f"{source}: refusing to export non-finite weights: {len(bad)} of "
-                                   f"{len(state_dict)} tensors hold inf or nan (first: {bad[0]}). Export an earlier checkpoint.")
+                                   f"{len(state_dict)} tensors hold inf or nan (first: {bad[0]}). Export an earlier "
+                                   "checkpoint.")
 
 
 def main(argv=None) -> int:
