@@ -7,6 +7,7 @@ the guard's exit code on every rank, with no traceback:
     3  training diverged: too many steps in a row with a non-finite loss or grad norm, or non-finite weights
     4  the reward functions fail for too many calls, several steps in a row
     5  a collective operation timed out (another rank froze, died or is far slower)
+    6  no space left on the device of trainer.output_dir
 
 The counters are plain objects (no torch.distributed): every rank feeds them the same global numbers, so
 every rank stops at the same step.
@@ -15,7 +16,7 @@ from __future__ import annotations
 
 import dataclasses
 
-EXIT_STARTUP, EXIT_DIVERGED, EXIT_REWARD_HEALTH, EXIT_COLLECTIVE_TIMEOUT = 2, 3, 4, 5
+EXIT_STARTUP, EXIT_DIVERGED, EXIT_REWARD_HEALTH, EXIT_COLLECTIVE_TIMEOUT, EXIT_DISK_FULL = 2, 3, 4, 5, 6
 
 
 class RunStopped(RuntimeError):
@@ -42,6 +43,10 @@ class RewardHealthError(RunStopped):
 
 class CollectiveTimeoutError(RunStopped):
     exit_code = EXIT_COLLECTIVE_TIMEOUT
+
+
+class DiskFullError(RunStopped):
+    exit_code = EXIT_DISK_FULL
 
 
 @dataclasses.dataclass

@@ -12,7 +12,7 @@ import torch
 from rlhf_mcore.algorithms import KL_CONTROLLERS
 from rlhf_mcore.config_load import dump_yaml
 from rlhf_mcore.config_validate import GREEDY_BASELINE_ESTIMATORS
-from rlhf_mcore.guards import BadStepGuard, DivergedError, RewardHealthGuard, RunStopped, StartupError
+from rlhf_mcore.guards import BadStepGuard, DiskFullError, DivergedError, RewardHealthGuard, RunStopped, StartupError
 from rlhf_mcore.logs import MetricLogger, init_logger
 from rlhf_mcore.models.transformer_config import load_hf_config
 from rlhf_mcore.parallel import init_distributed, torchrun_env
@@ -87,15 +87,16 @@ class Run:
         return metrics
 
     def save(self, step: int) -> str:
-        from rlhf_mcore.checkpoint import save_checkpoint
-        from rlhf_mcore.checkpoint.save_load import NonFiniteWeightsError
+        from rlhf_mcore.checkpoint import save_checkpoint, save_load
 
         extra = {"step": step, "sampler": self.sampler.state_dict(), "kl_ctrl": self.kl_ctrl.state_dict()}
         try:
             return save_checkpoint(self.run_dir, step, self.roles.trainable(), extra, self.ctx,
                                    keep=self.cfg.trainer.max_checkpoints_to_keep)
-        except NonFiniteWeightsError as e:
+        except save_load.NonFiniteWeightsError as e:
             raise DivergedError(f"training stopped at step {step}: {e}") from e
+        except save_load.DiskFullError as e:
+            raise DiskFullError(f"training stopped at step {step}: {e}") from e
 
     def check_health(self, step: int, metrics: dict) -> RunStopped | None:
         """Feed the guards this step's global metrics (adds their counters); the error to stop with, if any."""

@@ -2,8 +2,8 @@
 
 `--validate-only` prints the resolved config (exit 0) or every error (exit 2) and builds nothing.
 Exit codes: 0 done, 2 a problem found before the model is built (config, paths, data, rewards, a locked
-output directory), 3 training diverged, 4 the rewards keep failing, 5 a collective timed out
-(`rlhf_mcore.guards`). Only rank 0 prints the problems; every rank exits with the same code.
+output directory), 3 training diverged, 4 the rewards keep failing, 5 a collective timed out, 6 the disk is
+full (`rlhf_mcore.guards`). Only rank 0 prints the problems; every rank exits with the same code.
 """
 from __future__ import annotations
 

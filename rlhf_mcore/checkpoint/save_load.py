@@ -58,6 +58,10 @@ class NonFiniteWeightsError(CheckpointError):
     """The weights to save hold inf or nan: such a checkpoint is never written."""
 
 
+class DiskFullError(CheckpointError):
+    """A save failed because the disk is full."""
+
+
 def _rng_file(rank: int) -> str:
     return f"rank_{rank:05d}.pt"
 
@@ -75,8 +79,8 @@ def _everywhere(what: str, fn, ctx, where=None) -> None:
         dist.all_reduce(failed)
     if error is not None:
         detail = disk_full_message(error, where) if where else None
-        raise CheckpointError(f"checkpoint: {what} failed on rank {_rank()}: "
-                              f"{detail or f'{type(error).__name__}: {error}'}") from error
+        raise (DiskFullError if detail else CheckpointError)(
+            f"checkpoint: {what} failed on rank {_rank()}: {detail or f'{type(error).__name__}: {error}'}") from error
     if failed.item():
         raise CheckpointError(f"checkpoint: {what} failed on {int(failed.item())} other rank(s); see their logs.")
 
@@ -220,7 +224,7 @@ def _save_roles(tmp: Path, states: dict, frozen: dict, ctx) -> dict:
         detail = disk_full_message(e, tmp)
         if detail is None:
             raise
-        raise CheckpointError(f"checkpoint: writing {tmp} failed on rank {_rank()}: {detail}") from e
+        raise DiskFullError(f"checkpoint: writing {tmp} failed on rank {_rank()}: {detail}") from e
     return roles
 
 

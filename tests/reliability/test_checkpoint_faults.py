@@ -97,7 +97,8 @@ def test_full_disk_says_no_space_left_naming_the_path(state, mcore_ctx, tmp_path
 
     monkeypatch.setattr(save_load, "_save_role", full)
     monkeypatch.setattr("rlhf_mcore.disk.free_bytes", lambda path: 0)  # what a full disk reports
-    with pytest.raises(CheckpointError, match=rf"no space left on device \(ENOSPC\) writing {tmp_path}/global_step_2"):
+    with pytest.raises(save_load.DiskFullError,
+                       match=rf"no space left on device \(ENOSPC\) writing {tmp_path}/global_step_2"):
         save_checkpoint(tmp_path, 2, {"actor": state}, {"step": 2}, mcore_ctx, keep=1)
     assert [s for s, _ in list_checkpoints(tmp_path)] == [1] and checkpoint_problems(tmp_path / "global_step_1") == []
 
