@@ -34,10 +34,14 @@ def _chain(err: BaseException):
 
 def disk_full_message(err: BaseException, path: str | os.PathLike) -> str | None:
     """A one-line explanation when `err` (writing under `path`) comes from a full disk, else None."""
-    by_errno = any(isinstance(e, OSError) and e.errno in (errno.ENOSPC, errno.EDQUOT) for e in _chain(err))
+    marks = (os.strerror(errno.ENOSPC), os.strerror(errno.EDQUOT))  # also in errors re-raised as text by workers
+    by_errno = any(isinstance(e, OSError) and e.errno in (errno.ENOSPC, errno.EDQUOT) or
+                   any(m in str(e) for m in marks) for e in _chain(err))
     free = free_bytes(path)
     if not by_errno and (free is None or free >= FULL_BELOW_BYTES):
         return None
     left = "" if free is None else f"; {free / 2**20:.1f} MiB free"
-    return (f"no space left on device (ENOSPC) writing {path}{left} ({type(err).__name__}: {err}). Free disk space, "
-            "lower trainer.max_checkpoints_to_keep, or set trainer.output_dir to a larger disk.")
+    lines = str(err).strip().splitlines() or [""]
+    cause = next((line for line in lines if any(m in line for m in marks)), lines[0]).strip()[:200]
+    return (f"no space left on device (ENOSPC) writing {path}{left} ({type(err).__name__}: {cause}). Free disk "
+            "space, lower trainer.max_checkpoints_to_keep, or set trainer.output_dir to a larger disk.")

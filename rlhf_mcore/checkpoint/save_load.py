@@ -220,8 +220,8 @@ def _save_roles(tmp: Path, states: dict, frozen: dict, ctx) -> dict:
     try:
         roles = {role: _save_role(tmp / role, s.module, s.optimizer) for role, s in states.items()}
         roles.update({role: _save_role(tmp / role, model, None) for role, model in frozen.items()})
-    except Exception as e:  # noqa: BLE001 - a full disk surfaces here in the words of torch.save
-        detail = disk_full_message(e, tmp)
+    except BaseException as e:  # a full disk surfaces here in torch's words (CheckpointException: BaseException)
+        detail = None if isinstance(e, (KeyboardInterrupt, SystemExit)) else disk_full_message(e, tmp)
         if detail is None:
             raise
         raise DiskFullError(f"checkpoint: writing {tmp} failed on rank {_rank()}: {detail}") from e

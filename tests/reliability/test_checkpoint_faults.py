@@ -7,6 +7,7 @@ from types import SimpleNamespace
 
 import pytest
 import torch
+from torch.distributed.checkpoint.api import CheckpointException
 
 from rlhf_mcore.checkpoint import CheckpointError, list_checkpoints, load_checkpoint, save_checkpoint, save_load
 from rlhf_mcore.checkpoint.verify import checkpoint_problems, newest_intact, pick_resume
@@ -87,8 +88,10 @@ def test_old_checkpoints_go_only_after_the_new_one_verifies(state, mcore_ctx, tm
     assert (tmp_path / "latest_checkpointed_iteration.txt").read_text() == "1\n"
 
 
-@pytest.mark.parametrize("error", [OSError(errno.ENOSPC, "No space left on device"), RuntimeError(
-    "[enforce fail at inline_container.cc:664] . unexpected pos 704 vs 598")])
+@pytest.mark.parametrize("error", [  # what torch.save, megatron's writer workers and plain writes raise
+    OSError(errno.ENOSPC, "No space left on device"),
+    RuntimeError("[enforce fail at inline_container.cc:664] . unexpected pos 704 vs 598"),
+    CheckpointException("write", {0: RuntimeError("Worker failure: [Errno 28] No space left on device")})])
 def test_full_disk_says_no_space_left_naming_the_path(state, mcore_ctx, tmp_path, monkeypatch, error):
     save_steps(tmp_path, state, mcore_ctx, [1], keep=1)
 
