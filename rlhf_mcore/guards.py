@@ -60,8 +60,9 @@ class BadStepGuard:
     Traceback (most recent call last):
     ...
     rlhf_mcore.guards.DivergedError: training stopped at step 4: 2 steps in a row had a non-finite loss or \
-grad norm, so their updates were skipped (trainer.max_bad_steps=2). The weights are those of step 2. Lower \
-actor.optim.lr (or critic.optim.lr), check the reward scale, or resume from an earlier checkpoint.
+grad norm, so their updates were skipped (trainer.max_bad_steps=2); the last step that applied all its updates \
+is step 2, and no checkpoint was written or deleted since. Lower actor.optim.lr (or critic.optim.lr), check the \
+reward scale, and resume from a checkpoint.
     """
 
     max_bad_steps: int
@@ -77,9 +78,10 @@ actor.optim.lr (or critic.optim.lr), check the reward scale, or resume from an e
         if self.streak >= self.max_bad_steps:
             raise DivergedError(
                 f"training stopped at step {step}: {self.streak} steps in a row had a non-finite loss or grad norm, "
-                f"so their updates were skipped (trainer.max_bad_steps={self.max_bad_steps}). The weights are those "
-                f"of step {self.last_good_step}. Lower actor.optim.lr (or critic.optim.lr), check the reward scale, "
-                "or resume from an earlier checkpoint.")
+                f"so their updates were skipped (trainer.max_bad_steps={self.max_bad_steps}); the last step that "
+                f"applied all its updates is step {self.last_good_step}, and no checkpoint was written or deleted "
+                "since. Lower actor.optim.lr (or critic.optim.lr), check the reward scale, and resume from a "
+                "checkpoint.")
         return self.streak
 
 

@@ -6,6 +6,7 @@ import dataclasses
 import json
 import logging
 import os
+from pathlib import Path
 
 import torch
 
@@ -24,6 +25,7 @@ from rlhf_mcore.run_reward import Scorer
 from rlhf_mcore.step_log import format_step_line
 
 log = logging.getLogger("rlhf_mcore")
+SUSPECT_SUFFIX = ".suspect"
 
 
 @dataclasses.dataclass
@@ -48,6 +50,7 @@ class Run:
     bad_steps: BadStepGuard | None = None
     reward_health: RewardHealthGuard | None = None
     num_skipped_steps: int = 0
+    unconfirmed: str | None = None  # the newest checkpoint, until a step after it applies all its updates
 
     def __post_init__(self):
         self.bad_steps = BadStepGuard(self.cfg.trainer.max_bad_steps, last_good_step=self.start_step)
@@ -86,13 +89,22 @@ class Run:
         self.history.append({"step": step, **metrics})
         return metrics
 
-    def save(self, step: int) -> str:
+    def save(self, step: int, final: bool = False) -> str | None:
+        """Checkpoint `step`; None while the last step skipped an update (its weights are suspect). Older
+        checkpoints go once this one is confirmed: at the next step that applies all its updates, or now for
+        the final save of a healthy run (so weights that are finite but already diverged never push out the
+        last good checkpoint: max_checkpoints_to_keep + 1 may be on disk in between)."""
         from rlhf_mcore.checkpoint import save_checkpoint, save_load
 
+        if self.bad_steps.streak:
+            log.warning("step %d: not saved: its update was skipped (non-finite)", step)
+            return None
         extra = {"step": step, "sampler": self.sampler.state_dict(), "kl_ctrl": self.kl_ctrl.state_dict()}
         try:
-            return save_checkpoint(self.run_dir, step, self.roles.trainable(), extra, self.ctx,
-                                   keep=self.cfg.trainer.max_checkpoints_to_keep)
+            path = save_checkpoint(self.run_dir, step, self.roles.trainable(), extra, self.ctx,
+                                   keep=self.cfg.trainer.max_checkpoints_to_keep if final else None)
+            self.unconfirmed = None if final else path
+            return path
         except save_load.NonFiniteWeightsError as e:
             raise DivergedError(f"training stopped at step {step}: {e}") from e
         except save_load.DiskFullError as e:
@@ -106,12 +118,40 @@ class Run:
         calls = self.cfg.data.train_batch_size * self.cfg.rollout.n
         failed = metrics.get("reward/errors", 0.0) + metrics.get("reward/timeouts", 0.0)
         metrics["reward/error_frac"] = failed / calls
+        if skipped == 0:
+            self._confirm_checkpoint()
         try:
             self.bad_steps.update(step, int(skipped > 0))
             self.reward_health.update(step, failed, calls)
         except RunStopped as e:
+            if isinstance(e, DivergedError) and self.unconfirmed is not None:
+                e.lines.append(self._set_aside_unconfirmed())
             return e
         return None
+
+    def _confirm_checkpoint(self) -> None:
+        if self.unconfirmed is not None and self.ctx.is_logging_rank:
+            from rlhf_mcore.checkpoint.layout import prune, remove_orphans
+
+            newest = Path(self.unconfirmed)
+            prune(newest.parent, self.cfg.trainer.max_checkpoints_to_keep, newest=newest)
+            remove_orphans(newest.parent)
+        self.unconfirmed = None
+
+    def _set_aside_unconfirmed(self) -> str:
+        """The newest checkpoint led straight into non-finite steps: rename it so that resume=auto skips it."""
+        path = Path(self.unconfirmed)
+        aside = path.with_name(f"{path.name}{SUSPECT_SUFFIX}")
+        if self.ctx.is_logging_rank:
+            from rlhf_mcore.checkpoint.layout import list_checkpoints, write_latest
+
+            path.rename(aside)
+            remaining = list_checkpoints(path.parent)
+            if remaining:
+                write_latest(path.parent, remaining[-1][0])
+        self.unconfirmed = None
+        return (f"{path.name}: saved just before the first skipped update, set aside as {aside.name} (resume=auto "
+                "takes the checkpoint before it; rename it back to use it).")
 
     def agree(self, flag: bool) -> bool:
         """True on every rank when it is True on rank 0 (ranks must stop at the same step)."""
@@ -225,7 +265,7 @@ def engine_kwargs(cfg, roles: Roles, tokenizer, ctx) -> dict:
 def finish_run(run: Run, last: int) -> None:
     """Final checkpoint, HF export of the actor, and a summary of where everything is."""
     cfg = run.cfg
-    path = run.save(last) if cfg.trainer.save_freq != 0 and last > run.start_step else None
+    path = run.save(last, final=True) if cfg.trainer.save_freq != 0 and last > run.start_step else None
     export = None
     if cfg.trainer.export_hf and path is not None:
         from rlhf_mcore.checkpoint.export import export_actor_to_hf

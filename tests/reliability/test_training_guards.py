@@ -15,7 +15,7 @@ from rlhf_mcore.run_lock import LOCK_FILE
 from tests.checkpoint.helpers import same, snapshot
 from tests.reliability.helpers import metrics, tiny_cfg
 
-NAN_FROM_STEP = 2  # 1-based
+NAN_FROM_STEP = 3  # 1-based
 SMALL = ("data.train_batch_size=2", "rollout.max_response_length=8", "data.val_files=")
 
 
@@ -36,20 +36,24 @@ def test_nan_loss_skips_updates_keeps_checkpoints_and_stops(tmp_path, monkeypatc
     monkeypatch.setattr(trainer_mod, "actor_loss", nan_loss)
     cfg = tiny_cfg(tmp_path, "trainer.total_steps=8", "trainer.save_freq=1", "trainer.max_checkpoints_to_keep=2",
                    "trainer.max_bad_steps=2", *SMALL)
-    with pytest.raises(DivergedError, match=r"stopped at step 3: 2 steps in a row had a non-finite loss or grad "
-                                            r"norm.*trainer.max_bad_steps=2\). The weights are those of step 1"):
+    with pytest.raises(DivergedError, match=r"stopped at step 4: 2 steps in a row had a non-finite loss or grad "
+                                            r"norm.*trainer.max_bad_steps=2\); the last step that applied all its "
+                                            r"updates is step 2, and no checkpoint was written or deleted since") as err:
         trainer_mod.train(cfg)
     run_dir = tmp_path / "run"
     final = snapshot(seen["run"].roles.actor.module)
-    assert same(final, seen["weights"][1]) and same(seen["weights"][2], seen["weights"][1])  # no change on bad steps
-    assert not same(seen["weights"][1], seen["weights"][0])  # ...while a good step changes them
+    assert same(final, seen["weights"][2]) and same(seen["weights"][3], seen["weights"][2])  # no change on bad steps
+    assert not same(seen["weights"][2], seen["weights"][1])  # ...while a good step changes them
     rows = [m for m in metrics(run_dir) if "actor/grad_norm" in m]
-    assert [r["step"] for r in rows] == [1, 2, 3]
-    assert [r["actor/skipped_update_frac"] for r in rows] == [0.0, 1.0, 1.0]
-    assert [r["training/num_skipped_steps"] for r in rows] == [0.0, 1.0, 2.0]
-    assert math.isfinite(rows[0]["actor/grad_norm"]) and all(math.isnan(r["actor/grad_norm"]) for r in rows[1:])
-    # step 2 was saved with the (unchanged, finite) step-1 weights; the stop at step 3 saves nothing, deletes nothing
-    assert [s for s, _ in list_checkpoints(run_dir)] == [1, 2]
+    assert [r["step"] for r in rows] == [1, 2, 3, 4]
+    assert [r["actor/skipped_update_frac"] for r in rows] == [0.0, 0.0, 1.0, 1.0]
+    assert [r["training/num_skipped_steps"] for r in rows] == [0.0, 0.0, 1.0, 2.0]
+    assert all(math.isfinite(r["actor/grad_norm"]) for r in rows[:2]) and all(
+        math.isnan(r["actor/grad_norm"]) for r in rows[2:])
+    # bad steps write no checkpoint and delete none; the one saved right before them is set aside, intact
+    assert [s for s, _ in list_checkpoints(run_dir)] == [1]
+    assert checkpoint_problems(run_dir / "global_step_2.suspect") == []
+    assert err.value.lines[1].startswith("global_step_2: saved just before the first skipped update, set aside")
     assert all(checkpoint_problems(p) == [] for _, p in list_checkpoints(run_dir))
     assert (run_dir / LOCK_FILE).read_text() == ""  # released
 
