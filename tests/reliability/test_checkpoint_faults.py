@@ -91,7 +91,7 @@ def test_old_checkpoints_go_only_after_the_new_one_verifies(state, mcore_ctx, tm
 @pytest.mark.parametrize("error", [  # what torch.save, megatron's writer workers and plain writes raise
     OSError(errno.ENOSPC, "No space left on device"),
     RuntimeError("[enforce fail at inline_container.cc:664] . unexpected pos 704 vs 598"),
-    CheckpointException("write", {0: RuntimeError("Worker failure: [Errno 28] No space left on device")})])
+    CheckpointException("write", {0: (RuntimeError("Worker failure: [Errno 28] No space left on device"), None)})])
 def test_full_disk_says_no_space_left_naming_the_path(state, mcore_ctx, tmp_path, monkeypatch, error):
     save_steps(tmp_path, state, mcore_ctx, [1], keep=1)
 
