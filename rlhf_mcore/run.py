@@ -189,14 +189,14 @@ def _start_checks(cfg, ctx) -> tuple[RunLock | None, str | None]:
     verdict = [errors]
     if ctx.dims.world_size > 1:
         torch.distributed.broadcast_object_list(verdict, src=0)
+    if verdict[0]:
+        raise StartupError(verdict[0])
     try:
-        if verdict[0]:
-            raise StartupError(verdict[0])
         return lock, pick_resume(cfg.trainer, cfg.trainer.output_dir)
-    except (StartupError, CheckpointError) as e:
+    except CheckpointError as e:
         if lock is not None:
             lock.release()
-        raise e if isinstance(e, StartupError) else StartupError(f"trainer.resume: {e}") from e
+        raise StartupError(f"trainer.resume: {e}") from e
 
 
 def _resume(run: Run) -> None:
