@@ -119,7 +119,10 @@ warnings above show the first error of each step. Fix the reward function or its
 
 
 def is_collective_timeout(err: BaseException) -> bool:
-    """True for the errors gloo, NCCL and the c10d store raise when a collective or a store wait times out."""
+    """True for the errors gloo, NCCL and the c10d store raise when a collective or a store wait times out
+    (RuntimeError subclasses such as DistBackendError and DistStoreError, or TimeoutError)."""
+    if not isinstance(err, (RuntimeError, TimeoutError)):
+        return False
     text = f"{type(err).__name__}: {err}".lower()
     return any(mark in text for mark in ("timed out", "timeout", "time out", "deadline exceeded"))
 
