@@ -7,6 +7,7 @@ and error reporting live in `rlhf_mcore.config_load`.
 from __future__ import annotations
 
 import dataclasses
+import math
 from dataclasses import dataclass, field
 from typing import Optional
 
@@ -25,6 +26,29 @@ def positive(key: str, value, allow_zero: bool = False) -> list[str]:
         return []
     bound = ">= 0" if allow_zero else "> 0"
     return [f"{key}: must be {bound} (got {value!r}). Set a {'non-negative' if allow_zero else 'positive'} value."]
+
+
+def in_range(key: str, value, lo: float, hi: float, lo_open: bool = False, hi_open: bool = False,
+             fix: str = "") -> list[str]:
+    """One error when `value` lies outside [lo, hi] (a parenthesis marks an open end)."""
+    above = value > lo if lo_open else value >= lo
+    below = value < hi if hi_open else value <= hi
+    if above and below:
+        return []
+    interval = f"{'(' if lo_open else '['}{lo}, {hi}{')' if hi_open else ']'}"
+    return [f"{key}: must be in {interval} (got {value!r}). {fix or 'Set a value in that range.'}"]
+
+
+def non_finite_floats(section, prefix: str) -> list[str]:
+    """An error for every float field that is inf or nan (no key accepts them: lr=inf trains on garbage)."""
+    errs = []
+    for f in dataclasses.fields(section):
+        value = getattr(section, f.name)
+        if dataclasses.is_dataclass(value):
+            errs += non_finite_floats(value, f"{prefix}.{f.name}")
+        elif isinstance(value, float) and not math.isfinite(value):
+            errs.append(f"{prefix}.{f.name}: must be a finite number (got {value!r}). Write a finite value.")
+    return errs
 
 
 @dataclass(**DC)
@@ -57,6 +81,19 @@ class ModelConfig:
         errs += choice(f"{p}.attention_backend", self.attention_backend, ("auto", "sdpa", "local", "te"))
         errs += choice(f"{p}.recompute", self.recompute, ("none", "full", "selective"))
         errs += positive(f"{p}.make_vocab_size_divisible_by", self.make_vocab_size_divisible_by)
+        for key in ("num_layers", "hidden_size", "ffn_hidden_size", "num_attention_heads", "num_query_groups",
+                    "vocab_size"):
+            if getattr(self, key) is not None:
+                errs += positive(f"{p}.{key}", getattr(self, key))
+        if self.hidden_size and self.num_attention_heads and self.hidden_size % self.num_attention_heads:
+            errs.append(f"{p}.hidden_size: must be divisible by num_attention_heads={self.num_attention_heads} "
+                        f"(got {self.hidden_size}). Use a multiple of the head count.")
+        if self.num_attention_heads and self.num_query_groups and self.num_attention_heads % self.num_query_groups:
+            errs.append(f"{p}.num_query_groups: must divide num_attention_heads={self.num_attention_heads} "
+                        f"(got {self.num_query_groups}). Use a divisor of the head count.")
+        errs += positive(f"{p}.max_position_embeddings", self.max_position_embeddings)
+        errs += positive(f"{p}.rope_theta", self.rope_theta) + positive(f"{p}.norm_eps", self.norm_eps)
+        errs += positive(f"{p}.init_std", self.init_std)
         return errs
 
 
@@ -69,9 +106,11 @@ class ParallelConfig:
     cp: int = 1  # reserved: context parallelism is not supported yet
     sequence_parallel: bool = False  # GPU only (needs a fused norm)
     use_distributed_optimizer: bool = False
+    collective_timeout_min: float = 10.0  # a rank waiting longer than this in a collective stops the run
 
     def _checks(self, p: str) -> list[str]:
         errs = positive(f"{p}.tp", self.tp) + positive(f"{p}.pp", self.pp)
+        errs += positive(f"{p}.collective_timeout_min", self.collective_timeout_min)
         if self.cp != 1:
             errs.append(f"{p}.cp: context parallelism is not supported yet (got {self.cp}). Set {p}.cp=1.")
         return errs
@@ -125,6 +164,9 @@ class RolloutConfig:
         errs += choice(f"{p}.attention_backend", self.attention_backend, ("triton", "flashinfer"))
         errs += positive(f"{p}.cuda_graph_max_bs", self.cuda_graph_max_bs, allow_zero=True)
         errs += positive(f"{p}.weight_bucket_mb", self.weight_bucket_mb)
+        errs += positive(f"{p}.val_temperature", self.val_temperature, allow_zero=True)
+        errs += positive(f"{p}.micro_batch_size", self.micro_batch_size, allow_zero=True)
+        errs += in_range(f"{p}.gpu_memory_utilization", self.gpu_memory_utilization, 0.0, 1.0, lo_open=True)
         return errs
 
 
@@ -141,8 +183,14 @@ class OptimConfig:
     min_lr_ratio: float = 0.0
 
     def _checks(self, p: str) -> list[str]:
-        return choice(f"{p}.lr_schedule", self.lr_schedule, ("constant", "cosine")) + positive(
+        errs = choice(f"{p}.lr_schedule", self.lr_schedule, ("constant", "cosine")) + positive(
             f"{p}.lr", self.lr) + positive(f"{p}.grad_clip", self.grad_clip, allow_zero=True)
+        errs += positive(f"{p}.weight_decay", self.weight_decay, allow_zero=True)
+        for key in ("adam_beta1", "adam_beta2"):
+            errs += in_range(f"{p}.{key}", getattr(self, key), 0.0, 1.0, hi_open=True)
+        errs += positive(f"{p}.adam_eps", self.adam_eps)
+        errs += positive(f"{p}.lr_warmup_steps", self.lr_warmup_steps, allow_zero=True)
+        return errs + in_range(f"{p}.min_lr_ratio", self.min_lr_ratio, 0.0, 1.0)
 
 
 @dataclass(**DC)
@@ -183,7 +231,13 @@ class ActorConfig:
                        ("token-mean", "seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm"))
         errs += choice(f"{p}.rollout_correction", self.rollout_correction, ("none", "token", "sequence"))
         errs += choice(f"{p}.rollout_correction_mode", self.rollout_correction_mode, ("truncate", "mask"))
-        return errs
+        errs += positive(f"{p}.clip_ratio_low", self.clip_ratio_low, allow_zero=True)
+        errs += positive(f"{p}.clip_ratio_high", self.clip_ratio_high, allow_zero=True)
+        if not self.clip_ratio_c > 1.0:
+            errs.append(f"{p}.clip_ratio_c: the dual-clip bound must be > 1 (got {self.clip_ratio_c}). Use e.g. 3.0.")
+        errs += positive(f"{p}.entropy_coeff", self.entropy_coeff, allow_zero=True)
+        errs += positive(f"{p}.kl_loss_coef", self.kl_loss_coef, allow_zero=True)
+        return errs + positive(f"{p}.rollout_correction_threshold", self.rollout_correction_threshold)
 
 
 @dataclass(**DC)
@@ -197,7 +251,8 @@ class CriticConfig:
 
     def _checks(self, p: str) -> list[str]:
         return self.optim._checks(f"{p}.optim") + positive(f"{p}.ppo_mini_batch_size", self.ppo_mini_batch_size) + \
-            positive(f"{p}.micro_batch_size_per_gpu", self.micro_batch_size_per_gpu)
+            positive(f"{p}.micro_batch_size_per_gpu", self.micro_batch_size_per_gpu) + \
+            positive(f"{p}.ppo_epochs", self.ppo_epochs) + positive(f"{p}.cliprange_value", self.cliprange_value)
 
 
 @dataclass(**DC)
@@ -218,11 +273,17 @@ class RewardConfig:
     overlong_penalty_factor: float = 1.0
     format_penalty: float = 0.0  # subtracted when the response lacks the answer format (0 = off)
     answer_format: str = "gsm8k"  # gsm8k (#### <n>) | boxed (\boxed{...})
+    max_error_frac: float = 0.5  # stop when more than this fraction of reward calls fails ...
+    max_error_steps: int = 3  # ... in this many steps in a row
 
     def _checks(self, p: str) -> list[str]:
         return positive(f"{p}.timeout_s", self.timeout_s) + positive(f"{p}.num_workers", self.num_workers) + \
             choice(f"{p}.answer_format", self.answer_format, ("gsm8k", "boxed")) + \
-            positive(f"{p}.format_penalty", self.format_penalty, allow_zero=True)
+            positive(f"{p}.format_penalty", self.format_penalty, allow_zero=True) + \
+            positive(f"{p}.overlong_buffer", self.overlong_buffer, allow_zero=True) + \
+            positive(f"{p}.overlong_penalty_factor", self.overlong_penalty_factor, allow_zero=True) + \
+            in_range(f"{p}.max_error_frac", self.max_error_frac, 0.0, 1.0) + \
+            positive(f"{p}.max_error_steps", self.max_error_steps)
 
 
 @dataclass(**DC)
@@ -241,7 +302,10 @@ class AlgorithmConfig:
     gpg_paper_alpha: bool = False  # gpg: true = alpha B/(B-M) of the paper; false = verl's B/#nonzero scores
 
     def _checks(self, p: str) -> list[str]:
-        return choice(f"{p}.kl_ctrl_type", self.kl_ctrl_type, ("fixed", "adaptive"))
+        errs = choice(f"{p}.kl_ctrl_type", self.kl_ctrl_type, ("fixed", "adaptive"))
+        errs += in_range(f"{p}.gamma", self.gamma, 0.0, 1.0) + in_range(f"{p}.lam", self.lam, 0.0, 1.0)
+        errs += positive(f"{p}.kl_coef", self.kl_coef, allow_zero=True) + positive(f"{p}.target_kl", self.target_kl)
+        return errs + positive(f"{p}.kl_horizon", self.kl_horizon)
 
 
 @dataclass(**DC)
@@ -259,9 +323,18 @@ class TrainerConfig:
     offload_during_rollout: bool = False
     time_limit_min: float = 0.0  # stop (validate, save, export) after the step that passes this; 0 = off
     export_hf: bool = True  # write the final actor as an HF checkpoint
+    max_bad_steps: int = 3  # stop after this many steps in a row whose update was skipped (non-finite)
 
     def _checks(self, p: str) -> list[str]:
         errs = positive(f"{p}.total_steps", self.total_steps, allow_zero=True)
+        for key in ("save_freq", "test_freq"):
+            if getattr(self, key) < -1:
+                errs.append(f"{p}.{key}: must be -1, 0 or positive (got {getattr(self, key)}). "
+                            "Use -1 (at the end only), 0 (never) or N (every N steps).")
+        if not self.output_dir.strip():
+            errs.append(f"{p}.output_dir: must name a directory (got {self.output_dir!r}). Set e.g. runs/my_run.")
+        errs += in_range(f"{p}.seed", self.seed, 0, 2**32 - 1, fix="numpy seeds must fit in 32 bits.")
+        errs += positive(f"{p}.max_bad_steps", self.max_bad_steps)
         errs += positive(f"{p}.total_epochs", self.total_epochs)
         errs += positive(f"{p}.max_checkpoints_to_keep", self.max_checkpoints_to_keep)
         errs += positive(f"{p}.time_limit_min", self.time_limit_min, allow_zero=True)
@@ -284,5 +357,8 @@ class Config:
     trainer: TrainerConfig = field(default_factory=TrainerConfig)
 
     def section_errors(self) -> list[str]:
-        """Every single-section rule, collected."""
-        return [e for f in dataclasses.fields(self) for e in getattr(self, f.name)._checks(f.name)]
+        """Every single-section rule, collected (a non-finite float is reported instead of its range)."""
+        non_finite = [e for f in dataclasses.fields(self) for e in non_finite_floats(getattr(self, f.name), f.name)]
+        bad_keys = {e.split(":", 1)[0] for e in non_finite}
+        checks = [e for f in dataclasses.fields(self) for e in getattr(self, f.name)._checks(f.name)]
+        return non_finite + [e for e in checks if e.split(":", 1)[0] not in bad_keys]

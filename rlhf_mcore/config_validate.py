@@ -35,7 +35,8 @@ def _model_shape(cfg: Config) -> tuple[dict | None, list[str]]:
             return None, [f"model.hf_path: cannot read {path} (got {m.hf_path!r}): {e}. "
                           "Point it at an HF model directory."]
         return {"layers": hf.get("num_hidden_layers"), "heads": hf.get("num_attention_heads"),
-                "groups": hf.get("num_key_value_heads") or hf.get("num_attention_heads")}, []
+                "groups": hf.get("num_key_value_heads") or hf.get("num_attention_heads"),
+                "positions": hf.get("max_position_embeddings"), "positions_key": f"{path}: max_position_embeddings"}, []
     missing = [k for k in REQUIRED_INLINE if getattr(m, k) is None]
     if missing:
         return None, [f"model.{k}: required when model.hf_path is empty (got None). Set it, or set "
@@ -45,7 +46,8 @@ def _model_shape(cfg: Config) -> tuple[dict | None, list[str]]:
     if m.family not in MODEL_FAMILIES:
         return None, [f"model.family: unknown family (got {m.family!r}). Available: {', '.join(MODEL_FAMILIES)}."]
     return {"layers": m.num_layers, "heads": m.num_attention_heads,
-            "groups": m.num_query_groups or m.num_attention_heads}, []
+            "groups": m.num_query_groups or m.num_attention_heads, "positions": m.max_position_embeddings,
+            "positions_key": "model.max_position_embeddings"}, []
 
 
 def _parallel_rules(cfg: Config, shape: dict, world_size: int | None) -> list[str]:
@@ -107,6 +109,22 @@ def _packing_rules(cfg: Config) -> list[str]:
     return []
 
 
+def _length_rules(cfg: Config, shape: dict | None) -> list[str]:
+    """A prompt plus its response must fit the model's positions and one micro-batch's token budget."""
+    seq, errs = cfg.data.max_prompt_length + cfg.rollout.max_response_length, []
+    where = "data.max_prompt_length + rollout.max_response_length"
+    if shape is not None and shape.get("positions") and shape["positions"] < seq:
+        errs.append(f"{shape['positions_key']}: the model has {shape['positions']} positions, fewer than "
+                    f"{where} = {seq} (got {shape['positions']}). Shorten the prompt or response lengths.")
+    if (cfg.actor.use_dynamic_bsz or cfg.data.use_sequence_packing) and cfg.actor.max_tokens_per_gpu < seq:
+        errs.append(f"actor.max_tokens_per_gpu: must hold one sequence of {where} = {seq} tokens "
+                    f"(got {cfg.actor.max_tokens_per_gpu}). Set it to at least {seq}.")
+    if cfg.reward.overlong_buffer >= cfg.rollout.max_response_length:
+        errs.append(f"reward.overlong_buffer: must be below rollout.max_response_length="
+                    f"{cfg.rollout.max_response_length} (got {cfg.reward.overlong_buffer}). Use a smaller buffer.")
+    return errs
+
+
 def _algorithm_rules(cfg: Config) -> list[str]:
     from rlhf_mcore.algorithms import ADVANTAGES, KL_ESTIMATORS, POLICY_LOSSES
 
@@ -128,9 +146,9 @@ def _algorithm_rules(cfg: Config) -> list[str]:
 def _file_rules(cfg: Config) -> list[str]:
     errs = []
     for key in ("train_files", "val_files"):
-        path = getattr(cfg.data, key)
-        if path and not os.path.exists(path):
-            errs.append(f"data.{key}: file not found (got {path!r}). Run tools/prepare_gsm8k.py or fix the path.")
+        for path in filter(None, getattr(cfg.data, key).split(",")):  # a comma-separated list of files
+            if not os.path.exists(path):
+                errs.append(f"data.{key}: file not found (got {path!r}). Run tools/prepare_gsm8k.py or fix the path.")
     if not cfg.data.train_files and cfg.trainer.total_steps == 0:
         errs.append("data.train_files: required to run by epochs (got ''). Set it, or set trainer.total_steps.")
     fn = cfg.reward.custom_fn
@@ -147,4 +165,5 @@ def validate(cfg: Config, world_size: int | None = None) -> list[str]:
         errs += _parallel_rules(cfg, shape, world_size)
     model_parallel = cfg.parallel.tp * cfg.parallel.pp
     dp = world_size // model_parallel if world_size and world_size % model_parallel == 0 else 1
-    return errs + _batch_rules(cfg, dp) + _packing_rules(cfg) + _algorithm_rules(cfg) + _file_rules(cfg)
+    return errs + _batch_rules(cfg, dp) + _length_rules(cfg, shape) + _packing_rules(cfg) + _algorithm_rules(cfg) + \
+        _file_rules(cfg)

@@ -11,6 +11,8 @@ import time
 
 import torch
 
+from rlhf_mcore.disk import disk_full_message
+
 log = logging.getLogger("rlhf_mcore")
 
 
@@ -39,10 +41,10 @@ def timer(name: str, timings: dict):
 
 
 class _TensorBoard:
-    def __init__(self, path: str):
+    def __init__(self, path: str, truncate_after: int):
         from torch.utils.tensorboard import SummaryWriter
 
-        self.writer = SummaryWriter(path)
+        self.writer = SummaryWriter(path, purge_step=truncate_after + 1)  # drops events of later steps
 
     def write(self, step: int, metrics: dict) -> None:
         for key, value in metrics.items():
@@ -54,29 +56,58 @@ class _TensorBoard:
 
 
 class _Jsonl:
-    def __init__(self, path: str):
+    def __init__(self, path: str, truncate_after: int):
+        self.path = path
+        _truncate_jsonl(path, truncate_after)
         self.file = open(path, "a")
 
     def write(self, step: int, metrics: dict) -> None:
-        self.file.write(json.dumps({"step": step, **metrics}) + "\n")
-        self.file.flush()
+        try:
+            self.file.write(json.dumps({"step": step, **metrics}) + "\n")
+            self.file.flush()
+        except OSError as e:
+            raise OSError(e.errno, disk_full_message(e, self.path) or f"writing {self.path} failed: {e}") from e
 
     def close(self) -> None:
         self.file.close()
 
 
-class MetricLogger:
-    """Writes plain-float metric dicts to every configured sink; a no-op on ranks other than 0."""
+def _truncate_jsonl(path: str, last_step: int) -> None:
+    """Keep only the records of steps <= last_step (a resumed run re-logs the steps after its checkpoint)."""
+    if not os.path.isfile(path):
+        return
+    with open(path) as f:
+        lines = f.readlines()
+    kept = [line for line in lines if _step_of(line) is not None and _step_of(line) <= last_step]
+    if len(kept) == len(lines):
+        return
+    tmp = f"{path}.tmp-{os.getpid()}"
+    with open(tmp, "w") as f:
+        f.writelines(kept)
+    os.replace(tmp, path)
+    log.info("%s: dropped %d record(s) after step %d", path, len(lines) - len(kept), last_step)
 
-    def __init__(self, run_dir: str, sinks: list[str], enabled: bool):
+
+def _step_of(line: str) -> int | None:
+    try:
+        return int(json.loads(line)["step"])
+    except (ValueError, KeyError, TypeError):
+        return None  # a torn last line of a killed run
+
+
+class MetricLogger:
+    """Writes plain-float metric dicts to every configured sink; a no-op on ranks other than 0.
+    truncate_after: the step the run starts from; records of later steps (from before a resume) are dropped."""
+
+    def __init__(self, run_dir: str, sinks: list[str], enabled: bool, truncate_after: int = 0):
         self.sinks = []
         if not enabled:
             return
         if "jsonl" in sinks:
-            self.sinks.append(_Jsonl(os.path.join(run_dir, "metrics.jsonl")))
+            self.sinks.append(_Jsonl(os.path.join(run_dir, "metrics.jsonl"), truncate_after))
         if "tensorboard" in sinks:
             try:
-                self.sinks.append(_TensorBoard(os.path.join(run_dir, "tensorboard")))
+                self.sinks.append(_TensorBoard(os.path.join(run_dir, "tensorboard"), truncate_after))
             except ImportError:
                 log.warning("tensorboard is not installed: TensorBoard logging is off")
 

@@ -83,10 +83,26 @@ def build_train_state(model, optim_cfg, parallel_cfg) -> TrainState:
 
 
 def optimizer_step(state: TrainState, lr: float) -> tuple[bool, float]:
-    """(applied, grad_norm) after the gradients of one mini-batch are accumulated and finalised."""
-    set_lr(state.optimizer, lr)
-    applied, grad_norm, _ = state.optimizer.step()
-    return bool(applied), float(grad_norm) if grad_norm is not None else float("nan")
+    """(applied, grad_norm) after the gradients of one mini-batch are accumulated and finalised.
+
+    Megatron's `step()` split in its parts so that a non-finite grad norm (a non-finite loss gives one) skips
+    the update: no weight and no Adam state changes. The norm is megatron's own, reduced over the model-parallel
+    group and read on the host once, as `step()` does: the check adds no host sync, and every rank decides alike."""
+    from megatron.core.optimizer.clip_grads import clip_grad_by_total_norm_fp32
+
+    opt = state.optimizer
+    set_lr(opt, lr)
+    found_inf = opt.prepare_grads()  # main grads ready; True only for fp16 loss scaling overflows
+    grad_norm = float(opt.get_grad_norm())
+    if found_inf or not math.isfinite(grad_norm):
+        return False, grad_norm
+    if state.optim_cfg.grad_clip > 0:
+        for inner in getattr(opt, "chained_optimizers", [opt]):
+            params = inner.get_parameters()
+            if params:
+                clip_grad_by_total_norm_fp32(params, state.optim_cfg.grad_clip, grad_norm,
+                                             inner.config.use_precision_aware_optimizer_no_fp8_or_ds_fp8)
+    return bool(opt.step_with_ready_grads()), grad_norm
 
 
 def zero_grads(state: TrainState) -> None:

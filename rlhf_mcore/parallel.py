@@ -10,6 +10,9 @@ import dataclasses
 import logging
 import os
 import random
+import signal
+import threading
+import time
 from datetime import timedelta
 
 import numpy as np
@@ -92,7 +95,34 @@ def seed_everything(seed: int) -> None:
     tensor_parallel.model_parallel_cuda_manual_seed(seed, inference_rng_tracker=not torch.cuda.is_available())
 
 
-def _init_default_group(rank: int, local_rank: int, world_size: int) -> torch.device:
+def exit_with_launcher() -> bool:
+    """Under torchrun: die with the launcher (the kernel sends SIGKILL when the parent exits), so a killed
+    torchrun leaves no orphan ranks behind. Linux: prctl(PR_SET_PDEATHSIG); elsewhere a thread polls the
+    parent pid. A plain `python` run is left alone (it may be meant to outlive its shell, e.g. under nohup).
+    Returns whether the guard is on."""
+    if "TORCHELASTIC_RUN_ID" not in os.environ:
+        return False
+    parent = os.getppid()
+    try:
+        import ctypes
+
+        if ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL) != 0:  # 1 = PR_SET_PDEATHSIG
+            raise OSError(ctypes.get_errno(), "prctl failed")
+    except (OSError, AttributeError):
+        threading.Thread(target=_watch_parent, args=(parent,), daemon=True, name="parent-watchdog").start()
+    if os.getppid() != parent:  # the launcher died before the guard was set
+        os._exit(1)
+    return True
+
+
+def _watch_parent(parent: int, interval_s: float = 1.0) -> None:
+    while os.getppid() == parent:
+        time.sleep(interval_s)
+    log.error("the launcher (pid %d) is gone: exiting", parent)
+    os._exit(1)
+
+
+def _init_default_group(rank: int, local_rank: int, world_size: int, timeout_min: float) -> torch.device:
     if torch.cuda.is_available():
         torch.cuda.set_device(local_rank)
         device, backend = torch.device("cuda", local_rank), "nccl"
@@ -101,22 +131,24 @@ def _init_default_group(rank: int, local_rank: int, world_size: int) -> torch.de
     os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
     os.environ.setdefault("MASTER_PORT", str(29500 + os.getpid() % 1000))
     if not dist.is_initialized():
-        dist.init_process_group(backend, rank=rank, world_size=world_size, timeout=timedelta(minutes=30))
+        dist.init_process_group(backend, rank=rank, world_size=world_size, timeout=timedelta(minutes=timeout_min))
     return device
 
 
-def init_distributed(tp: int = 1, pp: int = 1, seed: int = 1234) -> ParallelContext:
-    """Create the default group and megatron's TP/PP/DP groups; seed all RNGs. Call once per process."""
+def init_distributed(tp: int = 1, pp: int = 1, seed: int = 1234, timeout_min: float = 10.0) -> ParallelContext:
+    """Create the default group and megatron's TP/PP/DP groups; seed all RNGs. Call once per process.
+    timeout_min: how long any collective may wait for the other ranks (parallel.collective_timeout_min)."""
     from megatron.core import parallel_state
     from megatron.core.process_groups_config import ProcessGroupCollection
 
     cpu_patched = apply_cpu_patches()
     rank, local_rank, world_size = torchrun_env()
     dims = ParallelDims.from_world(world_size, tp, pp)
-    device = _init_default_group(rank, local_rank, world_size)
+    device = _init_default_group(rank, local_rank, world_size, timeout_min)
     if not parallel_state.model_parallel_is_initialized():
         parallel_state.initialize_model_parallel(
-            tensor_model_parallel_size=dims.tp, pipeline_model_parallel_size=dims.pp
+            tensor_model_parallel_size=dims.tp, pipeline_model_parallel_size=dims.pp,
+            distributed_timeout_minutes=timeout_min,
         )
     seed_everything(seed)
     log.info(

@@ -198,6 +198,7 @@ def update_role(name: str, state, batch: dict, loss_fn, section, rows_per_mini: 
             mbs = split_micro_batches(take(batch, slice(start, start + rows_per_mini)), **batching)
             zero_grads(state)
             reports += run_schedule(state.model, mbs, loss_fn, forward_only=False)
-            _, grad_norm = optimizer_step(state, lr)
-            reports.append({f"{name}/grad_norm": torch.tensor(grad_norm)})
+            applied, grad_norm = optimizer_step(state, lr)  # skipped (weights kept) when not finite
+            reports.append({f"{name}/grad_norm": torch.tensor(grad_norm),
+                            f"{name}/skipped_update_frac": torch.tensor(0.0 if applied else 1.0)})
     return reports

@@ -6,22 +6,26 @@ import dataclasses
 import json
 import logging
 import os
+from pathlib import Path
 
 import torch
 
 from rlhf_mcore.algorithms import KL_CONTROLLERS
 from rlhf_mcore.config_load import dump_yaml
 from rlhf_mcore.config_validate import GREEDY_BASELINE_ESTIMATORS
+from rlhf_mcore.guards import BadStepGuard, DiskFullError, DivergedError, RewardHealthGuard, RunStopped, StartupError
 from rlhf_mcore.logs import MetricLogger, init_logger
 from rlhf_mcore.models.transformer_config import load_hf_config
 from rlhf_mcore.parallel import init_distributed, torchrun_env
 from rlhf_mcore.roles import Roles, build_roles
 from rlhf_mcore.rollout.base import build_rollout_engine
 from rlhf_mcore.run_data import build_samplers, load_run_tokenizer, stop_token_ids
+from rlhf_mcore.run_lock import RunDirLocked, RunLock
 from rlhf_mcore.run_reward import Scorer
 from rlhf_mcore.step_log import format_step_line
 
 log = logging.getLogger("rlhf_mcore")
+SUSPECT_SUFFIX = ".suspect"
 
 
 @dataclasses.dataclass
@@ -40,7 +44,17 @@ class Run:
     run_dir: str
     metric_logger: MetricLogger
     start_step: int = 0
+    resume_path: str | None = None  # the verified checkpoint to resume from
+    lock: RunLock | None = None  # rank 0: the output directory's lock
     history: list = dataclasses.field(default_factory=list)
+    bad_steps: BadStepGuard | None = None
+    reward_health: RewardHealthGuard | None = None
+    num_skipped_steps: int = 0
+    unconfirmed: str | None = None  # the newest checkpoint, until a step after it applies all its updates
+
+    def __post_init__(self):
+        self.bad_steps = BadStepGuard(self.cfg.trainer.max_bad_steps, last_good_step=self.start_step)
+        self.reward_health = RewardHealthGuard(self.cfg.reward.max_error_frac, self.cfg.reward.max_error_steps)
 
     @property
     def needs_greedy_baseline(self) -> bool:
@@ -75,12 +89,69 @@ class Run:
         self.history.append({"step": step, **metrics})
         return metrics
 
-    def save(self, step: int) -> str:
-        from rlhf_mcore.checkpoint import save_checkpoint
+    def save(self, step: int, final: bool = False) -> str | None:
+        """Checkpoint `step`; None while the last step skipped an update (its weights are suspect). Older
+        checkpoints go once this one is confirmed: at the next step that applies all its updates, or now for
+        the final save of a healthy run (so weights that are finite but already diverged never push out the
+        last good checkpoint: max_checkpoints_to_keep + 1 may be on disk in between)."""
+        from rlhf_mcore.checkpoint import save_checkpoint, save_load
 
+        if self.bad_steps.streak:
+            log.warning("step %d: not saved: its update was skipped (non-finite)", step)
+            return None
         extra = {"step": step, "sampler": self.sampler.state_dict(), "kl_ctrl": self.kl_ctrl.state_dict()}
-        return save_checkpoint(self.run_dir, step, self.roles.trainable(), extra, self.ctx,
-                               keep=self.cfg.trainer.max_checkpoints_to_keep)
+        try:
+            path = save_checkpoint(self.run_dir, step, self.roles.trainable(), extra, self.ctx,
+                                   keep=self.cfg.trainer.max_checkpoints_to_keep if final else None)
+            self.unconfirmed = None if final else path
+            return path
+        except save_load.NonFiniteWeightsError as e:
+            raise DivergedError(f"training stopped at step {step}: {e}") from e
+        except save_load.DiskFullError as e:
+            raise DiskFullError(f"training stopped at step {step}: {e}") from e
+
+    def check_health(self, step: int, metrics: dict) -> RunStopped | None:
+        """Feed the guards this step's global metrics (adds their counters); the error to stop with, if any."""
+        skipped = sum(metrics.get(f"{role}/skipped_update_frac", 0.0) for role in ("actor", "critic"))
+        self.num_skipped_steps += skipped > 0
+        metrics["training/num_skipped_steps"] = float(self.num_skipped_steps)
+        calls = self.cfg.data.train_batch_size * self.cfg.rollout.n
+        failed = metrics.get("reward/errors", 0.0) + metrics.get("reward/timeouts", 0.0)
+        metrics["reward/error_frac"] = failed / calls
+        if skipped == 0:
+            self._confirm_checkpoint()
+        try:
+            self.bad_steps.update(step, int(skipped > 0))
+            self.reward_health.update(step, failed, calls)
+        except RunStopped as e:
+            if isinstance(e, DivergedError) and self.unconfirmed is not None:
+                e.lines.append(self._set_aside_unconfirmed())
+            return e
+        return None
+
+    def _confirm_checkpoint(self) -> None:
+        if self.unconfirmed is not None and self.ctx.is_logging_rank:
+            from rlhf_mcore.checkpoint.layout import prune, remove_orphans
+
+            newest = Path(self.unconfirmed)
+            prune(newest.parent, self.cfg.trainer.max_checkpoints_to_keep, newest=newest)
+            remove_orphans(newest.parent)
+        self.unconfirmed = None
+
+    def _set_aside_unconfirmed(self) -> str:
+        """The newest checkpoint led straight into non-finite steps: rename it so that resume=auto skips it."""
+        path = Path(self.unconfirmed)
+        aside = path.with_name(f"{path.name}{SUSPECT_SUFFIX}")
+        if self.ctx.is_logging_rank:
+            from rlhf_mcore.checkpoint.layout import list_checkpoints, write_latest
+
+            path.rename(aside)
+            remaining = list_checkpoints(path.parent)
+            if remaining:
+                write_latest(path.parent, remaining[-1][0])
+        self.unconfirmed = None
+        return (f"{path.name}: saved just before the first skipped update, set aside as {aside.name} (resume=auto "
+                "takes the checkpoint before it; rename it back to use it).")
 
     def agree(self, flag: bool) -> bool:
         """True on every rank when it is True on rank 0 (ranks must stop at the same step)."""
@@ -92,21 +163,49 @@ class Run:
         self.metric_logger.close()
         if hasattr(self.engine, "shutdown"):
             self.engine.shutdown()
+        if self.lock is not None:
+            self.lock.release()
 
 
 def _total_steps(cfg, sampler) -> int:
     return cfg.trainer.total_steps or cfg.trainer.total_epochs * sampler.steps_per_epoch
 
 
-def _resume(run: Run) -> None:
-    if run.cfg.trainer.resume == "disable":
-        return
-    from rlhf_mcore.checkpoint import load_checkpoint, resolve_resume
+def _start_checks(cfg, ctx) -> tuple[RunLock | None, str | None]:
+    """Before any model is built: rank 0 runs every preflight check and takes the output directory's lock, all
+    ranks share the verdict, then pick (and verify) the checkpoint to resume from. Raises StartupError."""
+    from rlhf_mcore.checkpoint import CheckpointError
+    from rlhf_mcore.checkpoint.verify import pick_resume
+    from rlhf_mcore.preflight import preflight_errors
 
-    path = resolve_resume(run.cfg.trainer, run.run_dir)
+    lock, errors = None, []
+    if ctx.is_logging_rank:
+        errors = preflight_errors(cfg)
+        if not errors:
+            try:
+                lock = RunLock(cfg.trainer.output_dir).acquire()
+            except (RunDirLocked, OSError) as e:
+                errors = [str(e)]
+    verdict = [errors]
+    if ctx.dims.world_size > 1:
+        torch.distributed.broadcast_object_list(verdict, src=0)
+    if verdict[0]:
+        raise StartupError(verdict[0])
+    try:
+        return lock, pick_resume(cfg.trainer, cfg.trainer.output_dir)
+    except CheckpointError as e:
+        if lock is not None:
+            lock.release()
+        raise StartupError(f"trainer.resume: {e}") from e
+
+
+def _resume(run: Run) -> None:
+    from rlhf_mcore.checkpoint import load_checkpoint
+
+    path = run.resume_path
     if path is None:
         return
-    extra = load_checkpoint(path, run.roles.trainable(), run.ctx)
+    extra = load_checkpoint(path, run.roles.trainable(), run.ctx, verify=False)  # verified by _start_checks
     run.sampler.load_state_dict(extra["sampler"])
     run.kl_ctrl.load_state_dict(extra["kl_ctrl"])
     run.start_step = int(extra["step"])
@@ -116,12 +215,26 @@ def _resume(run: Run) -> None:
 def start_run(cfg) -> Run:
     rank, _, _ = torchrun_env()
     init_logger(rank)
-    ctx = init_distributed(cfg.parallel.tp, cfg.parallel.pp, seed=cfg.trainer.seed)
+    ctx = init_distributed(cfg.parallel.tp, cfg.parallel.pp, seed=cfg.trainer.seed,
+                           timeout_min=cfg.parallel.collective_timeout_min)
+    lock, resume_path = _start_checks(cfg, ctx)
+    try:
+        return _build_run(cfg, ctx, lock, resume_path)
+    except BaseException:
+        if lock is not None:
+            lock.release()
+        raise
+
+
+def _build_run(cfg, ctx, lock: RunLock | None, resume_path: str | None) -> Run:
+    from rlhf_mcore.checkpoint.layout import read_meta
+
     run_dir = cfg.trainer.output_dir
     if ctx.is_logging_rank:
         os.makedirs(run_dir, exist_ok=True)
         with open(os.path.join(run_dir, "config.yaml"), "w") as f:
             f.write(dump_yaml(cfg))
+    start_step = int(read_meta(resume_path)["step"]) if resume_path else 0
     tokenizer = load_run_tokenizer(cfg)
     roles = build_roles(cfg, load_hf_config(cfg.model), ctx)
     engine = build_rollout_engine(cfg.rollout.engine, **engine_kwargs(cfg, roles, tokenizer, ctx))
@@ -133,7 +246,8 @@ def start_run(cfg) -> Run:
               stop_ids=stop_token_ids(cfg, tokenizer), sampler=sampler,
               val_sampler=val_sampler, scorer=Scorer(cfg, tokenizer, ctx),
               kl_ctrl=KL_CONTROLLERS.get(a.kl_ctrl_type)(**kl_args), total_steps=_total_steps(cfg, sampler),
-              run_dir=run_dir, metric_logger=MetricLogger(run_dir, cfg.trainer.logger, ctx.is_logging_rank))
+              run_dir=run_dir, resume_path=resume_path, lock=lock, start_step=start_step,
+              metric_logger=MetricLogger(run_dir, cfg.trainer.logger, ctx.is_logging_rank, truncate_after=start_step))
     _resume(run)
     log.info("run: %d steps from step %d; output in %s", run.total_steps, run.start_step, run_dir)
     return run
@@ -152,7 +266,7 @@ def engine_kwargs(cfg, roles: Roles, tokenizer, ctx) -> dict:
 def finish_run(run: Run, last: int) -> None:
     """Final checkpoint, HF export of the actor, and a summary of where everything is."""
     cfg = run.cfg
-    path = run.save(last) if cfg.trainer.save_freq != 0 and last > run.start_step else None
+    path = run.save(last, final=True) if cfg.trainer.save_freq != 0 and last > run.start_step else None
     export = None
     if cfg.trainer.export_hf and path is not None:
         from rlhf_mcore.checkpoint.export import export_actor_to_hf

@@ -1,6 +1,9 @@
 """Entry point: `python -m rlhf_mcore.train --config CFG [a.b=value ...]`, started by torchrun on every rank.
 
 `--validate-only` prints the resolved config (exit 0) or every error (exit 2) and builds nothing.
+Exit codes: 0 done, 2 a problem found before the model is built (config, paths, data, rewards, a locked
+output directory), 3 training diverged, 4 the rewards keep failing, 5 a collective timed out, 6 the disk is
+full (`rlhf_mcore.guards`). Only rank 0 prints the problems; every rank exits with the same code.
 """
 from __future__ import annotations
 
@@ -8,7 +11,8 @@ import argparse
 import sys
 
 from rlhf_mcore.config_load import ConfigError, dump_yaml, load_config
-from rlhf_mcore.parallel import torchrun_env
+from rlhf_mcore.guards import EXIT_STARTUP, RunStopped, collective_timeout_error, is_collective_timeout
+from rlhf_mcore.parallel import exit_with_launcher, torchrun_env
 
 
 def parse_args(argv):
@@ -20,21 +24,43 @@ def parse_args(argv):
     return parser.parse_args(argv)
 
 
+def report(lines: list[str], rank: int, header: str) -> None:
+    """Rank 0 prints the problems, one per line, once for the whole job (no traceback)."""
+    if rank == 0:
+        print("\n".join([header, *(f"  - {line}" for line in lines)]), file=sys.stderr, flush=True)
+
+
 def main(argv=None) -> int:
     args = parse_args(sys.argv[1:] if argv is None else argv)
-    _, _, world_size = torchrun_env()
+    rank, _, world_size = torchrun_env()
     try:
         cfg = load_config(args.config, args.overrides, world_size=None if args.validate_only else world_size)
     except ConfigError as e:
-        print(e, file=sys.stderr)
-        return 2
+        report(e.errors, rank, "invalid config:")
+        return EXIT_STARTUP
     if args.validate_only:
         print(dump_yaml(cfg), end="")
         return 0
+    exit_with_launcher()
+    return run_training(cfg, rank)
+
+
+def run_training(cfg, rank: int) -> int:
+    """train(cfg), with each deliberate stop turned into its message and exit code (rlhf_mcore.guards)."""
     from rlhf_mcore.parallel import destroy_distributed
     from rlhf_mcore.trainer import train
 
-    train(cfg)
+    try:
+        train(cfg)
+    except RunStopped as e:
+        report(e.lines, rank, "cannot start:" if e.exit_code == EXIT_STARTUP else "run stopped:")
+        return e.exit_code
+    except Exception as e:
+        if not is_collective_timeout(e):
+            raise
+        stop = collective_timeout_error(e, cfg.parallel.collective_timeout_min)
+        print(f"[rank{rank}] run stopped: {stop}", file=sys.stderr, flush=True)  # every rank: which one waited
+        return stop.exit_code
     destroy_distributed()  # a clean gloo/NCCL shutdown: exiting with live groups can abort a rank
     return 0
 

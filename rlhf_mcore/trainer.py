@@ -87,7 +87,10 @@ def train(cfg) -> Run:
             metrics = train_step(run, step)
             metrics["timing_s/step"] = time.perf_counter() - start
             step += 1
+            stop = run.check_health(step, metrics)  # the same verdict on every rank (global metrics)
             run.log_step(step, metrics)
+            if stop is not None:
+                raise stop
             last = step == run.total_steps or run.agree(out_of_time(cfg, started))
             if run.val_sampler is not None and t.test_freq > 0 and (step % t.test_freq == 0 or last):
                 run.log_validation(step)

@@ -22,6 +22,8 @@ from pathlib import Path
 
 import torch.distributed as dist
 
+from rlhf_mcore.guards import EXIT_DIVERGED, EXIT_STARTUP
+
 log = logging.getLogger(__name__)
 EXPORT_DIR = "hf_export"
 # torchrun's variables: the export process is a world of its own
@@ -89,10 +91,24 @@ def convert(ckpt: str, out: str, model_cfg) -> Path:
         model = build_model("actor", hf_cfg, model_cfg, ParallelConfig(), ctx)
         load_model_weights(model, ckpt)
         hf_sd = mcore_to_hf(full_state_dict(model), hf_cfg, role="actor", source=ckpt)
+        check_finite(hf_sd, ckpt)
         aux = model_cfg.tokenizer if os.path.isdir(model_cfg.tokenizer or "") else model_cfg.hf_path or None
         return save_hf_checkpoint(out, hf_sd, hf_export_config(hf_cfg, model_cfg.dtype), aux, overwrite=True)
     finally:
         destroy_distributed()
+
+
+class NonFiniteExportError(ValueError):
+    """The weights to export hold inf or nan."""
+
+
+def check_finite(state_dict: dict, source) -> None:
+    """Refuse to export weights that hold inf or nan (ValueError naming the tensors)."""
+    bad = [k for k, v in state_dict.items() if v.is_floating_point() and not bool(v.isfinite().all())]
+    if bad:
+        raise NonFiniteExportError(f"{source}: refusing to export non-finite weights: {len(bad)} of "
+                                   f"{len(state_dict)} tensors hold inf or nan (first: {bad[0]}). Export an earlier "
+                                   "checkpoint.")
 
 
 def main(argv=None) -> int:
@@ -112,7 +128,11 @@ def main(argv=None) -> int:
         model_cfg = ModelConfig(**json.loads(args.model_config))
     else:
         model_cfg = load_config(args.config or str(Path(args.ckpt).resolve().parents[1] / "config.yaml")).model
-    convert(args.ckpt, args.out, model_cfg)
+    try:
+        convert(args.ckpt, args.out, model_cfg)
+    except ValueError as e:
+        print(f"export failed: {e}", file=sys.stderr)
+        return EXIT_DIVERGED if isinstance(e, NonFiniteExportError) else EXIT_STARTUP
     return 0
 
 

@@ -111,8 +111,12 @@ def read_meta(path: str | os.PathLike) -> dict:
         elif TMP_MARK in path.name:
             hint = "it is an unfinished save (killed or failed before completion)."
         raise CheckpointError(f"{path}: no {META_FILE}: {hint}")
-    meta = json.loads(meta_path.read_text())
-    if meta.get("format") != FORMAT:
+    try:
+        meta = json.loads(meta_path.read_text())
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise CheckpointError(f"{meta_path}: unreadable ({type(e).__name__}: {e}); the checkpoint is damaged.") from e
+    if not isinstance(meta, dict) or meta.get("format") != FORMAT:
+        meta = meta if isinstance(meta, dict) else {}
         raise CheckpointError(f"{meta_path}: unknown checkpoint format {meta.get('format')!r} (expected {FORMAT!r}).")
     return meta
 

@@ -34,6 +34,8 @@ from rlhf_mcore.checkpoint.layout import (
 )
 from rlhf_mcore.checkpoint.optim_state import load_optimizer_state, optimizer_kind, optimizer_sharded_state_dict
 from rlhf_mcore.checkpoint.rng import load_rng_file, save_rng_file
+from rlhf_mcore.checkpoint.verify import checkpoint_problems, record_checksums, verify_checkpoint
+from rlhf_mcore.disk import disk_full_message
 
 log = logging.getLogger(__name__)
 
@@ -52,11 +54,19 @@ def _layout(ctx) -> dict:
     return {"tp": d.tp, "pp": d.pp, "dp": d.dp, "world_size": d.world_size}
 
 
+class NonFiniteWeightsError(CheckpointError):
+    """The weights to save hold inf or nan: such a checkpoint is never written."""
+
+
+class DiskFullError(CheckpointError):
+    """A save failed because the disk is full."""
+
+
 def _rng_file(rank: int) -> str:
     return f"rank_{rank:05d}.pt"
 
 
-def _everywhere(what: str, fn, ctx) -> None:
+def _everywhere(what: str, fn, ctx, where=None) -> None:
     """Run a local step on every rank and agree on the outcome, so that a failure on one rank raises on all
     of them (instead of leaving the others waiting in the next collective)."""
     error = None
@@ -68,8 +78,9 @@ def _everywhere(what: str, fn, ctx) -> None:
     if dist.is_initialized():
         dist.all_reduce(failed)
     if error is not None:
-        raise CheckpointError(f"checkpoint: {what} failed on rank {_rank()}: "
-                              f"{type(error).__name__}: {error}") from error
+        detail = disk_full_message(error, where) if where else None
+        raise (DiskFullError if detail else CheckpointError)(
+            f"checkpoint: {what} failed on rank {_rank()}: {detail or f'{type(error).__name__}: {error}'}") from error
     if failed.item():
         raise CheckpointError(f"checkpoint: {what} failed on {int(failed.item())} other rank(s); see their logs.")
 
@@ -102,8 +113,8 @@ def _save_role(role_dir: Path, model, optimizer) -> dict:
             "optimizer": optimizer_kind(optimizer) if optimizer is not None else None}
 
 
-def _publish(tmp: Path, final: Path, step: int, keep: int | None) -> None:
-    """Rank 0, once every rank has finished writing: rename into place, move `latest`, prune."""
+def _publish(tmp: Path, final: Path) -> None:
+    """Rank 0, once every rank has finished writing: rename into place (`latest` moves once it verifies)."""
     aside = None
     if final.exists():  # the same step saved again (e.g. a re-run): replace it, keeping it until the rename
         aside = tmp_dir_for(final)
@@ -117,6 +128,24 @@ def _publish(tmp: Path, final: Path, step: int, keep: int | None) -> None:
     _fsync_dir(final.parent)
     if aside is not None:
         shutil.rmtree(aside, ignore_errors=True)
+
+
+def _check_finite(states: dict, frozen: dict, ctx) -> None:
+    """Collective: raise NonFiniteWeightsError on every rank when any rank holds a non-finite weight."""
+    models = {**{role: s.module for role, s in states.items()}, **frozen}
+    bad = [role for role, model in models.items()
+           if not torch.stack([p.detach().isfinite().all() for p in model.parameters()]).all()]
+    flags = torch.tensor([float(role in bad) for role in models], device=ctx.device)
+    if dist.is_initialized():
+        dist.all_reduce(flags)
+    bad = [role for role, flag in zip(models, flags.tolist()) if flag]
+    if bad:
+        raise NonFiniteWeightsError(f"checkpoint: not saved: the weights of {', '.join(bad)} hold inf or nan. "
+                                    "The previous checkpoints are kept; resume from the newest of them.")
+
+
+def _retire_old(final: Path, step: int, keep: int | None) -> None:
+    """Rank 0, once `final` verifies: point `latest` at it, then delete what it replaces."""
     write_latest(final.parent, step)
     if keep is not None:
         prune(final.parent, keep, newest=final)
@@ -146,6 +175,7 @@ def save_checkpoint(run_dir, step: int, states: dict, extra: dict | None, ctx, *
         extra_text = json.dumps({} if extra is None else extra, indent=2, sort_keys=True, allow_nan=True)
     except TypeError as e:
         raise CheckpointError(f"checkpoint: extra (trainer state) must be JSON-serialisable: {e}.") from e
+    _check_finite(states, frozen, ctx)
     run_dir = Path(run_dir).resolve()
     final = step_dir(run_dir, step)
     tmp = _shared_tmp(final)
@@ -158,27 +188,44 @@ def save_checkpoint(run_dir, step: int, states: dict, extra: dict | None, ctx, *
             for sub in (*states, *frozen, RNG_DIR):
                 (tmp / sub).mkdir(parents=True)
 
-    _everywhere(f"creating {tmp}", prepare, ctx)
+    _everywhere(f"creating {tmp}", prepare, ctx, where=run_dir)
     try:
-        roles = {role: _save_role(tmp / role, s.module, s.optimizer) for role, s in states.items()}
-        roles.update({role: _save_role(tmp / role, model, None) for role, model in frozen.items()})
-        _everywhere("writing RNG states", lambda: save_rng_file(tmp / RNG_DIR / _rng_file(_rank())), ctx)
-        meta = {"format": FORMAT, "step": step, "roles": roles, "layout": _layout(ctx),
+        roles = _save_roles(tmp, states, frozen, ctx)
+        _everywhere("writing RNG states", lambda: save_rng_file(tmp / RNG_DIR / _rng_file(_rank())), ctx, where=tmp)
+        _everywhere("writing the trainer state",
+                    lambda: rank0 and (tmp / TRAINER_STATE_FILE).write_text(extra_text + "\n"), ctx, where=tmp)
+        meta = {"format": FORMAT, "step": step, "roles": roles, "layout": _layout(ctx), "files": record_checksums(tmp),
                 "megatron_core": _megatron_version(), "saved_at": time.strftime("%Y-%m-%dT%H:%M:%S")}
 
         def finish():
             if rank0:
-                (tmp / TRAINER_STATE_FILE).write_text(extra_text + "\n")
                 atomic_write_text(tmp / META_FILE, json.dumps(meta, indent=2, sort_keys=True) + "\n")
-                _publish(tmp, final, step, keep)
+                _publish(tmp, final)
 
-        _everywhere(f"publishing {final}", finish, ctx)
+        _everywhere(f"publishing {final}", finish, ctx, where=tmp)
     except CheckpointError:
         if rank0:  # raised on every rank together (see _everywhere): nobody writes to tmp any more
             shutil.rmtree(tmp, ignore_errors=True)
         raise
+    problems = checkpoint_problems(final)  # read back; old checkpoints go only once the new one verifies
+    if problems:
+        raise CheckpointError(f"checkpoint: {final} was written but does not verify ({problems[0]}); older "
+                              "checkpoints are kept.")
+    _everywhere("removing old checkpoints", lambda: rank0 and _retire_old(final, step, keep), ctx)
     log.info("saved checkpoint %s (%s) in %.2fs", final, ", ".join(roles), time.perf_counter() - start)
     return str(final)
+
+
+def _save_roles(tmp: Path, states: dict, frozen: dict, ctx) -> dict:
+    try:
+        roles = {role: _save_role(tmp / role, s.module, s.optimizer) for role, s in states.items()}
+        roles.update({role: _save_role(tmp / role, model, None) for role, model in frozen.items()})
+    except BaseException as e:  # a full disk surfaces here in torch's words (CheckpointException: BaseException)
+        detail = None if isinstance(e, (KeyboardInterrupt, SystemExit)) else disk_full_message(e, tmp)
+        if detail is None:
+            raise
+        raise DiskFullError(f"checkpoint: writing {tmp} failed on rank {_rank()}: {detail}") from e
+    return roles
 
 
 def _megatron_version() -> str:
@@ -230,13 +277,16 @@ def _load_role(role_dir: Path, role: str, model, optimizer) -> None:
 
 
 def load_checkpoint(path, states: dict, ctx, *, frozen: dict | None = None, load_optimizer: bool = True,
-                    load_rng: bool = True) -> dict:
+                    load_rng: bool = True, verify: bool = True) -> dict:
     """Restore the roles in `states` (model + optimizer) and `frozen` (model only) from a checkpoint written
-    by save_checkpoint, and the RNG states when the layout is the one it was saved at. Returns `extra`."""
+    by save_checkpoint, and the RNG states when the layout is the one it was saved at. Returns `extra`.
+    verify: check every file against the checksums recorded at save first (False: the caller just did)."""
     start = time.perf_counter()
     path = Path(path)
     frozen = frozen or {}
     _check_roles(states, frozen)
+    if verify:
+        verify_checkpoint(path)
     meta = read_meta(path)
     for role, s in states.items():
         _check_role_meta(path, meta, role, s.optimizer if load_optimizer else None)

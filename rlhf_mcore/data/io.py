@@ -7,6 +7,8 @@ from typing import Iterable, Sequence
 
 from rlhf_mcore.data.schema import REQUIRED_COLUMNS, check_row
 
+PARQUET_MAGIC = b"PAR1"
+
 
 def read_jsonl(path: str | Path, required_keys: Sequence[str] = ()) -> list[tuple[int, dict]]:
     """``(line_number, object)`` for every non-blank line of a jsonl file (1-based line numbers).
@@ -41,6 +43,12 @@ def read_parquet_rows(path: str | Path) -> list[dict]:
     path = Path(path)
     if not path.is_file():
         raise ValueError(f"{path}: file not found. Run tools/prepare_gsm8k.py (or prepare_math.py) first.")
+    with open(path, "rb") as f:
+        head = f.read(4)
+    if head != PARQUET_MAGIC:
+        raise ValueError(f"{path}: not a parquet file (it starts with {head!r}, parquet with {PARQUET_MAGIC!r}). "
+                         "Write verl-schema parquet, e.g. with rlhf_mcore.data.io.write_prompt_parquet or "
+                         "tools/prepare_gsm8k.py; a .jsonl file is not read directly.")
     table = pq.read_table(path)
     missing = [c for c in REQUIRED_COLUMNS if c not in table.column_names]
     if missing:

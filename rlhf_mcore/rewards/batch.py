@@ -17,12 +17,13 @@ import pickle
 from dataclasses import dataclass
 from typing import Any, Sequence
 
-from rlhf_mcore.rewards.custom import load_custom_reward
+from rlhf_mcore.rewards.custom import parse_reward_spec
 from rlhf_mcore.rewards.dispatch import RewardFn, get_reward_fn
 from rlhf_mcore.rewards.workers import Outcome, RewardPool, run_task
 
 logger = logging.getLogger(__name__)
 _SHARED_POOLS: dict[int, RewardPool] = {}  # one pool per worker count, kept for the life of the process
+_IN_PROCESS_LOADED: dict[str, Any] = {}  # num_workers=0: custom reward files imported once per process
 
 
 @dataclass(slots=True)
@@ -80,8 +81,7 @@ def score_batch(
     tasks = [(fns[i], data_sources[i], solutions[i], ground_truths[i], extra_infos[i]) for i in range(n)]
     workers = default_num_workers() if num_workers is None else num_workers
     if pool is None and workers == 0:
-        loaded: dict[str, Any] = {}
-        return collect_outcomes([run_task(task, loaded) for task in tasks])
+        return collect_outcomes([run_task(task, _IN_PROCESS_LOADED) for task in tasks])
     check_sendable(set(fns))
     pool = pool or shared_pool(workers)
     return collect_outcomes(pool.run(tasks, timeout_s) if tasks else [])
@@ -90,7 +90,10 @@ def score_batch(
 def resolve_reward_fns(data_sources: Sequence[str], custom_fn: RewardFn | str | None) -> list[RewardFn | str]:
     """One reward per row (a function, or a checked ``"file.py:fn"`` spec); raises ValueError when bad."""
     if isinstance(custom_fn, str):
-        load_custom_reward(custom_fn)  # fail here, with the loader's message, rather than in every worker
+        path, _ = parse_reward_spec(custom_fn)  # the form and the file only: the reward workers import it, once
+        if not path.is_file():
+            raise ValueError(f"custom reward: file '{path}' does not exist. Give 'path/to/file.py:function_name' "
+                             "of a real file.")
         return [custom_fn] * len(data_sources)
     if custom_fn is not None:
         if not callable(custom_fn):

@@ -1,0 +1,147 @@
+"""Everything that can be checked before a model is built, checked at start-up on rank 0, one line per problem.
+
+`preflight_errors(cfg)` covers what the config rules (`config_validate`) cannot see from the YAML alone:
+paths that must exist, the data files (parquet, verl's schema, every row), every data_source against the
+reward registry, and one probe call of each reward per (data_source, ground-truth type) in a reward worker
+process with the call time-out. The custom reward file is imported there, in that worker, never in the trainer.
+"""
+from __future__ import annotations
+
+import os
+from collections import defaultdict
+
+from rlhf_mcore.data.io import read_parquet_rows
+from rlhf_mcore.data.schema import check_row
+
+MAX_ROW_LINES = 10  # row problems listed per file before "and N more"
+PROBE_SOLUTION = "The answer is 0. #### 0 \\boxed{0}"  # answer formats the built-in rewards parse
+
+
+def _path_errors(cfg) -> list[str]:
+    m, errs = cfg.model, []
+    paths = (("model.load", m.load, "a dist-checkpoint (tools/convert_checkpoint.py), or '' for random weights"),
+             ("critic.load", cfg.critic.load, "a dist-checkpoint, or '' to start from the actor's weights"),
+             ("ref.load", cfg.ref.load, "a dist-checkpoint, or '' for a frozen copy of the actor"),
+             ("reward.model_path", cfg.reward.model_path, "an HF *ForSequenceClassification dir or a checkpoint"),
+             ("model.tokenizer", "" if m.tokenizer == "bytes" else m.tokenizer, "a tokenizer dir or .model file"))
+    for key, path, what in paths:
+        if path and not os.path.exists(path):
+            errs.append(f"{key}: not found (got {path!r}). Point it at {what}.")
+    if not m.tokenizer and not m.hf_path:
+        errs.append("model.tokenizer: no tokenizer (got ''). Set model.hf_path, model.tokenizer to a tokenizer dir "
+                    "or .model file, or model.tokenizer=bytes for a tiny byte-level model.")
+    resume = cfg.trainer.resume
+    if resume not in ("auto", "disable") and not os.path.exists(resume):
+        errs.append(f"trainer.resume: not found (got {resume!r}). Pass a global_step_N directory, 'auto' or 'disable'.")
+    out = os.path.abspath(cfg.trainer.output_dir)
+    parent = out
+    while not os.path.exists(parent):
+        parent = os.path.dirname(parent)
+    if not os.path.isdir(parent) or not os.access(parent, os.W_OK):
+        errs.append(f"trainer.output_dir: cannot be created or written (got {cfg.trainer.output_dir!r}; {parent} is "
+                    "not a writable directory). Choose a writable location.")
+    return errs
+
+
+def _vocab_errors(cfg) -> list[str]:
+    """The model's vocabulary must hold every id the tokenizer can produce."""
+    from rlhf_mcore.models.transformer_config import load_hf_config
+    from rlhf_mcore.run_data import load_run_tokenizer
+
+    try:
+        tokenizer = load_run_tokenizer(cfg)
+        vocab = load_hf_config(cfg.model)["vocab_size"]
+    except Exception as e:  # noqa: BLE001 - reported as one line
+        return [f"model.tokenizer: cannot load the tokenizer (got {cfg.model.tokenizer or cfg.model.hf_path!r}): "
+                f"{type(e).__name__}: {e}."]
+    if vocab < tokenizer.vocab_size:
+        key = "model.vocab_size" if cfg.model.vocab_size is not None else f"{cfg.model.hf_path}/config.json vocab_size"
+        return [f"{key}: below the tokenizer's {tokenizer.vocab_size} ids (got {vocab}). Set it to at least "
+                f"{tokenizer.vocab_size}."]
+    return []
+
+
+def _rows(key: str, path: str) -> tuple[list, list[str]]:
+    """(validated rows, problems) of one data file."""
+    try:
+        records = read_parquet_rows(path)
+    except ValueError as e:
+        return [], [f"data.{key}: {e}"]
+    rows, problems = [], []
+    for i, record in enumerate(records):
+        try:
+            rows.append(check_row(record, f"data.{key}: {path}: row {i}", i))
+        except ValueError as e:
+            problems.append(str(e))
+    if len(problems) > MAX_ROW_LINES:
+        problems = problems[:MAX_ROW_LINES] + [f"data.{key}: {path}: and {len(problems) - MAX_ROW_LINES} more "
+                                               "malformed rows. Fix the rows above (verl's schema) and re-run."]
+    return rows, problems
+
+
+def _source_errors(key: str, path: str, rows: list) -> list[str]:
+    from rlhf_mcore.rewards import REWARDS
+
+    by_source = defaultdict(list)
+    for row in rows:
+        by_source[row.data_source].append(row.index)
+    errs = []
+    for source, indices in sorted(by_source.items()):
+        if source not in REWARDS:
+            more = f" and {len(indices) - 1} more rows" if len(indices) > 1 else ""
+            errs.append(f"data.{key}: {path}: row {indices[0]}{more}: data_source {source!r} has no reward function "
+                        f"(registered: {', '.join(REWARDS.names())}). Register one with @register_reward"
+                        f"({source!r}) or set reward.custom_fn.")
+    return errs
+
+
+def _probe_errors(cfg, probes: list[tuple[str, str, object]]) -> list[str]:
+    """One call of each reward in a worker process under reward.timeout_s; [] when every call returns a score."""
+    from rlhf_mcore.rewards import RewardPool, get_reward_fn
+
+    r = cfg.reward
+    tasks = [(r.custom_fn or get_reward_fn(row.data_source), row.data_source, PROBE_SOLUTION, row.ground_truth,
+              row.extra_info) for _, _, row in probes]
+    errs = []
+    with RewardPool(1) as pool:
+        for (key, path, row), task in zip(probes, tasks):
+            errs += _probe_problem(cfg, key, path, row, pool.run([task], timeout_s=r.timeout_s)[0])
+            if errs and errs[-1].startswith("reward.custom_fn"):  # the file itself is broken: one line is enough
+                return errs[-1:]
+    return errs
+
+
+def _probe_problem(cfg, key: str, path: str, row, outcome) -> list[str]:
+    r = cfg.reward
+    if outcome[0] == "ok":
+        return []
+    what = f"reward.custom_fn: {r.custom_fn}" if r.custom_fn else f"the reward of data_source {row.data_source!r}"
+    if outcome[0] == "timeout" or "worker died" in outcome[1]:
+        cause = f"timed out after reward.timeout_s={r.timeout_s:g} s" if outcome[0] == "timeout" else outcome[1]
+        return [f"{what}: importing or calling it {cause} (probe on data.{key} {path} row {row.index}). Keep "
+                "module-level code fast, never exit the process, or raise reward.timeout_s."]
+    if r.custom_fn and "custom reward:" in outcome[1]:
+        return [f"reward.custom_fn: {outcome[1].split('custom reward: ', 1)[1]}"]
+    gt = f"{type(row.ground_truth).__name__} {row.ground_truth!r}"[:80]
+    return [f"data.{key}: {path}: row {row.index}: {what} fails on this row (ground_truth {gt}): {outcome[1]}. "
+            "Store ground_truth the way the reward expects (e.g. as a string)."]
+
+
+def preflight_errors(cfg) -> list[str]:
+    """Every problem found without building a model, one line each (empty: ready to start)."""
+    errs = _path_errors(cfg)
+    if not errs:
+        errs += _vocab_errors(cfg)
+    probes = []
+    for key in ("train_files", "val_files"):
+        for path in filter(None, getattr(cfg.data, key).split(",")):
+            rows, problems = _rows(key, path)
+            errs += problems + ([] if cfg.reward.custom_fn else _source_errors(key, path, rows))
+            probes += [(key, path, row) for row in rows]
+    first = {}
+    for probe in probes:  # one per (data_source, ground-truth type) over all files
+        first.setdefault((probe[2].data_source, type(probe[2].ground_truth).__name__), probe)
+    probes = list(first.values())
+    if not errs and probes:
+        errs += _probe_errors(cfg, probes)
+    return errs

@@ -1,0 +1,85 @@
+"""One run per output directory: `run_dir/run.lock`, held (flock) by rank 0 for the whole run.
+
+The file records who holds it (pid, host, start time). A second run on the directory is refused with that
+record. The kernel drops the lock when its process dies (even by kill -9), so the lock of a dead run is taken
+over, with a warning that names it. A clean exit empties the file (the lock stays, the record goes).
+"""
+from __future__ import annotations
+
+import fcntl
+import json
+import logging
+import os
+import socket
+import time
+from pathlib import Path
+
+log = logging.getLogger(__name__)
+LOCK_FILE = "run.lock"
+
+
+class RunDirLocked(RuntimeError):
+    """Another live process holds the output directory."""
+
+
+def _describe(record: dict) -> str:
+    return (f"pid {record.get('pid', '?')} on host {record.get('host', '?')}, "
+            f"started {record.get('started_at', '?')}")
+
+
+class RunLock:
+    def __init__(self, run_dir: str | os.PathLike):
+        self.path = Path(run_dir) / LOCK_FILE
+        self._fd: int | None = None
+
+    def acquire(self) -> RunLock:
+        """Take the lock or raise RunDirLocked naming its holder."""
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            record = _read_record(fd)
+            os.close(fd)
+            raise RunDirLocked(
+                f"trainer.output_dir: {self.path.parent} is in use by another run ({_describe(record)}; lock file "
+                f"{self.path}). Wait for that run to end or stop it, or choose another trainer.output_dir.") from None
+        previous = _read_record(fd)
+        if previous:
+            log.warning("%s: taking over the lock of a run that is gone (%s)", self.path, _describe(previous))
+        record = {"pid": os.getpid(), "host": socket.gethostname(),
+                  "started_at": time.strftime("%Y-%m-%dT%H:%M:%S%z")}
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, (json.dumps(record) + "\n").encode(), 0)
+        os.fsync(fd)
+        self._fd = fd
+        return self
+
+    def release(self) -> None:
+        """Empty the record and drop the lock (the file stays: unlinking it races with a waiting run)."""
+        if self._fd is None:
+            return
+        try:
+            os.ftruncate(self._fd, 0)
+        except OSError:
+            pass
+        fcntl.flock(self._fd, fcntl.LOCK_UN)
+        os.close(self._fd)
+        self._fd = None
+
+    def __enter__(self) -> RunLock:
+        return self.acquire()
+
+    def __exit__(self, *exc) -> None:
+        self.release()
+
+
+def _read_record(fd: int) -> dict:
+    text = os.pread(fd, 4096, 0).decode(errors="replace").strip()
+    if not text:
+        return {}
+    try:
+        record = json.loads(text)
+    except json.JSONDecodeError:
+        return {"pid": "?", "host": "?", "started_at": f"unreadable record {text[:80]!r}"}
+    return record if isinstance(record, dict) else {}
