@@ -49,7 +49,8 @@ def policy_loss_inputs(mb: dict, logp: torch.Tensor, old_logp: torch.Tensor, is_
 
 def actor_loss(mb, output, non_loss_data=False, *, model, tp_group, actor_cfg, temperature, norm_length,
                num_rows=None, with_sum_pi_squared=False):
-    """output = final hidden states [b, s, h] ([1, T, h] packed). num_rows: global rows of the mini-batch (seq-mean-token-sum-norm).
+    """output = final hidden states [b, s, h] ([1, T, h] packed: log-probs go back to rows first).
+    num_rows: global rows of the mini-batch (seq-mean-token-sum-norm).
     Forward-only with `with_sum_pi_squared` also returns sum_v pi(v)^2 per token (optimal token baseline).
     Without mb["old_logp"] the step is on-policy (one epoch, one mini-batch): this forward's own log-probs,
     detached, are pi_old, and the rollout mismatch and its correction are computed here per micro-batch
