@@ -12,6 +12,7 @@ import torch.distributed as dist
 import torch.nn.functional as F
 
 from rlhf_mcore.algorithms import ADVANTAGES, AdvantageInputs, apply_kl_penalty, compute_mismatch_weights
+from rlhf_mcore.logs import heartbeat, progress
 from rlhf_mcore.optim import optimizer_step, zero_grads
 from rlhf_mcore.role_losses import actor_loss, critic_loss, reward_model_scores
 from rlhf_mcore.rollout.types import RolloutBatch, SamplingParams
@@ -70,6 +71,11 @@ def forward_passes(roles, batch: dict, cfg, ctx) -> dict:
                               cfg.actor.max_tokens_per_gpu if cfg.actor.use_dynamic_bsz else 0, seq_multiple(cfg))
     lm = partial(actor_loss, tp_group=ctx.pgs.tp, actor_cfg=cfg.actor, temperature=cfg.rollout.temperature,
                  norm_length=float(cfg.rollout.max_response_length))
+    with heartbeat(f"log-prob passes ({len(mbs)} micro-batches)", enabled=ctx.is_logging_rank):
+        return _forward_passes(roles, mbs, lm, seq, cfg, ctx)
+
+
+def _forward_passes(roles, mbs: list, lm, seq: int, cfg, ctx) -> dict:
     out = {"old_logp": forward_collect(roles.actor.model, mbs, partial(lm, model=roles.actor.module), ("logp",),
                                        seq, ctx.pgs.pp)["logp"]}
     if roles.ref is not None:
@@ -138,12 +144,15 @@ def update_role(name: str, state, batch: dict, loss_fn, section, rows_per_mini: 
     rows = batch["tokens"].size(0)
     budget = section.max_tokens_per_gpu if getattr(section, "use_dynamic_bsz", False) else 0
     reports = []
-    for _ in range(section.ppo_epochs):
-        for start in range(0, rows, rows_per_mini):
-            mbs = split_micro_batches(take(batch, slice(start, start + rows_per_mini)),
-                                      section.micro_batch_size_per_gpu, budget, multiple)
-            zero_grads(state)
-            reports += run_schedule(state.model, mbs, loss_fn, forward_only=False)
-            _, grad_norm = optimizer_step(state, lr)
-            reports.append({f"{name}/grad_norm": torch.tensor(grad_norm)})
+    num_steps = section.ppo_epochs * -(-rows // rows_per_mini)
+    with progress(num_steps, f"update_{name}", dist.get_rank() == 0, unit="optimizer steps") as bar:
+        for _ in range(section.ppo_epochs):
+            for start in range(0, rows, rows_per_mini):
+                mbs = split_micro_batches(take(batch, slice(start, start + rows_per_mini)),
+                                          section.micro_batch_size_per_gpu, budget, multiple)
+                zero_grads(state)
+                reports += run_schedule(state.model, mbs, loss_fn, forward_only=False)
+                _, grad_norm = optimizer_step(state, lr)
+                reports.append({f"{name}/grad_norm": torch.tensor(grad_norm)})
+                bar.update(1)
     return reports
