@@ -22,6 +22,8 @@ from pathlib import Path
 
 import torch.distributed as dist
 
+from rlhf_mcore.logs import heartbeat
+
 log = logging.getLogger(__name__)
 EXPORT_DIR = "hf_export"
 # torchrun's variables: the export process is a world of its own
@@ -53,7 +55,8 @@ def _convert_in_subprocess(model_cfg, ckpt: Path, out: Path) -> int:
     cmd = [sys.executable, "-m", "rlhf_mcore.checkpoint.export", "--ckpt", str(ckpt), "--out", str(out),
            "--model-config", json.dumps(dataclasses.asdict(model_cfg))]
     start = time.perf_counter()
-    rc = subprocess.run(cmd, env=env).returncode
+    with heartbeat(f"HF export of {ckpt}"):
+        rc = subprocess.run(cmd, env=env).returncode
     if rc == 0:
         log.info("exported %s to %s in %.1fs", ckpt, out, time.perf_counter() - start)
     return rc
