@@ -2,8 +2,9 @@
 
     python tools/demo_summary.py RUN_DIR [--plot PATH]
 
-"Before/after" are the first and last validation of RUN_DIR/metrics.jsonl (greedy, the same prompts) and
-the first and last training step (sampled); RUN_DIR/summary.json says where the checkpoint and export are.
+"Before/after" are the first and last validation of RUN_DIR/metrics.jsonl (greedy, the same prompts), with
+the first and last training step (sampled) beside them and how many steps had a learning signal (rewards that
+differ within the batch and a non-zero gradient); RUN_DIR/summary.json says where the checkpoint and export are.
 """
 from __future__ import annotations
 
@@ -37,6 +38,17 @@ def before_after(rows: list[dict]) -> list[tuple[str, float, float, float, float
     return table
 
 
+def signal_steps(rows: list[dict]) -> tuple[int, int]:
+    """(training steps with reward std > 0 and grad norm > 0, training steps).
+
+    >>> signal_steps([{"critic/score/std": 0.1, "actor/grad_norm": 1.0}, {"critic/score/std": 0.0,
+    ...               "actor/grad_norm": 0.0}, {"val-core/g/acc/mean@1": 0.0}])
+    (1, 2)
+    """
+    steps = [r for r in rows if "critic/score/std" in r]
+    return sum(r["critic/score/std"] > 0 and r.get("actor/grad_norm", 0.0) > 0 for r in steps), len(steps)
+
+
 def _val_mean(row: dict, column: str) -> float | None:
     """Mean over data sources of `val-core/<source>/<column>/mean@N` in one validation row."""
     values = [v for k, v in row.items() if k.startswith("val-core/") and k.split("/")[-2] == column]
@@ -50,11 +62,12 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     with open(os.path.join(args.run_dir, "metrics.jsonl")) as f:
         rows = [json.loads(line) for line in f if line.strip()]
-    num_steps = sum(1 for r in rows if "critic/score/mean" in r)
+    with_signal, num_steps = signal_steps(rows)
     print(f"{'':<12} {'validation (greedy)':>22} {f'training ({num_steps} steps, sampled)':>32}")
     print(f"{'':<12} {'before':>10} {'after':>11} {'first step':>16} {'last step':>15}")
     for name, v0, v1, t0, t1 in before_after(rows):
         print(f"{name:<12} {v0:>10.3f} {v1:>11.3f} {t0:>16.3f} {t1:>15.3f}")
+    print(f"steps with a learning signal (rewards differ, gradient non-zero): {with_signal} of {num_steps}")
     with open(os.path.join(args.run_dir, "summary.json")) as f:
         summary = json.load(f)
     where = {**{k: summary[k] for k in ("run_dir", "checkpoint", "hf_export", "metrics")},

@@ -86,6 +86,8 @@ def plot(run_dir: str | Path, out: str | Path | None = None) -> Path:
             twin = ax.twinx()
             twin.plot(steps, clip, color="tab:gray", alpha=0.6, label="clip ratio")
             twin.set_ylabel("clip ratio")
+        if not ax.lines:
+            ax.text(0.5, 0.5, "not logged in this run", ha="center", va="center", transform=ax.transAxes)
         ax.set_title(title)
         ax.set_xlabel("step")
         ax.grid(alpha=0.3)

@@ -22,8 +22,10 @@ partial_credit = load("examples/gsm8k_partial_credit.py", "gsm8k_partial_credit"
 def test_table_and_locations(tmp_path, capsys):
     rows = [{"step": 0, "val-core/openai/gsm8k/reward/mean@1": 0.05, "val-core/openai/gsm8k/format/mean@1": 0.0,
              "val-core/openai/gsm8k/acc/mean@1": 0.0},
-            {"step": 1, "critic/score/mean": 0.1, "critic/format/mean": 0.0, "critic/acc/mean": 0.0},
-            {"step": 2, "critic/score/mean": 0.2, "critic/format/mean": 0.25, "critic/acc/mean": 0.0625},
+            {"step": 1, "critic/score/mean": 0.1, "critic/format/mean": 0.0, "critic/acc/mean": 0.0,
+             "critic/score/std": 0.05, "actor/grad_norm": 1.5},
+            {"step": 2, "critic/score/mean": 0.2, "critic/format/mean": 0.25, "critic/acc/mean": 0.0625,
+             "critic/score/std": 0.0, "actor/grad_norm": 0.0},
             {"step": 2, "val-core/openai/gsm8k/reward/mean@1": 0.15, "val-core/openai/gsm8k/format/mean@1": 0.125,
              "val-core/openai/gsm8k/acc/mean@1": 0.125}]
     (tmp_path / "metrics.jsonl").write_text("\n".join(map(json.dumps, rows)))
@@ -34,6 +36,7 @@ def test_table_and_locations(tmp_path, capsys):
     assert demo_summary.main([str(tmp_path), "--plot", "p.png"]) == 0
     out = capsys.readouterr().out
     assert "training (2 steps, sampled)" in out and "format rate       0.000       0.125" in out
+    assert "steps with a learning signal (rewards differ, gradient non-zero): 1 of 2" in out
     assert "  plot        p.png" in out and "  checkpoint  ck" in out
 
 
