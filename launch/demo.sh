@@ -12,7 +12,7 @@ cd "$(dirname "$0")/.."
 PY=${PYTHON:-.venv/bin/python}
 CACHE=${RLHF_MCORE_CACHE:-runs/cache}
 OUT=${DEMO_OUT:-runs/demo}
-STEPS=${DEMO_STEPS:-4}
+STEPS=${DEMO_STEPS:-3}
 export OMP_NUM_THREADS=${OMP_NUM_THREADS:-2} PYTHONUNBUFFERED=1
 HF="$CACHE/smollm2/hf"
 MCORE="$CACHE/smollm2/mcore"
