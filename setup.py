@@ -22,6 +22,8 @@ setup(
     ],
     extras_require={
         "gpu": ["transformer-engine", "sglang"],
-        "test": ["pytest", "pytest-timeout", "ruff", "accelerate"],
+        "test": ["pytest", "pytest-timeout", "ruff", "accelerate", "matplotlib"],
+        "plot": ["matplotlib"],  # tools/plot_metrics.py
+        "wandb": ["wandb"],  # trainer.logger=[..., wandb]
     },
 )

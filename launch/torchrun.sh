@@ -8,8 +8,11 @@ shift
 if [[ -z "${NPROC:-}" ]]; then
   if command -v nvidia-smi >/dev/null 2>&1; then NPROC=$(nvidia-smi -L | wc -l); else NPROC=1; fi
 fi
-PYTHON=${PYTHON:-$(dirname "$0")/../.venv/bin/python}
-[[ -x "$PYTHON" ]] || PYTHON=python3
+PYTHON=${PYTHON:-$(cd "$(dirname "$0")/.." && pwd)/.venv/bin/python}  # the repo's venv (`make venv`)
+if [[ ! -x "$PYTHON" ]]; then
+  echo "torchrun.sh: $PYTHON not found (run \`make venv\`, or set PYTHON=...); using python3" >&2
+  PYTHON=python3
+fi
 CMD=("$PYTHON" -m torch.distributed.run --standalone --nproc_per_node "$NPROC" --local-ranks-filter 0
      -m rlhf_mcore.train --config "$CONFIG" "$@")
 if [[ -n "${DRY_RUN:-}" ]]; then printf '%q ' "${CMD[@]}"; echo; exit 0; fi

@@ -271,19 +271,24 @@ class RewardConfig:
     model_path: str = ""  # HF *ForSequenceClassification dir or mcore checkpoint: a reward model
     overlong_buffer: int = 0  # DAPO soft overlong punishment: tokens before max length (0 = off)
     overlong_penalty_factor: float = 1.0
+    format_score: float = 0.0  # verl: the built-in GSM8K/MATH score of a well-formed but wrong answer
     format_penalty: float = 0.0  # subtracted when the response lacks the answer format (0 = off)
+    post_answer_penalty: float = 0.0  # subtracted when text follows the first answer line (0 = off)
     answer_format: str = "gsm8k"  # gsm8k (#### <n>) | boxed (\boxed{...})
     max_error_frac: float = 0.5  # stop when more than this fraction of reward calls fails ...
     max_error_steps: int = 3  # ... in this many steps in a row
 
     def _checks(self, p: str) -> list[str]:
-        return positive(f"{p}.timeout_s", self.timeout_s) + positive(f"{p}.num_workers", self.num_workers) + \
-            choice(f"{p}.answer_format", self.answer_format, ("gsm8k", "boxed")) + \
-            positive(f"{p}.format_penalty", self.format_penalty, allow_zero=True) + \
-            positive(f"{p}.overlong_buffer", self.overlong_buffer, allow_zero=True) + \
-            positive(f"{p}.overlong_penalty_factor", self.overlong_penalty_factor, allow_zero=True) + \
-            in_range(f"{p}.max_error_frac", self.max_error_frac, 0.0, 1.0) + \
-            positive(f"{p}.max_error_steps", self.max_error_steps)
+        errs = positive(f"{p}.timeout_s", self.timeout_s) + positive(f"{p}.num_workers", self.num_workers)
+        errs += choice(f"{p}.answer_format", self.answer_format, ("gsm8k", "boxed"))
+        for key in ("format_score", "format_penalty", "post_answer_penalty", "overlong_buffer",
+                    "overlong_penalty_factor"):
+            errs += positive(f"{p}.{key}", getattr(self, key), allow_zero=True)
+        if not self.format_score < 1.0:
+            errs.append(f"{p}.format_score: must be below the score of a correct answer, 1.0 (got "
+                        f"{self.format_score}). Use a small value such as 0.1.")
+        errs += in_range(f"{p}.max_error_frac", self.max_error_frac, 0.0, 1.0)
+        return errs + positive(f"{p}.max_error_steps", self.max_error_steps)
 
 
 @dataclass(**DC)
@@ -317,7 +322,9 @@ class TrainerConfig:
     val_before_train: bool = False
     output_dir: str = "runs/default"
     seed: int = 1
-    logger: list[str] = field(default_factory=lambda: ["console", "jsonl", "tensorboard"])
+    logger: list[str] = field(default_factory=lambda: ["console", "jsonl", "tensorboard"])  # also: wandb
+    project_name: str = "rlhf_mcore"  # wandb project
+    experiment_name: str = ""  # wandb run name ("" = the output_dir's name)
     resume: str = "auto"  # auto | disable | <path to global_step_N>
     max_checkpoints_to_keep: int = 2
     offload_during_rollout: bool = False
@@ -339,7 +346,7 @@ class TrainerConfig:
         errs += positive(f"{p}.max_checkpoints_to_keep", self.max_checkpoints_to_keep)
         errs += positive(f"{p}.time_limit_min", self.time_limit_min, allow_zero=True)
         for name in self.logger:
-            errs += choice(f"{p}.logger", name, ("console", "jsonl", "tensorboard"))
+            errs += choice(f"{p}.logger", name, ("console", "jsonl", "tensorboard", "wandb"))
         return errs
 
 

@@ -1,5 +1,6 @@
-"""Logging: one `init_logger()`, `MetricLogger` fanning a step's metrics out to
-console, JSONL and TensorBoard, and `timer(name, timings)` for per-phase seconds."""
+"""Logging: one `init_logger()`, `MetricLogger` fanning a step's metrics out to JSONL, TensorBoard and
+wandb, `timer(name, timings)` for per-phase seconds, and `progress(...)` for long phases: a tqdm bar on a
+terminal, a plain log line every few seconds when stdout is a file or a pipe (no 7k-character bar lines)."""
 from __future__ import annotations
 
 import contextlib
@@ -7,6 +8,7 @@ import json
 import logging
 import os
 import sys
+import threading
 import time
 
 import torch
@@ -38,6 +40,78 @@ def timer(name: str, timings: dict):
         if torch.cuda.is_available():
             torch.cuda.synchronize()
         timings[name] = timings.get(name, 0.0) + time.perf_counter() - start
+
+
+PROGRESS_EVERY_S = float(os.environ.get("RLHF_MCORE_PROGRESS_S", "20"))
+
+
+class _LineProgress:
+    """tqdm's update/close/context protocol, reporting as a log line at most every `every_s` seconds."""
+
+    def __init__(self, total: int, desc: str, unit: str, every_s: float):
+        self.total, self.desc, self.unit, self.every_s = total, desc, unit, every_s
+        self.n, self.start, self.last, self.reported = 0, time.perf_counter(), time.perf_counter(), False
+
+    def update(self, n: int = 1) -> None:
+        self.n += n
+        now = time.perf_counter()
+        if now - self.last >= self.every_s and self.n < self.total:
+            self.last, self.reported = now, True
+            log.info("%s: %d/%d %s (%.0f%%, %.0f s)", self.desc, self.n, self.total, self.unit,
+                     100.0 * self.n / max(self.total, 1), now - self.start)
+
+    def close(self) -> None:
+        if self.reported:  # short phases stay silent; long ones say that they ended
+            log.info("%s: %d/%d %s done in %.0f s", self.desc, self.n, self.total, self.unit,
+                     time.perf_counter() - self.start)
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
+class _NoProgress(_LineProgress):
+    def __init__(self):
+        super().__init__(0, "", "", float("inf"))
+
+    def close(self) -> None:
+        pass
+
+
+def progress(total: int, desc: str, enabled: bool = True, unit: str = "it", every_s: float | None = None):
+    """A progress reporter with tqdm's update/close: a bar on a terminal, periodic log lines otherwise."""
+    if not enabled:
+        return _NoProgress()
+    if sys.stdout.isatty():
+        from tqdm import tqdm
+
+        return tqdm(total=total, desc=desc, unit=unit, leave=False)
+    return _LineProgress(total, desc, unit, PROGRESS_EVERY_S if every_s is None else every_s)
+
+
+@contextlib.contextmanager
+def heartbeat(desc: str, every_s: float | None = None, enabled: bool = True):
+    """For a phase that cannot count its work (one library call): 'desc: still running (N s)' every
+    `every_s` seconds from a background thread, until the block ends."""
+    every_s = PROGRESS_EVERY_S if every_s is None else every_s
+    done = threading.Event()
+    start = time.perf_counter()
+
+    def beat():
+        while not done.wait(every_s):
+            log.info("%s: still running (%.0f s)", desc, time.perf_counter() - start)
+
+    thread = threading.Thread(target=beat, daemon=True) if enabled else None
+    if thread is not None:
+        thread.start()
+    try:
+        yield
+    finally:
+        done.set()
+        if thread is not None:
+            thread.join()
 
 
 class _TensorBoard:
@@ -95,11 +169,32 @@ def _step_of(line: str) -> int | None:
         return None  # a torn last line of a killed run
 
 
+class _Wandb:
+    """wandb, imported only when `trainer.logger` names it; WANDB_MODE=offline works without a network."""
+
+    def __init__(self, run_dir: str, project: str, name: str, config: dict | None):
+        try:
+            import wandb
+        except ImportError as err:
+            raise ValueError("trainer.logger: 'wandb' is listed but the wandb package is not installed (got "
+                             "wandb). Run `pip install wandb`, or drop wandb from trainer.logger.") from err
+        self.wandb = wandb
+        self.run = wandb.init(project=project, name=name or os.path.basename(os.path.normpath(run_dir)),
+                              dir=run_dir, config=config or {})
+
+    def write(self, step: int, metrics: dict) -> None:
+        self.run.log(metrics, step=step)
+
+    def close(self) -> None:
+        self.run.finish()
+
+
 class MetricLogger:
     """Writes plain-float metric dicts to every configured sink; a no-op on ranks other than 0.
     truncate_after: the step the run starts from; records of later steps (from before a resume) are dropped."""
 
-    def __init__(self, run_dir: str, sinks: list[str], enabled: bool, truncate_after: int = 0):
+    def __init__(self, run_dir: str, sinks: list[str], enabled: bool, truncate_after: int = 0,
+                 project: str = "rlhf_mcore", name: str = "", config: dict | None = None):
         self.sinks = []
         if not enabled:
             return
@@ -110,6 +205,8 @@ class MetricLogger:
                 self.sinks.append(_TensorBoard(os.path.join(run_dir, "tensorboard"), truncate_after))
             except ImportError:
                 log.warning("tensorboard is not installed: TensorBoard logging is off")
+        if "wandb" in sinks:
+            self.sinks.append(_Wandb(run_dir, project, name, config))
 
     def write(self, step: int, metrics: dict) -> None:
         for sink in self.sinks:

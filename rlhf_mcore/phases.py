@@ -15,7 +15,7 @@ import torch.nn.functional as F
 from rlhf_mcore.algorithms import ADVANTAGES, AdvantageInputs, apply_kl_penalty
 from rlhf_mcore.config_validate import SUM_PI_SQUARED_ESTIMATORS
 from rlhf_mcore.data.packing import plan_dp_split
-from rlhf_mcore.logs import timer
+from rlhf_mcore.logs import heartbeat, progress, timer
 from rlhf_mcore.optim import optimizer_step, zero_grads
 from rlhf_mcore.role_losses import actor_loss, critic_loss, reward_model_scores, rollout_mismatch
 from rlhf_mcore.rollout.types import RolloutBatch, SamplingParams
@@ -100,6 +100,11 @@ def forward_passes(roles, batch: dict, cfg, ctx, timings: dict, on_policy: bool 
     + sum pi^2 for OTB), reference log-probs (timing_s/ref), values (critic, timing_s/values)."""
     seq = batch["tokens"].size(1)
     mbs = split_micro_batches(batch, **micro_batching(cfg, cfg.actor))
+    with heartbeat(f"log-prob passes ({len(mbs)} micro-batches)", enabled=ctx.is_logging_rank):
+        return _forward_passes(roles, mbs, seq, cfg, ctx, timings, on_policy)
+
+
+def _forward_passes(roles, mbs: list, seq: int, cfg, ctx, timings: dict, on_policy: bool) -> dict:
     out = {}
     with timer("old_log_prob", timings):
         if not on_policy:
@@ -193,12 +198,15 @@ def update_role(name: str, state, batch: dict, loss_fn, section, rows_per_mini: 
     one optimizer step each. Returns the loss functions' reports plus one {"<name>/grad_norm"} per step."""
     rows = batch["tokens"].size(0)
     reports = []
-    for _ in range(section.ppo_epochs):
-        for start in range(0, rows, rows_per_mini):
-            mbs = split_micro_batches(take(batch, slice(start, start + rows_per_mini)), **batching)
-            zero_grads(state)
-            reports += run_schedule(state.model, mbs, loss_fn, forward_only=False)
-            applied, grad_norm = optimizer_step(state, lr)  # skipped (weights kept) when not finite
-            reports.append({f"{name}/grad_norm": torch.tensor(grad_norm),
-                            f"{name}/skipped_update_frac": torch.tensor(0.0 if applied else 1.0)})
+    num_steps = section.ppo_epochs * -(-rows // rows_per_mini)
+    with progress(num_steps, f"update_{name}", dist.get_rank() == 0, unit="optimizer steps") as bar:
+        for _ in range(section.ppo_epochs):
+            for start in range(0, rows, rows_per_mini):
+                mbs = split_micro_batches(take(batch, slice(start, start + rows_per_mini)), **batching)
+                zero_grads(state)
+                reports += run_schedule(state.model, mbs, loss_fn, forward_only=False)
+                applied, grad_norm = optimizer_step(state, lr)  # skipped (weights kept) when not finite
+                reports.append({f"{name}/grad_norm": torch.tensor(grad_norm),
+                                f"{name}/skipped_update_frac": torch.tensor(0.0 if applied else 1.0)})
+                bar.update(1)
     return reports

@@ -247,10 +247,26 @@ def _build_run(cfg, ctx, lock: RunLock | None, resume_path: str | None) -> Run:
               val_sampler=val_sampler, scorer=Scorer(cfg, tokenizer, ctx),
               kl_ctrl=KL_CONTROLLERS.get(a.kl_ctrl_type)(**kl_args), total_steps=_total_steps(cfg, sampler),
               run_dir=run_dir, resume_path=resume_path, lock=lock, start_step=start_step,
-              metric_logger=MetricLogger(run_dir, cfg.trainer.logger, ctx.is_logging_rank, truncate_after=start_step))
+              metric_logger=MetricLogger(run_dir, cfg.trainer.logger, ctx.is_logging_rank, truncate_after=start_step,
+                                         project=cfg.trainer.project_name, name=cfg.trainer.experiment_name,
+                                         config=dataclasses.asdict(cfg)))
     _resume(run)
-    log.info("run: %d steps from step %d; output in %s", run.total_steps, run.start_step, run_dir)
+    log.info(start_message(run.start_step, run.total_steps, run_dir))
     return run
+
+
+def start_message(start: int, total: int, run_dir: str) -> str:
+    """What the run will do, or that a finished run has nothing left to do.
+
+    >>> start_message(12, 12, "runs/x").split(";")[0]
+    'run: already complete (step 12 of 12 in runs/x)'
+    """
+    if start >= total:
+        return (f"run: already complete (step {start} of {total} in {run_dir}); nothing to train. Raise "
+                "trainer.total_steps to continue, or set trainer.resume=disable to start over.")
+    if start:
+        return f"run: resuming at step {start} of {total}; {total - start} steps to go; output in {run_dir}"
+    return f"run: {total} steps; output in {run_dir}"
 
 
 def engine_kwargs(cfg, roles: Roles, tokenizer, ctx) -> dict:

@@ -1,55 +1,155 @@
 """Score a rollout: decode responses, call the reward functions (chosen per data_source, or
-reward.custom_fn), add the optional overlong penalty. One rank per model-parallel group scores and
-broadcasts, so reward functions run once per sample, not once per TP/PP rank."""
+reward.custom_fn), add the optional shaping (overlong, missing format, text after the answer). One rank per
+model-parallel group scores and broadcasts, so reward functions run once per sample, not once per TP/PP rank.
+
+Besides the shaped scores it keeps, per sample, accuracy and whether the answer was well formed, so that
+training and validation log accuracy, format rate and score per data_source.
+"""
 from __future__ import annotations
+
+from dataclasses import dataclass
 
 import torch
 import torch.distributed as dist
 
 from rlhf_mcore.phases import decode_responses
 from rlhf_mcore.rewards import score_batch
-from rlhf_mcore.rewards.penalties import format_penalties, overlong_penalties
+from rlhf_mcore.rewards.penalties import FORMAT_CHECKS, format_penalties, overlong_penalties, post_answer_penalties
+
+COLUMNS = ("reward", "acc", "format")  # per-sample values reported per data_source
+
+
+@dataclass(slots=True)
+class Scored:
+    scores: torch.Tensor  # [B] shaped reward (what the policy optimises), on the run's device
+    acc: torch.Tensor  # [B] 1.0 when the answer is correct
+    formatted: torch.Tensor  # [B] 1.0 when the response holds an answer in the expected format
+    num_errors: float  # reward calls that failed on this DP rank
+    num_timeouts: float
+
+    def columns(self) -> dict[str, list[float]]:
+        return {"reward": self.scores.cpu().tolist(), "acc": self.acc.tolist(), "format": self.formatted.tolist()}
+
+
+def accuracy_and_format(result, responses: list[str], answer_format: str) -> tuple[list[float], list[float]]:
+    """Per sample: accuracy (the reward's "acc", else score > 0) and format (its "pred" is not None, else the
+    answer_format check on the text).
+
+    >>> from rlhf_mcore.rewards.batch import RewardResult
+    >>> accuracy_and_format(RewardResult([1.0, 0.1, 0.0], {"acc": [1.0, 0.0, 0.0], "pred": ["4", "5", None]},
+    ...                                  0, 0), ["", "", ""], "gsm8k")
+    ([1.0, 0.0, 0.0], [1.0, 1.0, 0.0])
+    """
+    acc, pred = result.extra.get("acc"), result.extra.get("pred")
+    acc = [float(a) if a is not None else float(s > 0) for a, s in zip(acc, result.scores)] if acc \
+        else [float(s > 0) for s in result.scores]
+    check = FORMAT_CHECKS.get(answer_format)
+    fmt = [float(p is not None) for p in pred] if pred else [float(check(r)) for r in responses]
+    return acc, fmt
+
+
+def source_sums(sources, columns: dict[str, list[float]], keep=None) -> dict[str, dict[str, list[float]]]:
+    """{data_source: {column: [sum, count]}} over the kept rows (validation pads with rows to drop).
+
+    >>> source_sums(["a", "b", "a"], {"acc": [1.0, 0.0, 0.0]}, keep=[True, True, False])
+    {'a': {'acc': [1.0, 1]}, 'b': {'acc': [0.0, 1]}}
+    """
+    sums: dict[str, dict[str, list[float]]] = {}
+    for i, src in enumerate(sources):
+        if keep is not None and not keep[i]:
+            continue
+        for name, values in columns.items():
+            total = sums.setdefault(src, {}).setdefault(name, [0.0, 0])
+            total[0] += values[i]
+            total[1] += 1
+    return sums
+
+
+def merge_source_sums(parts: list[dict]) -> dict[str, dict[str, list[float]]]:
+    """Add the per-rank `source_sums` together."""
+    merged: dict[str, dict[str, list[float]]] = {}
+    for part in parts:
+        for src, cols in part.items():
+            for name, (total, count) in cols.items():
+                into = merged.setdefault(src, {}).setdefault(name, [0.0, 0])
+                into[0] += total
+                into[1] += count
+    return merged
+
+
+def source_means(sums: dict, fmt: str) -> dict[str, float]:
+    """Metric names from `fmt` (with {src} and {name}) -> means.
+
+    >>> source_means({"openai/gsm8k": {"acc": [1.0, 4]}}, "val-core/{src}/{name}/mean@1")
+    {'val-core/openai/gsm8k/acc/mean@1': 0.25}
+    """
+    return {fmt.format(src=src, name=name): total / max(count, 1)
+            for src, cols in sorted(sums.items()) for name, (total, count) in cols.items()}
+
+
+def gather_source_sums(sums: dict, ctx) -> dict:
+    """Merged `source_sums` of every DP rank (one all_gather_object)."""
+    if ctx.dims.dp == 1:
+        return sums
+    parts: list = [None] * ctx.dims.dp
+    dist.all_gather_object(parts, sums, group=ctx.pgs.dp)
+    return merge_source_sums(parts)
 
 
 class Scorer:
     def __init__(self, cfg, tokenizer, ctx):
         self.cfg, self.tokenizer, self.ctx = cfg, tokenizer, ctx
 
-    def _score_here(self, rollout, prompts, n: int) -> torch.Tensor:
+    def _score_here(self, rollout, rows, responses: list[str]) -> torch.Tensor:
         r = self.cfg.reward
-        rows = [p for p in prompts for _ in range(n)]
-        responses = decode_responses(rollout, self.tokenizer.decode)
         result = score_batch([p.data_source for p in rows], responses,
                              [p.ground_truth for p in rows], [p.extra_info for p in rows],
-                             custom_fn=r.custom_fn or None, timeout_s=r.timeout_s, num_workers=r.num_workers)
+                             custom_fn=r.custom_fn or None, timeout_s=r.timeout_s, num_workers=r.num_workers,
+                             format_score=r.format_score)
         scores = torch.tensor(result.scores, dtype=torch.float32)
-        acc = result.extra.get("acc")
-        acc = torch.tensor([float(a) if a is not None else float(s > 0) for a, s in zip(acc, result.scores)]) \
-            if acc else (scores > 0).float()
+        acc, fmt = accuracy_and_format(result, responses, r.answer_format)
         if r.overlong_buffer > 0:
             scores = scores + torch.tensor(overlong_penalties(
                 rollout.response_lengths.cpu().tolist(), max_length=self.cfg.rollout.max_response_length,
                 buffer=r.overlong_buffer, factor=r.overlong_penalty_factor))
         if r.format_penalty > 0:
             scores = scores + torch.tensor(format_penalties(responses, r.answer_format, r.format_penalty))
+        if r.post_answer_penalty > 0:
+            scores = scores + torch.tensor(post_answer_penalties(responses, r.answer_format, r.post_answer_penalty))
         counts = torch.tensor([float(result.num_errors), float(result.num_timeouts)])
-        return torch.cat([scores, acc, counts])
+        return torch.cat([scores, torch.tensor(acc), torch.tensor(fmt), counts])
 
-    def __call__(self, rollout, prompts, n: int) -> tuple[torch.Tensor, dict]:
+    def score(self, rollout, prompts, n: int, responses: list[str] | None = None) -> Scored:
+        """Scores of this DP rank's rows (prompt i's samples are rows i*n .. i*n+n-1), equal on its MP ranks."""
         num = rollout.tokens.size(0)
         mp = self.ctx.pgs.mp
         if mp.rank() == 0:
-            packed = self._score_here(rollout, prompts, n)
+            rows = [p for p in prompts for _ in range(n)]
+            responses = responses if responses is not None else decode_responses(rollout, self.tokenizer.decode)
+            packed = self._score_here(rollout, rows, responses).to(self.ctx.device)
         else:
-            packed = torch.empty(2 * num + 2)
+            packed = torch.empty(3 * num + 2, device=self.ctx.device)
         if mp.size() > 1:
             dist.broadcast(packed, src=dist.get_process_group_ranks(mp)[0], group=mp)
-        scores, acc, counts = packed[:num], packed[num:2 * num], packed[2 * num:]
-        totals = counts.clone()
-        acc_sum = acc.sum().reshape(1)
+        host = packed.cpu()
+        return Scored(packed[:num], host[num:2 * num], host[2 * num:3 * num], float(host[3 * num]),
+                      float(host[3 * num + 1]))
+
+    def __call__(self, rollout, prompts, n: int) -> tuple[torch.Tensor, dict]:
+        """(shaped scores [B] on the device, step metrics: errors, accuracy, format rate, per data_source)."""
+        scored = self.score(rollout, prompts, n)
+        sources = [p.data_source for p in prompts for _ in range(n)]
+        sums = gather_source_sums(source_sums(sources, scored.columns()), self.ctx)
+        lengths = rollout.response_lengths
+        cut = (lengths >= self.cfg.rollout.max_response_length).sum().float().cpu()
+        counts = torch.tensor([scored.num_errors, scored.num_timeouts, float(cut), float(lengths.numel())],
+                              device=self.ctx.device)
         if self.ctx.dims.dp > 1:
-            dist.all_reduce(totals, group=self.ctx.pgs.dp)
-            dist.all_reduce(acc_sum, group=self.ctx.pgs.dp)
-        metrics = {"reward/errors": float(totals[0]), "reward/timeouts": float(totals[1]),
-                   "critic/acc/mean": float(acc_sum) / (num * self.ctx.dims.dp)}
-        return scores.to(self.ctx.device), metrics
+            dist.all_reduce(counts, group=self.ctx.pgs.dp)
+        overall = merge_source_sums([{"all": cols} for cols in sums.values()])["all"]
+        metrics = {"reward/errors": float(counts[0]), "reward/timeouts": float(counts[1]),
+                   "critic/acc/mean": overall["acc"][0] / max(overall["acc"][1], 1),
+                   "critic/format/mean": overall["format"][0] / max(overall["format"][1], 1),
+                   "response_length/clip_ratio": float(counts[2] / counts[3].clamp(min=1))}
+        metrics.update(source_means(sums, "train/{src}/{name}/mean"))
+        return scored.scores, metrics

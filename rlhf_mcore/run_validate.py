@@ -1,41 +1,79 @@
-"""Validation: greedy generation over the whole validation set (sharded over DP), reward per
-data_source, reduced over ranks into `val/test_score/<data_source>` and `val/test_score/mean`."""
+"""Validation: generation with `rollout.val_temperature` (greedy by default) over the whole validation set,
+sharded over DP in chunks of `data.val_batch_size` prompts, scored like training. Metrics use verl's names:
+`val-core/<data_source>/{acc,reward,format}/mean@1` per data_source, plus `val-aux/response_length/mean` and
+`val-aux/response_length/clip_ratio` (share of responses cut at rollout.max_response_length)."""
 from __future__ import annotations
 
 import logging
 
-import torch.distributed as dist
+import torch
 
+from rlhf_mcore.logs import progress
 from rlhf_mcore.phases import decode_responses, sampling_params
+from rlhf_mcore.run_reward import gather_source_sums, merge_source_sums, source_means, source_sums
 
 log = logging.getLogger("rlhf_mcore")
+SAMPLE_QUESTION_CHARS = 300
+
+
+def format_sample(question: str, response: str, ground_truth, scored: dict) -> str:
+    """One validation sample for the log: the end of the question and the whole response, delimited.
+
+    >>> print(format_sample("What is 2+2?", "4\\n#### 4", "4", {"reward": 1.0, "acc": 1.0, "format": 1.0}))
+    validation sample (reward 1.000, acc 1, format 1, ground truth 4)
+    ----- question (last 300 chars) -----
+    What is 2+2?
+    ----- response -----
+    4
+    #### 4
+    ----- end -----
+    """
+    cut = "..." if len(question) > SAMPLE_QUESTION_CHARS else ""
+    head = (f"validation sample (reward {scored['reward']:.3f}, acc {scored['acc']:.0f}, "
+            f"format {scored['format']:.0f}, ground truth {ground_truth})")
+    return "\n".join([head, f"----- question (last {SAMPLE_QUESTION_CHARS} chars) -----",
+                      cut + question[-SAMPLE_QUESTION_CHARS:], "----- response -----", response, "----- end -----"])
+
+
+def length_sums(lengths: torch.Tensor, keep: list[bool], max_length: int) -> list[float]:
+    """[sum of lengths, kept rows, rows cut at max_length] over the kept rows.
+
+    >>> length_sums(torch.tensor([3, 8, 8]), [True, True, False], 8)
+    [11.0, 2.0, 1.0]
+    """
+    kept = torch.tensor(keep, dtype=torch.bool)
+    lengths = lengths.cpu()[kept].float()
+    return [float(lengths.sum()), float(kept.sum()), float((lengths >= max_length).sum())]
 
 
 def validate(run) -> dict[str, float]:
     cfg, ctx = run.cfg, run.ctx
-    prompts, keep = run.val_sampler.shard()  # every DP rank gets the same count; keep[i] = False on padding rows
-    rollout = run.engine.generate([list(p.prompt_ids) for p in prompts],
-                                  sampling_params(cfg, run.stop_ids, 0, validation=True),
-                                  show_progress=ctx.is_logging_rank)
-    scores, _ = run.scorer(rollout, prompts, 1)
-    if ctx.is_logging_rank and prompts:  # one sample, so users see what the model writes
-        response = decode_responses(rollout, run.tokenizer.decode)[0]
-        log.info("validation sample (score %.3f): %r -> %r", float(scores[0]),
-                 prompts[0].messages[-1]["content"][-200:], response[:400])
-    sums: dict[str, list[float]] = {}
-    for p, s, k in zip(prompts, scores.tolist(), keep):
-        if k:
-            total, count = sums.get(p.data_source, [0.0, 0.0])
-            sums[p.data_source] = [total + s, count + 1]
-    gathered: list = [None] * ctx.dims.dp
-    dist.all_gather_object(gathered, sums, group=ctx.pgs.dp)
-    merged: dict[str, list[float]] = {}
-    for part in gathered:
-        for source, (total, count) in part.items():
-            merged.setdefault(source, [0.0, 0.0])
-            merged[source][0] += total
-            merged[source][1] += count
-    metrics = {f"val/test_score/{src}": t / max(c, 1) for src, (t, c) in merged.items()}
-    all_t, all_c = sum(t for t, _ in merged.values()), sum(c for _, c in merged.values())
-    metrics["val/test_score/mean"] = all_t / max(all_c, 1)
+    sums: dict = {}
+    totals = torch.zeros(3, dtype=torch.float64)
+    num_prompts = len(run.val_sampler.indices)
+    shown = False
+    with progress(num_prompts, "validation", ctx.is_logging_rank, unit="prompts") as bar:
+        for prompts, keep in run.val_sampler.batches(cfg.data.val_batch_size):
+            rollout = run.engine.generate([list(p.prompt_ids) for p in prompts],
+                                          sampling_params(cfg, run.stop_ids, 0, validation=True),
+                                          show_progress=ctx.is_logging_rank)
+            responses = decode_responses(rollout, run.tokenizer.decode)
+            scored = run.scorer.score(rollout, prompts, 1, responses)
+            columns = scored.columns()
+            sums = merge_source_sums([sums, source_sums([p.data_source for p in prompts], columns, keep)])
+            totals += torch.tensor(length_sums(rollout.response_lengths, keep, cfg.rollout.max_response_length),
+                                   dtype=torch.float64)
+            if ctx.is_logging_rank and prompts and not shown:  # one sample, so users see what the model writes
+                log.info(format_sample(prompts[0].messages[-1]["content"], responses[0], prompts[0].ground_truth,
+                                       {k: v[0] for k, v in columns.items()}))
+                shown = True
+            bar.update(len(prompts))
+    sums = gather_source_sums(sums, ctx)
+    if ctx.dims.dp > 1:
+        totals = totals.to(ctx.device)
+        torch.distributed.all_reduce(totals, group=ctx.pgs.dp)
+        totals = totals.cpu()
+    metrics = source_means(sums, "val-core/{src}/{name}/mean@1")
+    metrics["val-aux/response_length/mean"] = float(totals[0] / totals[1].clamp(min=1))
+    metrics["val-aux/response_length/clip_ratio"] = float(totals[2] / totals[1].clamp(min=1))
     return metrics

@@ -8,11 +8,12 @@ from rlhf_mcore.phases import gather_dp
 # (label, metric key, format) of the console line, in order; missing metrics print as "-".
 LINE_FIELDS = (
     ("reward", "critic/score/mean", "{:.3f}"), ("±", "critic/score/std", "{:.3f}"),
-    ("acc", "critic/acc/mean", "{:.3f}"), ("pg", "actor/pg_loss", "{:+.4f}"), ("vf", "critic/vf_loss", "{:.4f}"),
+    ("acc", "critic/acc/mean", "{:.3f}"), ("fmt", "critic/format/mean", "{:.3f}"),
+    ("pg", "actor/pg_loss", "{:+.4f}"), ("vf", "critic/vf_loss", "{:.4f}"),
     ("kl", "actor/kl", "{:.4f}"), ("ent", "actor/entropy", "{:.3f}"), ("clip", "actor/pg_clipfrac", "{:.3f}"),
     ("gnorm", "actor/grad_norm", "{:.3f}"), ("len", "response_length/mean", "{:.1f}"),
-    ("max", "response_length/max", "{:.0f}"), ("tok/s", "perf/throughput", "{:.0f}"),
-    ("mem", "perf/max_memory_gb", "{:.2f}GB"),
+    ("max", "response_length/max", "{:.0f}"), ("cut", "response_length/clip_ratio", "{:.2f}"),
+    ("tok/s", "perf/throughput", "{:.0f}"), ("mem", "perf/max_memory_gb", "{:.2f}GB"),
 )
 PHASES = ("gen", "reward", "old_log_prob", "ref", "values", "adv", "update_critic", "update_actor", "sync_weights")
 
@@ -79,4 +80,4 @@ def format_step_line(step: int, total: int, m: dict) -> str:
     for label, key, fmt in LINE_FIELDS:
         parts.append(f"{label} {fmt.format(m[key]) if key in m else '-'}")
     phases = " ".join(f"{p} {m[f'timing_s/{p}']:.1f}s" for p in PHASES if f"timing_s/{p}" in m)
-    return " | ".join([parts[0], " ".join(parts[1:4]), " ".join(parts[4:10]), " ".join(parts[10:]), phases])
+    return " | ".join([parts[0], " ".join(parts[1:5]), " ".join(parts[5:11]), " ".join(parts[11:]), phases])

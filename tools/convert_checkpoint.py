@@ -273,13 +273,14 @@ def run(argv: list[str] | None = None) -> int:
 def main(argv: list[str] | None = None) -> int:
     import torch.distributed as dist
 
-    from rlhf_mcore.logs import init_logger
+    from rlhf_mcore.logs import heartbeat, init_logger
     from rlhf_mcore.parallel import destroy_distributed, torchrun_env
 
     init_logger(torchrun_env()[0])
     owns_groups = not dist.is_initialized()
     try:
-        return run(argv)
+        with heartbeat("convert_checkpoint", enabled=torchrun_env()[0] == 0):
+            return run(argv)
     except ValueError as err:
         print(f"error: {err}", file=sys.stderr, flush=True)
         return 2

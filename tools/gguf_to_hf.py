@@ -161,11 +161,18 @@ def main(argv: list[str] | None = None) -> int:
     if args.gguf and args.out is None:
         parser.error("--out is required with --gguf")
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
+    if not sys.stdout.isatty():  # transformers' bars become one very long line in a file: report by heartbeat
+        from transformers.utils import logging as hf_logging
+
+        hf_logging.disable_progress_bar()
+    from rlhf_mcore.logs import heartbeat
+
     try:
-        if args.smollm2:
-            print(ensure_smollm2(args.out, dtype=args.dtype))
-        else:
-            print(convert_gguf(args.gguf, args.out, dtype=args.dtype, overwrite=args.overwrite))
+        with heartbeat("gguf_to_hf"):
+            if args.smollm2:
+                print(ensure_smollm2(args.out, dtype=args.dtype))
+            else:
+                print(convert_gguf(args.gguf, args.out, dtype=args.dtype, overwrite=args.overwrite))
     except ValueError as err:
         print(f"error: {err}", file=sys.stderr)
         return 2

@@ -1,6 +1,9 @@
 """GSM8K jsonl ({"question", "answer"}, answer ending in "#### N") -> verl-schema parquet.
 
-    python tools/prepare_gsm8k.py --input-dir data/gsm8k --output-dir runs/data/gsm8k --max-train 64
+    python tools/prepare_gsm8k.py [--input-dir data/gsm8k] [--output-dir runs/data/gsm8k] [--max-train 64]
+
+The input folder holds ``train.jsonl`` and ``test.jsonl`` (or ``.jsonl.gz``); the default is the full GSM8K
+shipped in ``data/gsm8k`` (MIT).
 
 Writes ``train.parquet`` and ``test.parquet``: data_source "openai/gsm8k", one user message (question plus
 the step-by-step instruction), ability "math", reward_model {"style": "rule", "ground_truth": N} and
@@ -46,8 +49,8 @@ def gsm8k_rows(path: Path, split: str, limit: int | None = None) -> list[dict]:
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--input-dir", type=Path, default=REPO.parent / "shared" / "data" / "gsm8k",
-                        help="folder with train.jsonl and test.jsonl (default: ../shared/data/gsm8k)")
+    parser.add_argument("--input-dir", type=Path, default=REPO / "data" / "gsm8k",
+                        help="folder with train.jsonl(.gz) and test.jsonl(.gz) (default: data/gsm8k, the full set)")
     parser.add_argument("--output-dir", type=Path, default=REPO / "runs" / "data" / "gsm8k")
     parser.add_argument("--max-train", type=int, default=None, help="keep the first N training rows")
     parser.add_argument("--max-test", type=int, default=None, help="keep the first N test rows")
@@ -59,9 +62,11 @@ def main(argv: list[str] | None = None) -> int:
     for split, limit in (("train", args.max_train), ("test", args.max_test)):
         if limit is not None and limit <= 0:
             raise SystemExit(f"--max-{split} must be positive (got {limit})")
-        src = args.input_dir / f"{split}.jsonl"
-        if not src.is_file():
-            raise SystemExit(f"{src}: not found. Pass --input-dir (the repo ships a subset in data/gsm8k).")
+        src = next((p for p in (args.input_dir / f"{split}.jsonl", args.input_dir / f"{split}.jsonl.gz")
+                    if p.is_file()), None)
+        if src is None:
+            raise SystemExit(f"{args.input_dir / split}.jsonl(.gz): not found. Pass --input-dir (the repo ships "
+                             "the full GSM8K in data/gsm8k).")
         num = write_prompt_parquet(gsm8k_rows(src, split, limit), args.output_dir / f"{split}.parquet")
         print(f"{split}: {num} rows -> {args.output_dir / f'{split}.parquet'}")
     return 0

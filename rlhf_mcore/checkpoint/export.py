@@ -23,6 +23,7 @@ from pathlib import Path
 import torch.distributed as dist
 
 from rlhf_mcore.guards import EXIT_DIVERGED, EXIT_STARTUP
+from rlhf_mcore.logs import heartbeat
 
 log = logging.getLogger(__name__)
 EXPORT_DIR = "hf_export"
@@ -55,7 +56,8 @@ def _convert_in_subprocess(model_cfg, ckpt: Path, out: Path) -> int:
     cmd = [sys.executable, "-m", "rlhf_mcore.checkpoint.export", "--ckpt", str(ckpt), "--out", str(out),
            "--model-config", json.dumps(dataclasses.asdict(model_cfg))]
     start = time.perf_counter()
-    rc = subprocess.run(cmd, env=env).returncode
+    with heartbeat(f"HF export of {ckpt}"):
+        rc = subprocess.run(cmd, env=env).returncode
     if rc == 0:
         log.info("exported %s to %s in %.1fs", ckpt, out, time.perf_counter() - start)
     return rc

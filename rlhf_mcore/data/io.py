@@ -1,6 +1,7 @@
 """Reading jsonl sources and reading/writing verl-schema parquet, with errors that name file and line/row."""
 from __future__ import annotations
 
+import gzip
 import json
 from pathlib import Path
 from typing import Iterable, Sequence
@@ -11,7 +12,8 @@ PARQUET_MAGIC = b"PAR1"
 
 
 def read_jsonl(path: str | Path, required_keys: Sequence[str] = ()) -> list[tuple[int, dict]]:
-    """``(line_number, object)`` for every non-blank line of a jsonl file (1-based line numbers).
+    """``(line_number, object)`` for every non-blank line of a jsonl file (1-based line numbers); a name
+    ending in ``.gz`` is read through gzip.
 
     Raises ValueError naming the file and line for invalid JSON, a non-object line or a missing key.
     """
@@ -19,7 +21,7 @@ def read_jsonl(path: str | Path, required_keys: Sequence[str] = ()) -> list[tupl
     if not path.is_file():
         raise ValueError(f"{path}: file not found")
     records = []
-    with path.open(encoding="utf-8") as f:
+    with (gzip.open(path, "rt", encoding="utf-8") if path.suffix == ".gz" else path.open(encoding="utf-8")) as f:
         for line_no, line in enumerate(f, start=1):
             if not line.strip():
                 continue

@@ -11,6 +11,8 @@ configuration errors and raise before anything runs; a reward that raises, retur
 from __future__ import annotations
 
 import atexit
+import functools
+import inspect
 import logging
 import os
 import pickle
@@ -63,13 +65,15 @@ def score_batch(
     timeout_s: float = 10.0,
     num_workers: int | None = None,
     pool: RewardPool | None = None,
+    format_score: float = 0.0,
 ) -> RewardResult:
     """Rewards for a batch of completions.
 
     custom_fn: a module-level function or ``"file.py:function"``, used for every row instead of the
     data_source lookup. num_workers: reward processes (``shared_pool``); ``None`` picks
     ``default_num_workers()``; ``0`` scores in this process with no time-out (debugging only: a hung reward
-    then hangs the caller). pool: a RewardPool of your own instead of the shared one.
+    then hangs the caller). pool: a RewardPool of your own instead of the shared one. format_score: verl's
+    score for a well-formed wrong answer, passed to the built-in rewards (custom functions never get it).
     """
     n = len(solutions)
     extra_infos = [None] * n if extra_infos is None else extra_infos
@@ -77,7 +81,7 @@ def score_batch(
     for name, column in columns.items():
         if len(column) != n:
             raise ValueError(f"score_batch: {name} has {len(column)} entries but solutions has {n}")
-    fns = resolve_reward_fns(data_sources, custom_fn)
+    fns = resolve_reward_fns(data_sources, custom_fn, format_score)
     tasks = [(fns[i], data_sources[i], solutions[i], ground_truths[i], extra_infos[i]) for i in range(n)]
     workers = default_num_workers() if num_workers is None else num_workers
     if pool is None and workers == 0:
@@ -87,7 +91,8 @@ def score_batch(
     return collect_outcomes(pool.run(tasks, timeout_s) if tasks else [])
 
 
-def resolve_reward_fns(data_sources: Sequence[str], custom_fn: RewardFn | str | None) -> list[RewardFn | str]:
+def resolve_reward_fns(data_sources: Sequence[str], custom_fn: RewardFn | str | None,
+                       format_score: float = 0.0) -> list[RewardFn | str]:
     """One reward per row (a function, or a checked ``"file.py:fn"`` spec); raises ValueError when bad."""
     if isinstance(custom_fn, str):
         path, _ = parse_reward_spec(custom_fn)  # the form and the file only: the reward workers import it, once
@@ -99,8 +104,18 @@ def resolve_reward_fns(data_sources: Sequence[str], custom_fn: RewardFn | str | 
         if not callable(custom_fn):
             raise ValueError(f"score_batch: custom_fn must be callable or 'file.py:fn' (got {custom_fn!r})")
         return [custom_fn] * len(data_sources)
-    by_source = {ds: get_reward_fn(ds) for ds in set(data_sources)}
+    by_source = {ds: with_format_score(get_reward_fn(ds), ds, format_score) for ds in set(data_sources)}
     return [by_source[ds] for ds in data_sources]
+
+
+def with_format_score(fn: RewardFn, data_source: str, format_score: float) -> RewardFn:
+    """``fn`` with ``format_score=`` bound (a picklable partial); ``fn`` itself when the score is 0."""
+    if format_score == 0:
+        return fn
+    if "format_score" not in inspect.signature(fn).parameters:
+        raise ValueError(f"reward.format_score: the reward of data_source '{data_source}' takes no format_score "
+                         f"(got {format_score}). Set reward.format_score=0 or use reward.format_penalty.")
+    return functools.partial(fn, format_score=format_score)
 
 
 def check_sendable(fns) -> None:

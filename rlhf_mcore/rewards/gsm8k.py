@@ -44,6 +44,16 @@ def extract_gsm8k_answer(solution_str: str, method: str = "strict") -> str | Non
     return normalize_gsm8k_number(found[-1]) if found else None
 
 
+def first_strict_answer_span(solution_str: str) -> tuple[int, int] | None:
+    r"""``(start, end)`` of the first ``#### <number>`` in the text, or None.
+
+    >>> first_strict_answer_span("x\n#### 5\n#### 6")
+    (2, 8)
+    """
+    found = _STRICT_RE.search(solution_str)
+    return found.span() if found else None
+
+
 @register_reward("openai/gsm8k", "gsm8k")
 def compute_gsm8k_score(
     data_source: str,

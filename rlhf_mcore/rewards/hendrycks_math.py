@@ -53,6 +53,26 @@ def extract_boxed_answer(text: str) -> str | None:
     return None
 
 
+def first_boxed_span(text: str) -> tuple[int, int] | None:
+    r"""``(start, end)`` of the first complete ``\boxed{...}`` / ``\fbox{...}`` (braced form), or None.
+
+    >>> first_boxed_span("so \\boxed{1} and \\boxed{2}")
+    (3, 12)
+    """
+    starts = sorted(i for cmd in _BOX_COMMANDS for i in _find_all(text, cmd + "{"))
+    for start in starts:
+        depth = 0
+        for i in range(text.index("{", start), len(text)):
+            depth += (text[i] == "{") - (text[i] == "}")
+            if depth == 0:
+                return start, i + 1
+    return None
+
+
+def _find_all(text: str, sub: str) -> list[int]:
+    return [i for i in range(len(text)) if text.startswith(sub, i)]
+
+
 def normalize_math_answer(answer: str) -> str:
     r"""Canonical string form of a MATH answer (the MATH paper's ``strip_string`` plus a few more rules).
 

@@ -1,4 +1,5 @@
-r"""Optional reward shaping as pure functions: DAPO's soft overlong punishment and a missing-format penalty.
+r"""Optional reward shaping as pure functions: DAPO's soft overlong punishment, a missing-format penalty and a
+post-answer penalty (text after the first answer line: the repeated ``#### N`` lines a policy learns to spam).
 
 Each returns a value <= 0 to add to the task reward (``apply_penalties`` does the sum for a batch).
 
@@ -6,16 +7,21 @@ Each returns a value <= 0 to add to the task reward (``apply_penalties`` does th
 [0.0, 0.0, -0.5, -1.0]
 >>> format_penalty("the answer is 4", "boxed", penalty=0.5), format_penalty("\\boxed{4}", "boxed")
 (-0.5, 0.0)
+>>> post_answer_penalty("so 4\n#### 4\n#### 4", "gsm8k", 0.5), post_answer_penalty("so 4\n#### 4\n", "gsm8k", 0.5)
+(-0.5, 0.0)
 """
 from __future__ import annotations
 
 from typing import Callable, Sequence
 
 from rlhf_mcore.registry import Registry
-from rlhf_mcore.rewards.gsm8k import extract_gsm8k_answer
-from rlhf_mcore.rewards.hendrycks_math import extract_boxed_answer
+from rlhf_mcore.rewards.gsm8k import extract_gsm8k_answer, first_strict_answer_span
+from rlhf_mcore.rewards.hendrycks_math import extract_boxed_answer, first_boxed_span
 
 FORMAT_CHECKS: Registry[Callable[[str], bool]] = Registry("answer format")
+ANSWER_SPANS: Registry[Callable[[str], "tuple[int, int] | None"]] = Registry("answer format")
+ANSWER_SPANS.register("gsm8k")(first_strict_answer_span)
+ANSWER_SPANS.register("boxed")(first_boxed_span)
 
 
 @FORMAT_CHECKS.register("gsm8k")
@@ -57,6 +63,23 @@ def format_penalties(solutions: Sequence[str], fmt: str = "boxed", penalty: floa
     """``format_penalty`` for every solution of a batch."""
     check = FORMAT_CHECKS.get(fmt)
     return [0.0 if check(s) else -float(penalty) for s in solutions]
+
+
+def post_answer_penalty(solution_str: str, fmt: str = "gsm8k", penalty: float = 1.0) -> float:
+    """``-penalty`` when non-blank text follows the line of the FIRST answer (format ``fmt``), else 0.
+
+    A response without an answer is left to ``format_penalty`` (0 here).
+    """
+    span = ANSWER_SPANS.get(fmt)(solution_str)
+    if span is None:
+        return 0.0
+    line_end = solution_str.find("\n", span[1])
+    return -float(penalty) if line_end >= 0 and solution_str[line_end:].strip() else 0.0
+
+
+def post_answer_penalties(solutions: Sequence[str], fmt: str = "gsm8k", penalty: float = 1.0) -> list[float]:
+    """``post_answer_penalty`` for every solution of a batch."""
+    return [post_answer_penalty(s, fmt, penalty) for s in solutions]
 
 
 def apply_penalties(scores: Sequence[float], *penalties: Sequence[float]) -> list[float]:

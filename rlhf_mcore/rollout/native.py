@@ -26,8 +26,8 @@ import logging
 from typing import Optional
 
 import torch
-from tqdm import tqdm
 
+from rlhf_mcore.logs import progress
 from rlhf_mcore.rollout import comm, kv_cache
 from rlhf_mcore.rollout.base import ROLLOUT_ENGINES
 from rlhf_mcore.rollout.responses import Response, ResponseBuffer, assemble_batch
@@ -117,8 +117,8 @@ class NativeRolloutEngine:
         size = self.micro_batch_size or max(len(rows), 1)
         chunks = [rows[i:i + size] for i in range(0, len(rows), size)]
         generator = torch.Generator(device=self.ctx.device).manual_seed(replica_seed(params.seed, self.ctx.dp_rank))
-        bar = tqdm(total=len(chunks) * params.max_new_tokens, desc="rollout", unit="step", leave=False,
-                   disable=not (show_progress and self.ctx.rank == 0))
+        bar = progress(len(chunks) * params.max_new_tokens, "rollout", show_progress and self.ctx.rank == 0,
+                       unit="decode steps")
         with inference_mode(self.model), bar:
             if self.static is not None:
                 with torch.random.fork_rng(devices=[self.ctx.device] if self.ctx.device.type == "cuda" else []):

@@ -34,3 +34,5 @@ def test_ppo_run_resumed_from_step_two_matches_the_straight_run(tmp_path):
     assert [m.get("step") for m in resumed if "actor/pg_loss" in m] == [3]  # only step 3 ran
     compared = [k for k in want if not k.startswith(TIMING_KEYS)]
     assert len(compared) > 20 and {k: got.get(k) for k in compared} == {k: want[k] for k in compared}
+    again = train(tmp_path / "a", "trainer.save_freq=2")  # the finished run started again: nothing to do
+    assert "run: already complete (step 3 of 3" in (tmp_path / "a.log").read_text() and again == straight

@@ -40,13 +40,14 @@ def test_gsm8k_subset_to_parquet(tmp_path, tokenizer, capsys):
     assert len(load_prompt_dataset(tmp_path / "train.parquet", tokenizer, 1024)) == 10
 
 
-def test_shipped_gsm8k_references_score_full_reward(tmp_path):
-    gsm8k_tool.main(["--input-dir", str(REPO / "data/gsm8k"), "--output-dir", str(tmp_path)])
-    rows = read_parquet_rows(tmp_path / "train.parquet") + read_parquet_rows(tmp_path / "test.parquet")
-    assert len(rows) == 128
+def test_shipped_gsm8k_is_complete_and_references_score_full_reward(tmp_path):
+    gsm8k_tool.main(["--output-dir", str(tmp_path)])  # the default input: the full GSM8K in data/gsm8k
+    train, test = read_parquet_rows(tmp_path / "train.parquet"), read_parquet_rows(tmp_path / "test.parquet")
+    assert (len(train), len(test)) == (7473, 1319)
+    rows = train + test
     result = score_batch([r["data_source"] for r in rows], [r["extra_info"]["answer"] for r in rows],
-                         [r["reward_model"]["ground_truth"] for r in rows], num_workers=1)
-    assert result.scores == [1.0] * 128
+                         [r["reward_model"]["ground_truth"] for r in rows], num_workers=0)
+    assert result.scores == [1.0] * len(rows)
 
 
 def test_gsm8k_malformed_lines(tmp_path):
@@ -57,7 +58,7 @@ def test_gsm8k_malformed_lines(tmp_path):
     with pytest.raises(ValueError, match=r"train.jsonl:2: answer has no final '#### <number>' line"):
         gsm8k_tool.main(["--input-dir", str(tmp_path), "--output-dir", str(tmp_path / "out")])
     (tmp_path / "train.jsonl").write_text('{"question": "q", "answer": "#### 1"}\n')
-    with pytest.raises(SystemExit, match="test.jsonl: not found"):
+    with pytest.raises(SystemExit, match=r"test.jsonl\(.gz\): not found"):
         gsm8k_tool.main(["--input-dir", str(tmp_path), "--output-dir", str(tmp_path / "out")])
 
 

@@ -38,7 +38,8 @@ def main(out_path: str, config: str, *overrides: str) -> None:
     if dist.get_rank() == 0:
         steps = [m for m in run.history if "critic/score/mean" in m]
         result = {"unchanged": sorted({k for part in gathered for k in part}), "num_params": len(before),
-                  "metrics": steps, "finite": all(math.isfinite(v) for m in steps for v in m.values())}
+                  "metrics": steps, "finite": all(math.isfinite(v) for m in steps for v in m.values()),
+                  "validations": [m for m in run.history if any(k.startswith("val-core/") for k in m)]}
         with open(out_path, "w") as f:
             json.dump(result, f)
     from rlhf_mcore.parallel import destroy_distributed

@@ -60,8 +60,16 @@ def test_ppo_four_ranks_tp_pp_dp(tmp_path):
     check_trained(tp_pp, 2)
     assert_same_metrics(base, tp_pp)
     dp = run_worker(tmp_path, 4, "tiny_ppo.yaml", "trainer.total_steps=2", "parallel.tp=2", "data.train_batch_size=4",
-                    "actor.ppo_mini_batch_size=4", "critic.ppo_mini_batch_size=4")
+                    "actor.ppo_mini_batch_size=4", "critic.ppo_mini_batch_size=4", "trainer.test_freq=2",
+                    "data.val_batch_size=3")
     check_trained(dp, 2)
+    (val,) = dp["validations"]  # DP2, chunks of 3 prompts: every rank reports, the sums meet over DP
+    assert val["step"] == 2 and sorted(val) == ["step", "val-aux/response_length/clip_ratio",
+                                                "val-aux/response_length/mean", "val-core/tiny/vowels/acc/mean@1",
+                                                "val-core/tiny/vowels/format/mean@1",
+                                                "val-core/tiny/vowels/reward/mean@1"]
+    assert 0 < val["val-aux/response_length/mean"] <= 16 and 0 <= val["val-core/tiny/vowels/reward/mean@1"] <= 1
+    assert dp["metrics"][0]["train/tiny/vowels/reward/mean"] == pytest.approx(dp["metrics"][0]["critic/score/mean"])
 
 
 def test_sequence_packing_reproduces_padded_runs(tmp_path):

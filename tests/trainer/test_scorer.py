@@ -2,6 +2,7 @@
 accuracy and error counts."""
 import dataclasses
 
+import pytest
 import torch
 
 from rlhf_mcore.data.schema import PromptRow
@@ -34,3 +35,22 @@ def test_rewards_penalties_and_accuracy(mcore_ctx):
     # overlong: 12-token cap, 4-token buffer: length 13 -> past the cap -> -1.0; others are short.
     assert scores.tolist() == [1.0, -0.5, 0.0, 0.0]
     assert metrics["critic/acc/mean"] == 0.5 and metrics["reward/errors"] == 0
+    assert metrics["critic/format/mean"] == 0.75  # 3 of 4 hold '#### N'
+    assert metrics["train/openai/gsm8k/acc/mean"] == 0.5 and metrics["train/openai/gsm8k/format/mean"] == 0.75
+    assert metrics["train/openai/gsm8k/reward/mean"] == 0.125  # mean of the shaped scores
+    assert metrics["response_length/clip_ratio"] == 0.25  # "#### 4 ok yes" is 13 bytes >= the 12-token cap
+
+
+def test_format_score_and_post_answer_penalty(mcore_ctx):
+    cfg = tiny_model_config()
+    cfg = dataclasses.replace(cfg, reward=dataclasses.replace(cfg.reward, num_workers=1, format_score=0.1,
+                                                              post_answer_penalty=0.2))
+    prompts = [PromptRow(index=i, data_source=src, messages=({"role": "user", "content": "q"},), ability="math",
+                         ground_truth="4", extra_info={}) for i, src in enumerate(("openai/gsm8k", "gsm8k"))]
+    # right; right then repeated; wrong (format_score); none | right; wrong then more text; none; right, blank after
+    responses = ["#### 4", "#### 4\n#### 4", "#### 5", "4", "x\n#### 4", "#### 5\nso 5", "five", "#### 4\n\n"]
+    scores, metrics = Scorer(cfg, ByteTokenizer(), mcore_ctx)(rollout_of("Q", responses), prompts, 4)
+    assert scores.tolist() == pytest.approx([1.0, 0.8, 0.1, 0.0, 1.0, -0.1, 0.0, 1.0])
+    assert metrics["train/gsm8k/acc/mean"] == 0.5 and metrics["train/openai/gsm8k/acc/mean"] == 0.5
+    assert metrics["train/gsm8k/format/mean"] == 0.75 and metrics["critic/format/mean"] == 0.75
+    assert metrics["train/openai/gsm8k/reward/mean"] == pytest.approx(1.9 / 4)

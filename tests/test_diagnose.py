@@ -1,0 +1,40 @@
+"""python -m rlhf_mcore.diagnose: machine, packages, optional imports, and the code paths of a config."""
+from rlhf_mcore.config import Config
+from rlhf_mcore.config_load import load_config
+from rlhf_mcore.diagnose import code_paths, main, package_version, try_import
+
+
+def test_code_paths_follow_the_machine_and_the_config():
+    cfg = Config()
+    cpu = dict(code_paths(cfg, have_cuda=False, have_te=False, have_triton=False, sglang_status="not installed"))
+    assert cpu["attention"].startswith("sdpa: model.attention_backend=auto and Transformer Engine is not")
+    assert cpu["log-prob kernel"].endswith("torch chunks: no CUDA") and cpu["distributed"].startswith("gloo")
+    gpu = dict(code_paths(cfg, have_cuda=True, have_te=True, have_triton=True, sglang_status="yes"))
+    assert gpu["attention"].startswith("te:") and gpu["norm"].startswith("Transformer Engine")
+    assert gpu["log-prob kernel"].endswith("Triton: CUDA and triton importable") and gpu["distributed"] == "NCCL"
+    forced = load_config(None, ["model.attention_backend=local", "rollout.engine=sglang"], check=False)
+    paths = dict(code_paths(forced, True, True, False, "fails: ImportError: x"))
+    assert paths["attention"] == "local: set by model.attention_backend"
+    assert paths["rollout"] == "sglang: embedded engine per GPU (SGLang import: fails: ImportError: x)"
+    assert paths["log-prob kernel"].endswith("triton not importable")
+
+
+def test_versions_and_imports_without_importing_missing_packages():
+    assert package_version("torch") != "not installed"
+    assert package_version("surely-not-a-package-xyz") == "not installed"
+    assert try_import("json") == "yes" and try_import("surely_not_a_module_xyz") == "not installed"
+
+
+def test_main_prints_every_section(capsys):
+    assert main(["--config", "configs/tiny_grpo.yaml", "rollout.n=4"]) == 0
+    out = capsys.readouterr().out
+    for section in ("== machine", "== packages", "== optional imports", "== config configs/tiny_grpo.yaml: valid",
+                    "== code paths for configs/tiny_grpo.yaml"):
+        assert section in out
+    assert "megatron-core        0.16.1" in out and "Transformer Engine" in out and "  attention " in out
+
+
+def test_main_explains_a_config_that_would_not_run(capsys):
+    assert main(["--config", "configs/tiny_grpo.yaml", "data.train_files=/nope.parquet"]) == 0
+    out = capsys.readouterr().out
+    assert "a run would stop here" in out and "data.train_files: file not found" in out and "  rollout " in out

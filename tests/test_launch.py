@@ -1,0 +1,42 @@
+"""launch/torchrun.sh and launch/slurm.sbatch find the repository's venv (DRY_RUN prints the command)."""
+import os
+import shutil
+import subprocess
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def fake_repo(tmp_path):
+    """A copy of launch/ beside a .venv/bin/python that exists."""
+    shutil.copytree(os.path.join(ROOT, "launch"), tmp_path / "launch")
+    python = tmp_path / ".venv" / "bin" / "python"
+    python.parent.mkdir(parents=True)
+    python.write_text("#!/bin/sh\n")
+    python.chmod(0o755)
+    return str(python)
+
+
+def dry_run(script, env, cwd):
+    proc = subprocess.run(["bash", script, "configs/tiny_grpo.yaml", "a.b=1"], capture_output=True, text=True,
+                          env={**os.environ, "DRY_RUN": "1", **env}, cwd=cwd, timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    return proc.stdout, proc.stderr
+
+
+def test_torchrun_script_uses_the_repo_venv(tmp_path):
+    python = fake_repo(tmp_path)
+    out, err = dry_run(str(tmp_path / "launch" / "torchrun.sh"), {"NPROC": "2"}, cwd="/")
+    assert out.startswith(f"{python} -m torch.distributed.run --standalone --nproc_per_node 2") and err == ""
+    assert out.rstrip().endswith("-m rlhf_mcore.train --config configs/tiny_grpo.yaml a.b=1")
+
+
+def test_slurm_script_uses_the_venv_of_the_submit_dir(tmp_path):
+    python = fake_repo(tmp_path)
+    elsewhere = tmp_path / "spool"  # sbatch runs a copy of the script from its spool directory
+    elsewhere.mkdir()
+    shutil.copy(tmp_path / "launch" / "slurm.sbatch", elsewhere / "slurm_script")
+    out, err = dry_run(str(elsewhere / "slurm_script"), {"SLURM_SUBMIT_DIR": str(tmp_path), "SLURM_NNODES": "2",
+                                                          "SLURM_JOB_NODELIST": "node1"}, cwd=str(tmp_path))
+    assert out.startswith(f"srun --nodes 2 --ntasks-per-node 1 {python} -m torch.distributed.run") and err == ""
+    _, err = dry_run(str(elsewhere / "slurm_script"), {"SLURM_SUBMIT_DIR": str(elsewhere)}, cwd=str(tmp_path))
+    assert "not found (run `make venv`" in err

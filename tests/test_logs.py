@@ -1,0 +1,86 @@
+"""Loggers and progress: wandb imported only when named (offline through its own API), periodic progress
+lines when stdout is not a terminal, a heartbeat for phases that cannot count their work."""
+import json
+import logging
+import sys
+import types
+
+import pytest
+
+from rlhf_mcore import logs
+from rlhf_mcore.logs import MetricLogger, heartbeat, progress
+
+
+class FakeRun:
+    def __init__(self, **kwargs):
+        self.kwargs, self.logged, self.finished = kwargs, [], False
+
+    def log(self, metrics, step):
+        self.logged.append((step, dict(metrics)))
+
+    def finish(self):
+        self.finished = True
+
+
+def test_wandb_is_imported_only_when_named(tmp_path, monkeypatch):
+    monkeypatch.setitem(sys.modules, "wandb", None)  # any `import wandb` now raises ImportError
+    logger = MetricLogger(str(tmp_path), ["jsonl", "console"], enabled=True)
+    logger.write(1, {"critic/score/mean": 0.5})
+    logger.close()
+    assert json.loads((tmp_path / "metrics.jsonl").read_text()) == {"step": 1, "critic/score/mean": 0.5}
+    with pytest.raises(ValueError, match="trainer.logger: 'wandb' is listed but the wandb package is not installed"):
+        MetricLogger(str(tmp_path), ["wandb"], enabled=True)
+
+
+def test_wandb_sink_logs_every_step_and_finishes(tmp_path, monkeypatch):
+    runs = []
+    fake = types.SimpleNamespace(init=lambda **kw: runs.append(FakeRun(**kw)) or runs[-1])
+    monkeypatch.setitem(sys.modules, "wandb", fake)
+    logger = MetricLogger(str(tmp_path / "my_run"), ["wandb"], enabled=True, project="p", config={"a": 1})
+    logger.write(1, {"x": 1.0})
+    logger.write(2, {"x": 2.0})
+    logger.close()
+    (run,) = runs
+    assert run.kwargs["project"] == "p" and run.kwargs["name"] == "my_run" and run.kwargs["config"] == {"a": 1}
+    assert run.logged == [(1, {"x": 1.0}), (2, {"x": 2.0})] and run.finished
+
+
+def test_wandb_offline_for_real_when_installed(tmp_path, monkeypatch):
+    pytest.importorskip("wandb")
+    monkeypatch.setenv("WANDB_MODE", "offline")
+    logger = MetricLogger(str(tmp_path), ["wandb"], enabled=True)
+    logger.write(1, {"x": 1.0})
+    logger.close()
+    assert list(tmp_path.glob("wandb/offline-run-*"))
+
+
+def test_progress_is_periodic_lines_without_a_terminal(caplog, monkeypatch):
+    monkeypatch.setattr(sys.stdout, "isatty", lambda: False)
+    with caplog.at_level(logging.INFO, logger="rlhf_mcore"):
+        with progress(3, "old_log_prob", unit="micro-batches", every_s=0.0) as bar:
+            for _ in range(3):
+                bar.update(1)
+    lines = [r.getMessage() for r in caplog.records]
+    assert lines[0].startswith("old_log_prob: 1/3 micro-batches (33%") and lines[1].startswith("old_log_prob: 2/3")
+    assert lines[-1].startswith("old_log_prob: 3/3 micro-batches done in") and all(len(x) < 120 for x in lines)
+
+
+def test_short_phases_stay_silent_and_disabled_progress_is_silent(caplog, monkeypatch):
+    monkeypatch.setattr(sys.stdout, "isatty", lambda: False)
+    with caplog.at_level(logging.INFO, logger="rlhf_mcore"):
+        with progress(2, "gen", every_s=3600) as bar:
+            bar.update(2)
+        with progress(2, "gen", enabled=False, every_s=0.0) as bar:
+            bar.update(2)
+    assert caplog.records == []
+
+
+def test_heartbeat_reports_while_the_block_runs(caplog):
+    import time
+
+    with caplog.at_level(logging.INFO, logger="rlhf_mcore"):
+        with heartbeat("converting", every_s=0.05):
+            time.sleep(0.3)
+    beats = [r.getMessage() for r in caplog.records if r.getMessage().startswith("converting: still running")]
+    assert len(beats) >= 2
+    assert logs.PROGRESS_EVERY_S > 0

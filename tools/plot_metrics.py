@@ -1,0 +1,134 @@
+"""Plot a run's curves from RUN_DIR/metrics.jsonl into one PNG.
+
+    python tools/plot_metrics.py RUN_DIR [--out RUN_DIR/metrics.png]
+
+Panels: reward, accuracy and format rate (training steps as lines, validation as points per data_source),
+response length with its clip ratio, entropy, KL, grad norm, and the step time split by phase (stacked).
+Needs matplotlib (`pip install matplotlib`, part of the `test` extra).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+PHASES = ("gen", "reward", "old_log_prob", "adv", "update_critic", "update_actor", "sync_weights")
+# (panel title, training metric, validation column or None)
+PANELS = (
+    ("reward", "critic/score/mean", "reward"),
+    ("accuracy", "critic/acc/mean", "acc"),
+    ("format rate", "critic/format/mean", "format"),
+    ("response length", "response_length/mean", None),
+    ("entropy", "actor/entropy", None),
+    ("KL", "actor/kl", None),
+    ("grad norm", "actor/grad_norm", None),
+)
+
+
+def load_metrics(path: str | Path) -> tuple[list[dict], list[dict]]:
+    """(training rows, validation rows) of a metrics.jsonl; a validation row holds `val-core/...` keys."""
+    train, val = [], []
+    for line in Path(path).read_text().splitlines():
+        if line.strip():
+            row = json.loads(line)
+            (val if any(k.startswith("val-core/") for k in row) else train).append(row)
+    return train, val
+
+
+def series(rows: list[dict], key: str) -> tuple[list[int], list[float]]:
+    """(steps, values) of the rows that hold `key`.
+
+    >>> series([{"step": 1, "a": 0.5}, {"step": 2}, {"step": 3, "a": 1.0}], "a")
+    ([1, 3], [0.5, 1.0])
+    """
+    pairs = [(r["step"], r[key]) for r in rows if key in r]
+    return [s for s, _ in pairs], [v for _, v in pairs]
+
+
+def val_series(val: list[dict], column: str) -> dict[str, tuple[list[int], list[float]]]:
+    """{data_source: (steps, values)} of `val-core/<data_source>/<column>/mean@N` keys.
+
+    >>> val_series([{"step": 0, "val-core/openai/gsm8k/acc/mean@1": 0.1}], "acc")
+    {'openai/gsm8k': ([0], [0.1])}
+    """
+    out: dict[str, tuple[list[int], list[float]]] = {}
+    for row in val:
+        for key, value in row.items():
+            parts = key.split("/")
+            if key.startswith("val-core/") and len(parts) >= 4 and parts[-2] == column:
+                steps, values = out.setdefault("/".join(parts[1:-2]), ([], []))
+                steps.append(row["step"])
+                values.append(value)
+    return out
+
+
+def plot(run_dir: str | Path, out: str | Path | None = None) -> Path:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    run_dir = Path(run_dir)
+    train, val = load_metrics(run_dir / "metrics.jsonl")
+    out = Path(out) if out else run_dir / "metrics.png"
+    fig, axes = plt.subplots(3, 3, figsize=(15, 11))
+    axes = axes.ravel()
+    for ax, (title, key, column) in zip(axes, PANELS):
+        steps, values = series(train, key)
+        if steps:
+            ax.plot(steps, values, label="train", color="tab:blue")
+        if column:
+            for source, (vsteps, vvalues) in val_series(val, column).items():
+                ax.plot(vsteps, vvalues, "o--", label=f"val {source} (greedy)", color="tab:red")
+        if key == "response_length/mean":
+            steps, clip = series(train, "response_length/clip_ratio")
+            twin = ax.twinx()
+            twin.plot(steps, clip, color="tab:gray", alpha=0.6, label="clip ratio")
+            twin.set_ylabel("clip ratio")
+        if not ax.lines:
+            ax.text(0.5, 0.5, "not logged in this run", ha="center", va="center", transform=ax.transAxes)
+        ax.set_title(title)
+        ax.set_xlabel("step")
+        ax.grid(alpha=0.3)
+        if ax.get_legend_handles_labels()[0]:
+            ax.legend(fontsize=8)
+    _plot_phases(axes[len(PANELS)], train)
+    for ax in axes[len(PANELS) + 1:]:
+        ax.axis("off")
+    fig.suptitle(f"{run_dir.name}: {len(train)} steps, {len(val)} validations")
+    fig.tight_layout()
+    fig.savefig(out, dpi=80)
+    plt.close(fig)
+    return out
+
+
+def _plot_phases(ax, train: list[dict]) -> None:
+    bottom = [0.0] * len(train)
+    steps = [r["step"] for r in train]
+    for phase in PHASES:
+        values = [r.get(f"timing_s/{phase}", 0.0) for r in train]
+        if any(values):
+            ax.bar(steps, values, bottom=bottom, label=phase)
+            bottom = [b + v for b, v in zip(bottom, values)]
+    ax.set_title("step time by phase (s)")
+    ax.set_xlabel("step")
+    if steps:
+        ax.legend(fontsize=8)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("run_dir", help="a run directory holding metrics.jsonl")
+    parser.add_argument("--out", help="PNG path (default RUN_DIR/metrics.png)")
+    args = parser.parse_args(argv)
+    if not (Path(args.run_dir) / "metrics.jsonl").is_file():
+        print(f"error: {Path(args.run_dir) / 'metrics.jsonl'} not found; run with trainer.logger including jsonl",
+              file=sys.stderr)
+        return 2
+    print(plot(args.run_dir, args.out))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
