@@ -151,7 +151,13 @@ def flash_attention(q, k, v, params: PackedSeqs, scale: float) -> torch.Tensor:
 
 
 def _probe(name: str, device: torch.device, dtype: torch.dtype) -> bool:
-    """Whether kernel `name` runs here and matches sdpa_mask, forward and gradients, on a small GQA pack."""
+    """Whether kernel `name` runs here and matches sdpa_mask, forward and gradients, on a small GQA pack.
+    The first packed call is often a forward-only log-prob pass under no_grad: the probe needs grad mode."""
+    with torch.enable_grad():
+        return _probe_with_grad(name, device, dtype)
+
+
+def _probe_with_grad(name: str, device: torch.device, dtype: torch.dtype) -> bool:
     g = torch.Generator(device=device).manual_seed(0)
     q, k, v = (torch.randn(70, h, 64, device=device, dtype=dtype, generator=g).requires_grad_() for h in (4, 2, 2))
     params = PackedSeqs(cu_seqlens_q=torch.tensor([0, 30, 31, 70], device=device, dtype=torch.int32), max_seqlen_q=39)

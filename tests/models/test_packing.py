@@ -137,3 +137,12 @@ def test_flash_kernels_match_mask_kernel_on_gpu(name):
     assert choose_packed_kernel(q) in ("varlen", "flash")
     got, ref = PACKED_KERNELS.get(name)(q, k, v, params, 0.125), sdpa_mask_attention(q, k, v, params, 0.125)
     assert (got.float() - ref.float()).abs().max() < 2e-2
+
+
+def test_kernel_probe_runs_under_no_grad():
+    """The first packed call is often a forward-only log-prob pass under no_grad; the probe of a fast kernel
+    compares gradients too, so it must not fail there (on the H200 this silently fell back to sdpa_mask)."""
+    from rlhf_mcore.models.packed import _probe
+
+    with torch.no_grad():
+        assert _probe("sdpa_mask", torch.device("cpu"), torch.float32)

@@ -195,7 +195,8 @@ def check_static_decode_matches_eager(model, ctx, out):
     greedy = responses(out["greedy"])
     stops = tuple({row[k] for k, row in zip((1, 4, 7, 11), greedy)})
     for params in (SCENARIOS["greedy"], SamplingParams(n=3, max_new_tokens=12, temperature=0.0, stop_token_ids=stops),
-                   SamplingParams(max_new_tokens=12, temperature=0.0, stop_strings=(f"{greedy[0][2]}><{greedy[0][3]}",))):
+                   SamplingParams(max_new_tokens=12, temperature=0.0,
+                                  stop_strings=(f"{greedy[0][2]}><{greedy[0][3]}",))):
         want = engine(model, ctx).generate(PROMPTS, params)
         got = static.generate(PROMPTS, params)
         assert torch.equal(got.tokens, want.tokens), (params, responses(got), responses(want))

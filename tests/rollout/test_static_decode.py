@@ -52,7 +52,8 @@ def test_graphed_greedy_equals_eager(mcore_ctx, dtype):
     graphed, eager_static, megatron = _engines(mcore_ctx, dtype)
     assert graphed.static is not None and graphed.static.use_graphs
     g = torch.Generator().manual_seed(0)
-    prompts = [torch.randint(1, 1000, (int(n),), generator=g).tolist() for n in torch.randint(3, 20, (37,), generator=g)]
+    lengths = torch.randint(3, 20, (37,), generator=g)
+    prompts = [torch.randint(1, 1000, (int(n),), generator=g).tolist() for n in lengths]
     plain = SamplingParams(n=2, max_new_tokens=24, temperature=0.0)
     first = graphed.generate(prompts, plain)
     stops = tuple({int(first.tokens[i, first.prompt_lengths[i] + k]) for i, k in ((0, 3), (5, 9), (11, 15))})

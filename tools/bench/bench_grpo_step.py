@@ -29,8 +29,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # run from a plain checkout
 from rlhf_mcore import trainer  # noqa: E402
 from rlhf_mcore.algorithms import KL_CONTROLLERS  # noqa: E402
-from rlhf_mcore.config import (ActorConfig, Config, DataConfig, ModelConfig, OptimConfig,  # noqa: E402
-                               RolloutConfig, TrainerConfig)
+from rlhf_mcore.config import ActorConfig, Config, DataConfig, ModelConfig, OptimConfig, RolloutConfig, TrainerConfig  # noqa: E402
 from rlhf_mcore.config_validate import validate  # noqa: E402
 from rlhf_mcore.logs import MetricLogger, init_logger  # noqa: E402
 from rlhf_mcore.models.transformer_config import load_hf_config  # noqa: E402
@@ -222,7 +221,8 @@ def print_table(systems: list[dict]) -> None:
             return format(v, fmt) if isinstance(v, (int, float)) else "-".rjust(int(fmt.rstrip("f%").split(".")[0]))
         print(f"{s['system']:<14}{f(s['step_s'], '8.3f')}{f(ph.get('gen'), '8.3f')}{f(ph.get('old_log_prob'), '8.3f')}"
               f"{f(ph.get('update_actor', ph.get('train')), '9.3f')}{f(ph.get('sync_weights'), '8.3f')}"
-              f"{f(s.get('tokens_per_s'), '9.0f')}{f(ro.get('rollout_s'), '10.3f')}{f(ro.get('ms_per_decode_step'), '8.2f')}"
+              f"{f(s.get('tokens_per_s'), '9.0f')}{f(ro.get('rollout_s'), '10.3f')}"
+              f"{f(ro.get('ms_per_decode_step'), '8.2f')}"
               f"{f(s.get('mismatch', {}).get('rollout/mismatch_logp_abs_diff'), '10.5f')}"
               f"{f(s.get('logprob_update_mfu'), '7.1%')}{f(s.get('peak_mem_gib'), '9.1f')}")
 

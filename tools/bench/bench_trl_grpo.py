@@ -113,7 +113,8 @@ def main(argv=None) -> None:
     model, vocab = qwen_model(args.tiny, torch.bfloat16 if cuda else torch.float32)
     g = torch.Generator().manual_seed(0)
     num = args.prompts * (args.steps + 2)
-    prompts = [" ".join(f"t{i}" for i in row) for row in torch.randint(10, vocab, (num, args.prompt_len), generator=g).tolist()]
+    rows = torch.randint(10, vocab, (num, args.prompt_len), generator=g).tolist()
+    prompts = [" ".join(f"t{i}" for i in row) for row in rows]
     rows = args.prompts * args.n
     accumulation = rows // args.micro_batch
     config = GRPOConfig(
