@@ -12,8 +12,7 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
-from rlhf_mcore.algorithms import ADVANTAGES, AdvantageInputs, apply_kl_penalty
-from rlhf_mcore.config_validate import SUM_PI_SQUARED_ESTIMATORS
+from rlhf_mcore.algorithms import ADVANTAGES, AdvantageInputs, apply_kl_penalty, estimator_needs
 from rlhf_mcore.data.packing import plan_dp_split
 from rlhf_mcore.logs import heartbeat, progress, timer
 from rlhf_mcore.optim import optimizer_step, zero_grads
@@ -77,13 +76,18 @@ def micro_batching(cfg, section) -> dict:
                 pack=pack)
 
 
+def needs_sum_pi_squared(cfg) -> bool:
+    """The estimator declared it needs the old policy's sum_v pi(v)^2 (optimal token baseline)."""
+    return estimator_needs(cfg.algorithm.adv_estimator).sum_pi_squared
+
+
 def actor_loss_fn(cfg, ctx, model, forward_only: bool = False):
     """The actor's loss function bound to its config (forward-only: also sum pi^2 when the estimator needs it)."""
     num_rows = cfg.actor.ppo_mini_batch_size * cfg.rollout.n
     return partial(actor_loss, model=model, tp_group=ctx.pgs.tp, actor_cfg=cfg.actor,
                    temperature=cfg.rollout.temperature, norm_length=float(cfg.rollout.max_response_length),
                    num_rows=num_rows,
-                   with_sum_pi_squared=forward_only and cfg.algorithm.adv_estimator in SUM_PI_SQUARED_ESTIMATORS)
+                   with_sum_pi_squared=forward_only and needs_sum_pi_squared(cfg))
 
 
 def is_on_policy(cfg, rows: int, rows_per_mini: int) -> bool:
@@ -92,7 +96,7 @@ def is_on_policy(cfg, rows: int, rows_per_mini: int) -> bool:
     old-log-prob pass would, so that pass is skipped and the update takes pi_old from its own forward
     (detached; `role_losses.actor_loss`)."""
     return (cfg.actor.ppo_epochs == 1 and rows_per_mini >= rows and not cfg.algorithm.use_kl_in_reward
-            and cfg.algorithm.adv_estimator not in SUM_PI_SQUARED_ESTIMATORS)
+            and not needs_sum_pi_squared(cfg))
 
 
 def forward_passes(roles, batch: dict, cfg, ctx, timings: dict, on_policy: bool = False) -> dict:
@@ -109,8 +113,7 @@ def _forward_passes(roles, mbs: list, seq: int, cfg, ctx, timings: dict, on_poli
     with timer("old_log_prob", timings):
         if not on_policy:
             fn = actor_loss_fn(cfg, ctx, roles.actor.module, forward_only=True)
-            keys = ("logp", "sum_pi_squared") if cfg.algorithm.adv_estimator in SUM_PI_SQUARED_ESTIMATORS \
-                else ("logp",)
+            keys = ("logp", "sum_pi_squared") if needs_sum_pi_squared(cfg) else ("logp",)
             res = forward_collect(roles.actor.model, mbs, fn, keys, seq, ctx.pgs.pp)
             out["old_logp"] = res["logp"]
             if "sum_pi_squared" in res:

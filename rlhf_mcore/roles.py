@@ -8,7 +8,7 @@ import logging
 
 import torch
 
-from rlhf_mcore.config_validate import VALUE_ESTIMATORS
+from rlhf_mcore.algorithms import estimator_needs
 from rlhf_mcore.models.build import build_model, count_parameters
 from rlhf_mcore.optim import TrainState, build_train_state
 
@@ -52,7 +52,7 @@ def _init_from_actor_or(model, path: str, what: str, actor, skip: tuple[str, ...
 
 
 def needs_critic(cfg) -> bool:
-    return cfg.algorithm.adv_estimator in VALUE_ESTIMATORS
+    return estimator_needs(cfg.algorithm.adv_estimator).critic
 
 
 def needs_ref(cfg) -> bool:

@@ -10,9 +10,8 @@ from pathlib import Path
 
 import torch
 
-from rlhf_mcore.algorithms import KL_CONTROLLERS
+from rlhf_mcore.algorithms import KL_CONTROLLERS, estimator_needs
 from rlhf_mcore.config_load import dump_yaml
-from rlhf_mcore.config_validate import GREEDY_BASELINE_ESTIMATORS
 from rlhf_mcore.guards import BadStepGuard, DiskFullError, DivergedError, RewardHealthGuard, RunStopped, StartupError
 from rlhf_mcore.logs import MetricLogger, init_logger
 from rlhf_mcore.models.transformer_config import load_hf_config
@@ -58,7 +57,7 @@ class Run:
 
     @property
     def needs_greedy_baseline(self) -> bool:
-        return self.cfg.algorithm.adv_estimator in GREEDY_BASELINE_ESTIMATORS
+        return estimator_needs(self.cfg.algorithm.adv_estimator).greedy_baseline
 
     @property
     def seq_len(self) -> int:
