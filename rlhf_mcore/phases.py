@@ -6,7 +6,9 @@ A step batch is a dict of this DP rank's samples; every per-token tensor is [B, 
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 from functools import partial
+from typing import Callable
 
 import torch
 import torch.distributed as dist
@@ -90,6 +92,23 @@ def actor_loss_fn(cfg, ctx, model, forward_only: bool = False):
                    with_sum_pi_squared=forward_only and needs_sum_pi_squared(cfg))
 
 
+@dataclass(frozen=True, slots=True)
+class LossFns:
+    """The roles' loss functions, bound to the config once at start-up (megatron's loss_fn contract)."""
+
+    actor: Callable  # the actor update: (loss_sum, count, metrics)
+    old_logp: Callable  # forward-only actor: log-probs (+ sum pi^2 when the estimator needs it)
+    ref: Callable | None  # forward-only reference: log-probs (None without a reference)
+    critic: Callable | None  # the critic update and its forward-only values (None without a critic)
+
+
+def build_loss_fns(cfg, ctx, roles) -> LossFns:
+    critic = partial(critic_loss, cliprange_value=cfg.critic.cliprange_value) if roles.critic is not None else None
+    return LossFns(actor=actor_loss_fn(cfg, ctx, roles.actor.module),
+                   old_logp=actor_loss_fn(cfg, ctx, roles.actor.module, forward_only=True),
+                   ref=actor_loss_fn(cfg, ctx, roles.ref) if roles.ref is not None else None, critic=critic)
+
+
 def is_on_policy(cfg, rows: int, rows_per_mini: int) -> bool:
     """One epoch over one mini-batch holding all `rows` samples, no KL in the reward, and an estimator that
     needs nothing from the old policy: the update's first forward sees exactly the weights that the
@@ -99,33 +118,31 @@ def is_on_policy(cfg, rows: int, rows_per_mini: int) -> bool:
             and not needs_sum_pi_squared(cfg))
 
 
-def forward_passes(roles, batch: dict, cfg, ctx, timings: dict, on_policy: bool = False) -> dict:
+def forward_passes(roles, losses: LossFns, batch: dict, cfg, ctx, timings: dict, on_policy: bool = False) -> dict:
     """Forward-only passes, each timed: old log-probs (actor, timing_s/old_log_prob, unless on_policy;
     + sum pi^2 for OTB), reference log-probs (timing_s/ref), values (critic, timing_s/values)."""
     seq = batch["tokens"].size(1)
     mbs = split_micro_batches(batch, **micro_batching(cfg, cfg.actor))
     with heartbeat(f"log-prob passes ({len(mbs)} micro-batches)", enabled=ctx.is_logging_rank):
-        return _forward_passes(roles, mbs, seq, cfg, ctx, timings, on_policy)
+        return _forward_passes(roles, losses, mbs, seq, cfg, ctx, timings, on_policy)
 
 
-def _forward_passes(roles, mbs: list, seq: int, cfg, ctx, timings: dict, on_policy: bool) -> dict:
+def _forward_passes(roles, losses: LossFns, mbs: list, seq: int, cfg, ctx, timings: dict, on_policy: bool) -> dict:
     out = {}
     with timer("old_log_prob", timings):
         if not on_policy:
-            fn = actor_loss_fn(cfg, ctx, roles.actor.module, forward_only=True)
             keys = ("logp", "sum_pi_squared") if needs_sum_pi_squared(cfg) else ("logp",)
-            res = forward_collect(roles.actor.model, mbs, fn, keys, seq, ctx.pgs.pp)
+            res = forward_collect(roles.actor.model, mbs, losses.old_logp, keys, seq, ctx.pgs.pp)
             out["old_logp"] = res["logp"]
             if "sum_pi_squared" in res:
                 out["sum_pi_squared"] = res["sum_pi_squared"]
     if roles.ref is not None:
         with timer("ref", timings):
-            out["ref_logp"] = forward_collect([roles.ref], mbs, actor_loss_fn(cfg, ctx, roles.ref), ("logp",), seq,
-                                              ctx.pgs.pp)["logp"]
+            out["ref_logp"] = forward_collect([roles.ref], mbs, losses.ref, ("logp",), seq, ctx.pgs.pp)["logp"]
     if roles.critic is not None:
         with timer("values", timings):
-            fn = partial(critic_loss, cliprange_value=cfg.critic.cliprange_value)
-            out["values"] = forward_collect(roles.critic.model, mbs, fn, ("values",), seq, ctx.pgs.pp)["values"]
+            out["values"] = forward_collect(roles.critic.model, mbs, losses.critic, ("values",), seq,
+                                            ctx.pgs.pp)["values"]
     return out
 
 
@@ -162,15 +179,17 @@ def balance_dp(batch: dict, cfg, ctx, rows_per_mini: list[int]) -> dict:
     return take(full, torch.tensor(mine, device=batch["tokens"].device))
 
 
-def compute_advantages(batch: dict, cfg, kl_coef: float, ctx) -> tuple[dict, dict]:
+def compute_advantages(batch: dict, cfg, kl_coef: float, ctx) -> tuple[dict, dict, torch.Tensor | None]:
     """Token rewards (with the KL penalty when it goes in the reward) and advantages, computed on the
-    whole global batch (gathered over DP) so whitening and group statistics never depend on the layout."""
-    metrics = {}
+    whole global batch (gathered over DP) so whitening and group statistics never depend on the layout.
+    Returns (batch, metrics, reward KL): the KL controller's input, None when KL is not in the reward."""
+    metrics, reward_kl = {}, None
     rewards = batch["token_level_scores"]
     if cfg.algorithm.use_kl_in_reward:
         rewards, kl_metrics = apply_kl_penalty(rewards, batch["old_logp"], batch["ref_logp"], batch["response_mask"],
                                                kl_coef, cfg.algorithm.kl_penalty)
         metrics.update({f"actor/reward_{k}": v for k, v in kl_metrics.items()})
+        reward_kl = kl_metrics["kl"]
     full = {k: gather_dp(v, ctx) for k, v in (("rewards", rewards), ("mask", batch["response_mask"]),
                                               ("group", batch["group_index"]))}
     wanted = ("values", "baseline_rewards") + (("old_logp", "sum_pi_squared", "is_weights")
@@ -183,7 +202,8 @@ def compute_advantages(batch: dict, cfg, kl_coef: float, ctx) -> tuple[dict, dic
         returns_through_masked=a.returns_through_masked, gpg_paper_alpha=a.gpg_paper_alpha))
     b = batch["tokens"].size(0)
     mine = slice(ctx.dp_rank * b, (ctx.dp_rank + 1) * b)
-    return {**batch, "token_level_rewards": rewards, "advantages": adv[mine], "returns": returns[mine]}, metrics
+    return {**batch, "token_level_rewards": rewards, "advantages": adv[mine], "returns": returns[mine]}, metrics, \
+        reward_kl
 
 
 def rollout_correction(batch: dict, actor_cfg) -> tuple[dict, dict]:
