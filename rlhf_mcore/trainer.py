@@ -23,15 +23,10 @@ def train_step(run: Run, step: int) -> dict:
         baseline = phases.greedy_baseline(engine, run.scorer, prompts, cfg, run.stop_ids, step) \
             if run.needs_greedy_baseline else None
     with timer("reward", timings):
-        scores, reward_metrics = run.scorer(rollout, prompts, cfg.rollout.n)
-        batch = phases.make_batch(rollout, scores, run.group_index(len(prompts)), run.seq_len)
-        if baseline is not None:
-            batch["baseline_rewards"] = baseline
-        if roles.reward is not None:
-            batch["token_level_scores"] = batch["token_level_scores"] + phases.reward_model_pass(roles, batch, cfg, ctx)
+        batch, reward_metrics = phases.score(run, rollout, prompts, baseline)
         batch = phases.balance_dp(batch, cfg, ctx, [run.rows_per_mini(r) for r in roles.trainable()])
-    on_policy = phases.is_on_policy(cfg, batch["tokens"].size(0), run.rows_per_mini("actor"))
-    batch.update(phases.forward_passes(roles, losses, batch, cfg, ctx, timings, on_policy))  # old/ref logp, values
+    on_policy = phases.is_on_policy(cfg, batch.num_rows, run.rows_per_mini("actor"))
+    batch = phases.forward_passes(roles, losses, batch, cfg, ctx, timings, on_policy)  # old/ref log-probs, values
     with timer("adv", timings):
         batch, mismatch_metrics = phases.rollout_correction(batch, cfg.actor)
         batch, adv_metrics, reward_kl = phases.compute_advantages(batch, cfg, run.kl_ctrl.value, ctx)
