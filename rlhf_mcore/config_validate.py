@@ -57,12 +57,10 @@ def _parallel_rules(cfg: Config, shape: dict, world_size: int | None) -> list[st
                     f"(got tp={p.tp}, pp={p.pp}). Launch a multiple of tp*pp ranks.")
     if p.sequence_parallel and p.tp == 1:
         errs.append("parallel.sequence_parallel: needs tp > 1 (got true with tp=1). Set it to false.")
-    if cfg.rollout.engine == "sglang" and (p.tp > 1 or p.pp > 1):
-        errs.append(f"rollout.engine: sglang runs one engine per GPU and needs parallel.tp=1 and parallel.pp=1 "
-                    f"(got tp={p.tp}, pp={p.pp}). Use rollout.engine=native for TP/PP layouts.")
-    elif p.sequence_parallel and cfg.rollout.engine == "native":
-        errs.append("parallel.sequence_parallel: the native rollout engine cannot decode with it (got true). Set it "
-                    "to false; tools/check_layouts.py --sequence-parallel checks training with it.")
+    from rlhf_mcore.rollout.base import ROLLOUT_ENGINES
+
+    if cfg.rollout.engine in ROLLOUT_ENGINES:  # the engine says which layouts it can roll out with
+        errs += ROLLOUT_ENGINES.get(cfg.rollout.engine).layout_errors(p)
     return errs
 
 

@@ -164,8 +164,7 @@ class Run:
 
     def close(self) -> None:
         self.metric_logger.close()
-        if hasattr(self.engine, "shutdown"):
-            self.engine.shutdown()
+        self.engine.shutdown()
         if self.lock is not None:
             self.lock.release()
 
