@@ -10,6 +10,7 @@ import torch
 
 from rlhf_mcore.algorithms import estimator_needs
 from rlhf_mcore.models.build import build_model, count_parameters
+from rlhf_mcore.models.roles import ROLES
 from rlhf_mcore.optim import TrainState, build_train_state
 
 log = logging.getLogger(__name__)
@@ -83,7 +84,7 @@ def build_roles(cfg, hf: dict, ctx) -> Roles:
     critic = None
     if needs_critic(cfg):
         critic_model = build_model("critic", hf, cfg.model, cfg.parallel, ctx)
-        _init_from_actor_or(critic_model, cfg.critic.load, "critic", actor_model, skip=("output_layer.",))
+        _init_from_actor_or(critic_model, cfg.critic.load, "critic", actor_model, skip=ROLES["critic"].skip_from_actor)
         critic = build_train_state(critic_model, cfg.critic.optim, cfg.parallel)
     reward = None
     if cfg.reward.model_path:
