@@ -193,13 +193,26 @@ class OptimConfig:
 
 
 @dataclass(**DC)
-class ActorConfig:
+class UpdateConfig:
+    """How a trained role is updated; actor and critic share it (the update schedule of `phases.update_role`)."""
+
     optim: OptimConfig = field(default_factory=OptimConfig)
     ppo_mini_batch_size: int = 8  # prompts per optimizer step (x rollout.n samples)
     ppo_epochs: int = 1
     micro_batch_size_per_gpu: int = 2  # samples per forward/backward
     use_dynamic_bsz: bool = False  # pack micro-batches up to max_tokens_per_gpu instead
     max_tokens_per_gpu: int = 8192
+
+    def _update_checks(self, p: str) -> list[str]:
+        errs = self.optim._checks(f"{p}.optim")
+        errs += positive(f"{p}.ppo_mini_batch_size", self.ppo_mini_batch_size)
+        errs += positive(f"{p}.micro_batch_size_per_gpu", self.micro_batch_size_per_gpu)
+        errs += positive(f"{p}.ppo_epochs", self.ppo_epochs)
+        return errs + positive(f"{p}.max_tokens_per_gpu", self.max_tokens_per_gpu)
+
+
+@dataclass(**DC)
+class ActorConfig(UpdateConfig):
     policy_loss: str = "vanilla"  # rlhf_mcore.algorithms.POLICY_LOSSES
     clip_ratio_low: float = 0.2
     clip_ratio_high: float = 0.2
@@ -219,13 +232,9 @@ class ActorConfig:
     bypass_loss_type: str = "ppo_clip"  # bypass_mode: ppo_clip | reinforce (IS level: rollout_correction)
 
     def _checks(self, p: str) -> list[str]:
-        errs = self.optim._checks(f"{p}.optim")
+        errs = self._update_checks(p)
         errs += positive(f"{p}.tau_pos", self.tau_pos) + positive(f"{p}.tau_neg", self.tau_neg)
         errs += choice(f"{p}.bypass_loss_type", self.bypass_loss_type, ("ppo_clip", "reinforce"))
-        errs += positive(f"{p}.ppo_mini_batch_size", self.ppo_mini_batch_size)
-        errs += positive(f"{p}.micro_batch_size_per_gpu", self.micro_batch_size_per_gpu)
-        errs += positive(f"{p}.ppo_epochs", self.ppo_epochs)
-        errs += positive(f"{p}.max_tokens_per_gpu", self.max_tokens_per_gpu)
         errs += positive(f"{p}.clip_ratio_low", self.clip_ratio_low, allow_zero=True)
         errs += positive(f"{p}.clip_ratio_high", self.clip_ratio_high, allow_zero=True)
         if not self.clip_ratio_c > 1.0:
@@ -236,18 +245,13 @@ class ActorConfig:
 
 
 @dataclass(**DC)
-class CriticConfig:
+class CriticConfig(UpdateConfig):
     optim: OptimConfig = field(default_factory=lambda: OptimConfig(lr=1e-5))
     load: str = ""  # megatron dist-checkpoint of the critic ("" = start from the actor's weights)
-    ppo_mini_batch_size: int = 8
-    ppo_epochs: int = 1
-    micro_batch_size_per_gpu: int = 2
     cliprange_value: float = 0.5
 
     def _checks(self, p: str) -> list[str]:
-        return self.optim._checks(f"{p}.optim") + positive(f"{p}.ppo_mini_batch_size", self.ppo_mini_batch_size) + \
-            positive(f"{p}.micro_batch_size_per_gpu", self.micro_batch_size_per_gpu) + \
-            positive(f"{p}.ppo_epochs", self.ppo_epochs) + positive(f"{p}.cliprange_value", self.cliprange_value)
+        return self._update_checks(p) + positive(f"{p}.cliprange_value", self.cliprange_value)
 
 
 @dataclass(**DC)

@@ -87,7 +87,7 @@ def _batch_rules(cfg: Config, dp: int) -> list[str]:
         if rem:
             errs.append(f"{role}.ppo_mini_batch_size: times rollout.n={n} must be divisible by the data-parallel "
                         f"size {dp} (got {mini}). Use a multiple of {dp}.")
-        elif not (getattr(section, "use_dynamic_bsz", False) or d.use_sequence_packing) and \
+        elif not (section.use_dynamic_bsz or d.use_sequence_packing) and \
                 per_rank % section.micro_batch_size_per_gpu:
             errs.append(f"{role}.micro_batch_size_per_gpu: must divide the per-rank mini-batch "
                         f"ppo_mini_batch_size*n/dp={per_rank} (got {section.micro_batch_size_per_gpu}). "
@@ -112,6 +112,9 @@ def _length_rules(cfg: Config, shape: dict | None) -> list[str]:
     if (cfg.actor.use_dynamic_bsz or cfg.data.use_sequence_packing) and cfg.actor.max_tokens_per_gpu < seq:
         errs.append(f"actor.max_tokens_per_gpu: must hold one sequence of {where} = {seq} tokens "
                     f"(got {cfg.actor.max_tokens_per_gpu}). Set it to at least {seq}.")
+    if cfg.critic.use_dynamic_bsz and "critic" in _trained_roles(cfg) and cfg.critic.max_tokens_per_gpu < seq:
+        errs.append(f"critic.max_tokens_per_gpu: must hold one sequence of {where} = {seq} tokens "
+                    f"(got {cfg.critic.max_tokens_per_gpu}). Set it to at least {seq}.")
     if cfg.reward.overlong_buffer >= cfg.rollout.max_response_length:
         errs.append(f"reward.overlong_buffer: must be below rollout.max_response_length="
                     f"{cfg.rollout.max_response_length} (got {cfg.reward.overlong_buffer}). Use a smaller buffer.")

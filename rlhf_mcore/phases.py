@@ -79,10 +79,10 @@ def seq_multiple(cfg) -> int:
 
 def micro_batching(cfg, section) -> dict:
     """split_micro_batches arguments for a role's section (actor or critic; forward passes use the actor's):
-    packed (`data.use_sequence_packing`) or token-budget micro-batches under actor.max_tokens_per_gpu, or
-    fixed-size ones."""
+    token-budget micro-batches under the section's max_tokens_per_gpu (its use_dynamic_bsz), packed ones
+    (`data.use_sequence_packing`) under actor.max_tokens_per_gpu, or fixed-size ones."""
     pack = cfg.data.use_sequence_packing
-    budget = cfg.actor.max_tokens_per_gpu if pack or getattr(section, "use_dynamic_bsz", False) else 0
+    budget = section.max_tokens_per_gpu if section.use_dynamic_bsz else cfg.actor.max_tokens_per_gpu if pack else 0
     return dict(micro_batch_size=section.micro_batch_size_per_gpu, max_tokens=budget, multiple=seq_multiple(cfg),
                 pack=pack)
 
