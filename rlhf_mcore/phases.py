@@ -92,10 +92,10 @@ def needs_sum_pi_squared(cfg) -> bool:
     return estimator_needs(cfg.algorithm.adv_estimator).sum_pi_squared
 
 
-def actor_loss_fn(cfg, ctx, model, forward_only: bool = False):
+def actor_loss_fn(cfg, ctx, model, forward_only: bool = False, loss: Callable = actor_loss):
     """The actor's loss function bound to its config (forward-only: also sum pi^2 when the estimator needs it)."""
     num_rows = cfg.actor.ppo_mini_batch_size * cfg.rollout.n
-    return partial(actor_loss, model=model, tp_group=ctx.pgs.tp, actor_cfg=cfg.actor,
+    return partial(loss, model=model, tp_group=ctx.pgs.tp, actor_cfg=cfg.actor,
                    temperature=cfg.rollout.temperature, norm_length=float(cfg.rollout.max_response_length),
                    num_rows=num_rows,
                    with_sum_pi_squared=forward_only and needs_sum_pi_squared(cfg))
@@ -111,9 +111,10 @@ class LossFns:
     critic: Callable | None  # the critic update and its forward-only values (None without a critic)
 
 
-def build_loss_fns(cfg, ctx, roles) -> LossFns:
+def build_loss_fns(cfg, ctx, roles, update_loss: Callable = actor_loss) -> LossFns:
+    """`update_loss`: the actor's loss function for its update (`role_losses.actor_loss`)."""
     critic = partial(critic_loss, cliprange_value=cfg.critic.cliprange_value) if roles.critic is not None else None
-    return LossFns(actor=actor_loss_fn(cfg, ctx, roles.actor.module),
+    return LossFns(actor=actor_loss_fn(cfg, ctx, roles.actor.module, loss=update_loss),
                    old_logp=actor_loss_fn(cfg, ctx, roles.actor.module, forward_only=True),
                    ref=actor_loss_fn(cfg, ctx, roles.ref) if roles.ref is not None else None, critic=critic)
 

@@ -9,6 +9,7 @@ from rlhf_mcore import phases
 from rlhf_mcore.logs import timer
 from rlhf_mcore.metrics import reduce_outputs
 from rlhf_mcore.optim import lr_at
+from rlhf_mcore.role_losses import actor_loss
 from rlhf_mcore.rollout_memory import rollout_memory, sync_weights
 from rlhf_mcore.run import Run, finish_run, start_run
 from rlhf_mcore.step_log import step_metrics
@@ -56,6 +57,7 @@ def out_of_time(cfg, started: float) -> bool:
 def train(cfg) -> Run:
     started = time.perf_counter()
     run = start_run(cfg)
+    run.losses = phases.build_loss_fns(cfg, run.ctx, run.roles, update_loss=actor_loss)  # bound once
     t = cfg.trainer
     try:
         if t.val_before_train and run.val_sampler is not None:
