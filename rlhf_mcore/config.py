@@ -1,8 +1,9 @@
 """The experiment schema: nested dataclasses mirrored 1:1 by the YAML files in configs/.
 
 Single-section rules live in each section's `__post_init__` (as `_checks`, collected, never raised one by
-one); cross-section rules live in `rlhf_mcore.config_validate.validate`. Loading, `a.b=value` overrides
-and error reporting live in `rlhf_mcore.config_load`.
+one); cross-section rules live in `rlhf_mcore.config_validate.validate`, and so does the one check of every
+field that names a registry entry (`registry_fields`: the registry is the list of valid names). Loading,
+`a.b=value` overrides and error reporting live in `rlhf_mcore.config_load`.
 """
 from __future__ import annotations
 
@@ -78,7 +79,6 @@ class ModelConfig:
 
     def _checks(self, p: str) -> list[str]:
         errs = choice(f"{p}.dtype", self.dtype, ("fp32", "bf16"))
-        errs += choice(f"{p}.attention_backend", self.attention_backend, ("auto", "sdpa", "local", "te"))
         errs += choice(f"{p}.recompute", self.recompute, ("none", "full", "selective"))
         errs += positive(f"{p}.make_vocab_size_divisible_by", self.make_vocab_size_divisible_by)
         for key in ("num_layers", "hidden_size", "ffn_hidden_size", "num_attention_heads", "num_query_groups",
@@ -154,8 +154,7 @@ class RolloutConfig:
     compile_cache_dir: str = ""  # sglang: JIT caches (tvm-ffi, Triton, flashinfer) here ("" = their defaults)
 
     def _checks(self, p: str) -> list[str]:
-        errs = choice(f"{p}.engine", self.engine, ("native", "sglang"))
-        errs += positive(f"{p}.n", self.n) + positive(f"{p}.max_response_length", self.max_response_length)
+        errs = positive(f"{p}.n", self.n) + positive(f"{p}.max_response_length", self.max_response_length)
         errs += positive(f"{p}.temperature", self.temperature, allow_zero=True)
         if not 0.0 < self.top_p <= 1.0:
             errs.append(f"{p}.top_p: must be in (0, 1] (got {self.top_p}). Use 1.0 to turn nucleus sampling off.")
@@ -194,13 +193,26 @@ class OptimConfig:
 
 
 @dataclass(**DC)
-class ActorConfig:
+class UpdateConfig:
+    """How a trained role is updated; actor and critic share it (the update schedule of `phases.update_role`)."""
+
     optim: OptimConfig = field(default_factory=OptimConfig)
     ppo_mini_batch_size: int = 8  # prompts per optimizer step (x rollout.n samples)
     ppo_epochs: int = 1
     micro_batch_size_per_gpu: int = 2  # samples per forward/backward
     use_dynamic_bsz: bool = False  # pack micro-batches up to max_tokens_per_gpu instead
     max_tokens_per_gpu: int = 8192
+
+    def _update_checks(self, p: str) -> list[str]:
+        errs = self.optim._checks(f"{p}.optim")
+        errs += positive(f"{p}.ppo_mini_batch_size", self.ppo_mini_batch_size)
+        errs += positive(f"{p}.micro_batch_size_per_gpu", self.micro_batch_size_per_gpu)
+        errs += positive(f"{p}.ppo_epochs", self.ppo_epochs)
+        return errs + positive(f"{p}.max_tokens_per_gpu", self.max_tokens_per_gpu)
+
+
+@dataclass(**DC)
+class ActorConfig(UpdateConfig):
     policy_loss: str = "vanilla"  # rlhf_mcore.algorithms.POLICY_LOSSES
     clip_ratio_low: float = 0.2
     clip_ratio_high: float = 0.2
@@ -220,17 +232,9 @@ class ActorConfig:
     bypass_loss_type: str = "ppo_clip"  # bypass_mode: ppo_clip | reinforce (IS level: rollout_correction)
 
     def _checks(self, p: str) -> list[str]:
-        errs = self.optim._checks(f"{p}.optim")
+        errs = self._update_checks(p)
         errs += positive(f"{p}.tau_pos", self.tau_pos) + positive(f"{p}.tau_neg", self.tau_neg)
         errs += choice(f"{p}.bypass_loss_type", self.bypass_loss_type, ("ppo_clip", "reinforce"))
-        errs += positive(f"{p}.ppo_mini_batch_size", self.ppo_mini_batch_size)
-        errs += positive(f"{p}.micro_batch_size_per_gpu", self.micro_batch_size_per_gpu)
-        errs += positive(f"{p}.ppo_epochs", self.ppo_epochs)
-        errs += positive(f"{p}.max_tokens_per_gpu", self.max_tokens_per_gpu)
-        errs += choice(f"{p}.loss_agg_mode", self.loss_agg_mode,
-                       ("token-mean", "seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm"))
-        errs += choice(f"{p}.rollout_correction", self.rollout_correction, ("none", "token", "sequence"))
-        errs += choice(f"{p}.rollout_correction_mode", self.rollout_correction_mode, ("truncate", "mask"))
         errs += positive(f"{p}.clip_ratio_low", self.clip_ratio_low, allow_zero=True)
         errs += positive(f"{p}.clip_ratio_high", self.clip_ratio_high, allow_zero=True)
         if not self.clip_ratio_c > 1.0:
@@ -241,18 +245,13 @@ class ActorConfig:
 
 
 @dataclass(**DC)
-class CriticConfig:
+class CriticConfig(UpdateConfig):
     optim: OptimConfig = field(default_factory=lambda: OptimConfig(lr=1e-5))
     load: str = ""  # megatron dist-checkpoint of the critic ("" = start from the actor's weights)
-    ppo_mini_batch_size: int = 8
-    ppo_epochs: int = 1
-    micro_batch_size_per_gpu: int = 2
     cliprange_value: float = 0.5
 
     def _checks(self, p: str) -> list[str]:
-        return self.optim._checks(f"{p}.optim") + positive(f"{p}.ppo_mini_batch_size", self.ppo_mini_batch_size) + \
-            positive(f"{p}.micro_batch_size_per_gpu", self.micro_batch_size_per_gpu) + \
-            positive(f"{p}.ppo_epochs", self.ppo_epochs) + positive(f"{p}.cliprange_value", self.cliprange_value)
+        return self._update_checks(p) + positive(f"{p}.cliprange_value", self.cliprange_value)
 
 
 @dataclass(**DC)
@@ -280,7 +279,6 @@ class RewardConfig:
 
     def _checks(self, p: str) -> list[str]:
         errs = positive(f"{p}.timeout_s", self.timeout_s) + positive(f"{p}.num_workers", self.num_workers)
-        errs += choice(f"{p}.answer_format", self.answer_format, ("gsm8k", "boxed"))
         for key in ("format_score", "format_penalty", "post_answer_penalty", "overlong_buffer",
                     "overlong_penalty_factor"):
             errs += positive(f"{p}.{key}", getattr(self, key), allow_zero=True)
@@ -307,8 +305,7 @@ class AlgorithmConfig:
     gpg_paper_alpha: bool = False  # gpg: true = alpha B/(B-M) of the paper; false = verl's B/#nonzero scores
 
     def _checks(self, p: str) -> list[str]:
-        errs = choice(f"{p}.kl_ctrl_type", self.kl_ctrl_type, ("fixed", "adaptive"))
-        errs += in_range(f"{p}.gamma", self.gamma, 0.0, 1.0) + in_range(f"{p}.lam", self.lam, 0.0, 1.0)
+        errs = in_range(f"{p}.gamma", self.gamma, 0.0, 1.0) + in_range(f"{p}.lam", self.lam, 0.0, 1.0)
         errs += positive(f"{p}.kl_coef", self.kl_coef, allow_zero=True) + positive(f"{p}.target_kl", self.target_kl)
         return errs + positive(f"{p}.kl_horizon", self.kl_horizon)
 

@@ -6,16 +6,8 @@ import json
 import os
 
 from rlhf_mcore.config import Config
+from rlhf_mcore.registry import suggest
 
-# Estimators that compare the samples of one prompt: they need rollout.n >= 2.
-GROUP_ESTIMATORS = ("grpo", "rloo", "reinforce_plus_plus_baseline", "opo", "grpo_passk", "gpg",
-                    "optimal_token_baseline", "tir_optimal_token_baseline")
-# Estimators that need sum_v pi(v)^2 of the old policy (computed with the old log-probs).
-SUM_PI_SQUARED_ESTIMATORS = ("optimal_token_baseline", "tir_optimal_token_baseline")
-# Estimators that need critic values (a critic is built and trained for them).
-VALUE_ESTIMATORS = ("gae",)
-# Estimators whose baseline is the reward of a greedy rollout of the same prompt (generated each step).
-GREEDY_BASELINE_ESTIMATORS = ("remax",)
 REQUIRED_INLINE = ("num_layers", "hidden_size", "ffn_hidden_size", "num_attention_heads", "vocab_size")
 
 
@@ -41,10 +33,6 @@ def _model_shape(cfg: Config) -> tuple[dict | None, list[str]]:
     if missing:
         return None, [f"model.{k}: required when model.hf_path is empty (got None). Set it, or set "
                       "model.hf_path to an HF model directory." for k in missing]
-    from rlhf_mcore.models.registry import MODEL_FAMILIES
-
-    if m.family not in MODEL_FAMILIES:
-        return None, [f"model.family: unknown family (got {m.family!r}). Available: {', '.join(MODEL_FAMILIES)}."]
     return {"layers": m.num_layers, "heads": m.num_attention_heads,
             "groups": m.num_query_groups or m.num_attention_heads, "positions": m.max_position_embeddings,
             "positions_key": "model.max_position_embeddings"}, []
@@ -69,13 +57,19 @@ def _parallel_rules(cfg: Config, shape: dict, world_size: int | None) -> list[st
                     f"(got tp={p.tp}, pp={p.pp}). Launch a multiple of tp*pp ranks.")
     if p.sequence_parallel and p.tp == 1:
         errs.append("parallel.sequence_parallel: needs tp > 1 (got true with tp=1). Set it to false.")
-    if cfg.rollout.engine == "sglang" and (p.tp > 1 or p.pp > 1):
-        errs.append(f"rollout.engine: sglang runs one engine per GPU and needs parallel.tp=1 and parallel.pp=1 "
-                    f"(got tp={p.tp}, pp={p.pp}). Use rollout.engine=native for TP/PP layouts.")
-    elif p.sequence_parallel and cfg.rollout.engine == "native":
-        errs.append("parallel.sequence_parallel: the native rollout engine cannot decode with it (got true). Set it "
-                    "to false; tools/check_layouts.py --sequence-parallel checks training with it.")
+    from rlhf_mcore.rollout.base import ROLLOUT_ENGINES
+
+    if cfg.rollout.engine in ROLLOUT_ENGINES:  # the engine says which layouts it can roll out with
+        errs += ROLLOUT_ENGINES.get(cfg.rollout.engine).layout_errors(p)
     return errs
+
+
+def _trained_roles(cfg: Config) -> tuple[str, ...]:
+    """The actor, and the critic when the estimator declares it needs one (an unknown estimator: the actor)."""
+    from rlhf_mcore.algorithms import ADVANTAGES, estimator_needs
+
+    name = cfg.algorithm.adv_estimator
+    return ("actor", "critic") if name in ADVANTAGES and estimator_needs(name).critic else ("actor",)
 
 
 def _batch_rules(cfg: Config, dp: int) -> list[str]:
@@ -83,8 +77,7 @@ def _batch_rules(cfg: Config, dp: int) -> list[str]:
     if d.train_batch_size % dp:
         errs.append(f"data.train_batch_size: must be divisible by the data-parallel size {dp} "
                     f"(got {d.train_batch_size}). Use a multiple of {dp}.")
-    roles = ("actor", "critic") if cfg.algorithm.adv_estimator in VALUE_ESTIMATORS else ("actor",)
-    for role in roles:  # the critic's batch sizes matter only when a critic is trained
+    for role in _trained_roles(cfg):  # the critic's batch sizes matter only when a critic is trained
         section = getattr(cfg, role)
         mini = section.ppo_mini_batch_size
         if d.train_batch_size % mini:
@@ -94,7 +87,7 @@ def _batch_rules(cfg: Config, dp: int) -> list[str]:
         if rem:
             errs.append(f"{role}.ppo_mini_batch_size: times rollout.n={n} must be divisible by the data-parallel "
                         f"size {dp} (got {mini}). Use a multiple of {dp}.")
-        elif not (getattr(section, "use_dynamic_bsz", False) or d.use_sequence_packing) and \
+        elif not (section.use_dynamic_bsz or d.use_sequence_packing) and \
                 per_rank % section.micro_batch_size_per_gpu:
             errs.append(f"{role}.micro_batch_size_per_gpu: must divide the per-rank mini-batch "
                         f"ppo_mini_batch_size*n/dp={per_rank} (got {section.micro_batch_size_per_gpu}). "
@@ -119,25 +112,70 @@ def _length_rules(cfg: Config, shape: dict | None) -> list[str]:
     if (cfg.actor.use_dynamic_bsz or cfg.data.use_sequence_packing) and cfg.actor.max_tokens_per_gpu < seq:
         errs.append(f"actor.max_tokens_per_gpu: must hold one sequence of {where} = {seq} tokens "
                     f"(got {cfg.actor.max_tokens_per_gpu}). Set it to at least {seq}.")
+    if cfg.critic.use_dynamic_bsz and "critic" in _trained_roles(cfg) and cfg.critic.max_tokens_per_gpu < seq:
+        errs.append(f"critic.max_tokens_per_gpu: must hold one sequence of {where} = {seq} tokens "
+                    f"(got {cfg.critic.max_tokens_per_gpu}). Set it to at least {seq}.")
     if cfg.reward.overlong_buffer >= cfg.rollout.max_response_length:
         errs.append(f"reward.overlong_buffer: must be below rollout.max_response_length="
                     f"{cfg.rollout.max_response_length} (got {cfg.reward.overlong_buffer}). Use a smaller buffer.")
     return errs
 
 
+def registry_fields(cfg: Config) -> list[tuple[str, object, tuple[str, ...], str]]:
+    """Every config field whose value names a registry entry: (dotted key, registry, values allowed besides
+    the registry's choices, noun of the error: "" lists the choices inline, else "unknown <noun>")."""
+    from rlhf_mcore.algorithms import (
+        ADVANTAGES,
+        KL_CONTROLLERS,
+        KL_ESTIMATORS,
+        LOSS_AGG_MODES,
+        MISMATCH_LEVELS,
+        MISMATCH_MODES,
+        POLICY_LOSSES,
+    )
+    from rlhf_mcore.models.layer_spec import LAYER_SPECS
+    from rlhf_mcore.models.registry import MODEL_FAMILIES
+    from rlhf_mcore.rewards.penalties import FORMAT_CHECKS
+    from rlhf_mcore.rollout.base import ROLLOUT_ENGINES
+
+    family = [] if cfg.model.hf_path else [("model.family", MODEL_FAMILIES, (), "family")]  # else from config.json
+    return family + [
+        ("model.attention_backend", LAYER_SPECS, ("auto",), ""),
+        ("rollout.engine", ROLLOUT_ENGINES, (), ""),
+        ("actor.policy_loss", POLICY_LOSSES, (), "name"),
+        ("actor.loss_agg_mode", LOSS_AGG_MODES, (), ""),
+        ("actor.kl_loss_type", KL_ESTIMATORS, (), "name"),
+        ("actor.rollout_correction", MISMATCH_LEVELS, ("none",), ""),
+        ("actor.rollout_correction_mode", MISMATCH_MODES, (), ""),
+        ("reward.answer_format", FORMAT_CHECKS, (), ""),
+        ("algorithm.adv_estimator", ADVANTAGES, (), "name"),
+        ("algorithm.kl_penalty", KL_ESTIMATORS, (), "name"),
+        ("algorithm.kl_ctrl_type", KL_CONTROLLERS, (), ""),
+    ]
+
+
+def _registry_rules(cfg: Config) -> list[str]:
+    """One loop over `registry_fields`: each value must be one of its registry's choices."""
+    errs = []
+    for key, registry, extras, noun in registry_fields(cfg):
+        section, name = key.split(".")
+        value, options = getattr(getattr(cfg, section), name), [*extras, *registry.choices()]
+        if value in options:
+            continue
+        if noun:
+            errs.append(f"{key}: unknown {noun} (got {value!r}). Available: {', '.join(sorted(options))}."
+                        f"{suggest(value, options)}")
+        else:
+            errs.append(f"{key}: must be one of {', '.join(options)} (got {value!r}). Pick one of those.")
+    return errs
+
+
 def _algorithm_rules(cfg: Config) -> list[str]:
-    from rlhf_mcore.algorithms import ADVANTAGES, KL_ESTIMATORS, POLICY_LOSSES
+    from rlhf_mcore.algorithms import ADVANTAGES, estimator_needs
 
     errs = []
-    for key, value, registry in (
-        ("algorithm.adv_estimator", cfg.algorithm.adv_estimator, ADVANTAGES),
-        ("actor.policy_loss", cfg.actor.policy_loss, POLICY_LOSSES),
-        ("actor.kl_loss_type", cfg.actor.kl_loss_type, KL_ESTIMATORS),
-        ("algorithm.kl_penalty", cfg.algorithm.kl_penalty, KL_ESTIMATORS),
-    ):
-        if value not in registry:
-            errs.append(f"{key}: unknown name (got {value!r}). Available: {', '.join(registry.names())}.")
-    if cfg.algorithm.adv_estimator in GROUP_ESTIMATORS and cfg.rollout.n < 2:
+    name = cfg.algorithm.adv_estimator
+    if name in ADVANTAGES and estimator_needs(name).groups and cfg.rollout.n < 2:
         errs.append(f"rollout.n: {cfg.algorithm.adv_estimator} compares samples of the same prompt and needs "
                     f"at least 2 (got {cfg.rollout.n}). Set rollout.n=4 or more.")
     return errs
@@ -165,5 +203,6 @@ def validate(cfg: Config, world_size: int | None = None) -> list[str]:
         errs += _parallel_rules(cfg, shape, world_size)
     model_parallel = cfg.parallel.tp * cfg.parallel.pp
     dp = world_size // model_parallel if world_size and world_size % model_parallel == 0 else 1
+    errs += _registry_rules(cfg)
     return errs + _batch_rules(cfg, dp) + _length_rules(cfg, shape) + _packing_rules(cfg) + _algorithm_rules(cfg) + \
         _file_rules(cfg)

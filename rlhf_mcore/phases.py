@@ -1,25 +1,26 @@
-"""The phases of one RL step, each one function the trainer calls under a timer.
-
-A step batch is a dict of this DP rank's samples; every per-token tensor is [B, S] and aligned with
-`tokens` (S = max prompt + max response length, the same on every rank): x[:, t] belongs to token t.
+"""The phases of one RL step, each one function the trainer calls under a timer: a `StepBatch` in, a
+`StepBatch` with the phase's fields filled in out (plus metrics). Forward-only passes and updates cut the
+batch into micro-batch dicts (`schedule.split_micro_batches`) for the roles' loss functions.
 """
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 from functools import partial
+from typing import Callable
 
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
-from rlhf_mcore.algorithms import ADVANTAGES, AdvantageInputs, apply_kl_penalty
-from rlhf_mcore.config_validate import SUM_PI_SQUARED_ESTIMATORS
+from rlhf_mcore.algorithms import ADVANTAGES, AdvantageInputs, apply_kl_penalty, estimator_needs
 from rlhf_mcore.data.packing import plan_dp_split
 from rlhf_mcore.logs import heartbeat, progress, timer
 from rlhf_mcore.optim import optimizer_step, zero_grads
 from rlhf_mcore.role_losses import actor_loss, critic_loss, reward_model_scores, rollout_mismatch
 from rlhf_mcore.rollout.types import RolloutBatch, SamplingParams
 from rlhf_mcore.schedule import forward_collect, run_schedule, split_micro_batches, take
+from rlhf_mcore.step_batch import StepBatch
 
 
 def sampling_params(cfg, eos_ids: tuple[int, ...], step: int, validation: bool = False) -> SamplingParams:
@@ -45,7 +46,7 @@ def decode_responses(rollout: RolloutBatch, decode) -> list[str]:
     return [decode(row[s:s + n]) for row, s, n in zip(rollout.tokens.tolist(), starts, lengths)]
 
 
-def make_batch(rollout: RolloutBatch, scores: torch.Tensor, group_index: torch.Tensor, seq_len: int) -> dict:
+def make_batch(rollout: RolloutBatch, scores: torch.Tensor, group_index: torch.Tensor, seq_len: int) -> StepBatch:
     """RolloutBatch + sequence scores [B] -> the step batch (per-token fields padded to seq_len)."""
     pad = seq_len - rollout.tokens.size(1)
     mask = F.pad(rollout.response_mask, (0, pad)).float()
@@ -54,12 +55,21 @@ def make_batch(rollout: RolloutBatch, scores: torch.Tensor, group_index: torch.T
     token_scores = torch.zeros_like(mask)
     rows = torch.arange(mask.size(0), device=mask.device)
     token_scores[rows, last] = scores.to(mask.dtype) * (rollout.response_lengths > 0)
-    return {
-        "tokens": F.pad(rollout.tokens, (0, pad)), "lengths": lengths, "response_mask": mask,
-        "rollout_logp": F.pad(rollout.rollout_logprobs.float(), (0, pad)), "token_level_scores": token_scores,
-        "group_index": group_index, "response_lengths": rollout.response_lengths,
-        "prompt_lengths": rollout.prompt_lengths,
-    }
+    return StepBatch(
+        tokens=F.pad(rollout.tokens, (0, pad)), lengths=lengths, response_mask=mask,
+        rollout_logp=F.pad(rollout.rollout_logprobs.float(), (0, pad)), token_level_scores=token_scores,
+        group_index=group_index, response_lengths=rollout.response_lengths, prompt_lengths=rollout.prompt_lengths)
+
+
+def score(run, rollout: RolloutBatch, prompts, baseline: torch.Tensor | None) -> tuple[StepBatch, dict]:
+    """The step batch with its scores: the reward functions' (+ the reward model's, when there is one) and
+    the greedy baseline's rewards (None unless the estimator needs them)."""
+    scores, metrics = run.scorer(rollout, prompts, run.cfg.rollout.n)
+    batch = make_batch(rollout, scores, run.group_index(len(prompts)), run.seq_len).replace(baseline_rewards=baseline)
+    if run.roles.reward is not None:
+        rm_scores = reward_model_pass(run.roles, batch, run.cfg, run.ctx)
+        batch = batch.replace(token_level_scores=batch.token_level_scores + rm_scores)
+    return batch, metrics
 
 
 def seq_multiple(cfg) -> int:
@@ -69,21 +79,44 @@ def seq_multiple(cfg) -> int:
 
 def micro_batching(cfg, section) -> dict:
     """split_micro_batches arguments for a role's section (actor or critic; forward passes use the actor's):
-    packed (`data.use_sequence_packing`) or token-budget micro-batches under actor.max_tokens_per_gpu, or
-    fixed-size ones."""
+    token-budget micro-batches under the section's max_tokens_per_gpu (its use_dynamic_bsz), packed ones
+    (`data.use_sequence_packing`) under actor.max_tokens_per_gpu, or fixed-size ones."""
     pack = cfg.data.use_sequence_packing
-    budget = cfg.actor.max_tokens_per_gpu if pack or getattr(section, "use_dynamic_bsz", False) else 0
+    budget = section.max_tokens_per_gpu if section.use_dynamic_bsz else cfg.actor.max_tokens_per_gpu if pack else 0
     return dict(micro_batch_size=section.micro_batch_size_per_gpu, max_tokens=budget, multiple=seq_multiple(cfg),
                 pack=pack)
 
 
-def actor_loss_fn(cfg, ctx, model, forward_only: bool = False):
+def needs_sum_pi_squared(cfg) -> bool:
+    """The estimator declared it needs the old policy's sum_v pi(v)^2 (optimal token baseline)."""
+    return estimator_needs(cfg.algorithm.adv_estimator).sum_pi_squared
+
+
+def actor_loss_fn(cfg, ctx, model, forward_only: bool = False, loss: Callable = actor_loss):
     """The actor's loss function bound to its config (forward-only: also sum pi^2 when the estimator needs it)."""
     num_rows = cfg.actor.ppo_mini_batch_size * cfg.rollout.n
-    return partial(actor_loss, model=model, tp_group=ctx.pgs.tp, actor_cfg=cfg.actor,
+    return partial(loss, model=model, tp_group=ctx.pgs.tp, actor_cfg=cfg.actor,
                    temperature=cfg.rollout.temperature, norm_length=float(cfg.rollout.max_response_length),
                    num_rows=num_rows,
-                   with_sum_pi_squared=forward_only and cfg.algorithm.adv_estimator in SUM_PI_SQUARED_ESTIMATORS)
+                   with_sum_pi_squared=forward_only and needs_sum_pi_squared(cfg))
+
+
+@dataclass(frozen=True, slots=True)
+class LossFns:
+    """The roles' loss functions, bound to the config once at start-up (megatron's loss_fn contract)."""
+
+    actor: Callable  # the actor update: (loss_sum, count, metrics)
+    old_logp: Callable  # forward-only actor: log-probs (+ sum pi^2 when the estimator needs it)
+    ref: Callable | None  # forward-only reference: log-probs (None without a reference)
+    critic: Callable | None  # the critic update and its forward-only values (None without a critic)
+
+
+def build_loss_fns(cfg, ctx, roles, update_loss: Callable = actor_loss) -> LossFns:
+    """`update_loss`: the actor's loss function for its update (`role_losses.actor_loss`)."""
+    critic = partial(critic_loss, cliprange_value=cfg.critic.cliprange_value) if roles.critic is not None else None
+    return LossFns(actor=actor_loss_fn(cfg, ctx, roles.actor.module, loss=update_loss),
+                   old_logp=actor_loss_fn(cfg, ctx, roles.actor.module, forward_only=True),
+                   ref=actor_loss_fn(cfg, ctx, roles.ref) if roles.ref is not None else None, critic=critic)
 
 
 def is_on_policy(cfg, rows: int, rows_per_mini: int) -> bool:
@@ -92,37 +125,35 @@ def is_on_policy(cfg, rows: int, rows_per_mini: int) -> bool:
     old-log-prob pass would, so that pass is skipped and the update takes pi_old from its own forward
     (detached; `role_losses.actor_loss`)."""
     return (cfg.actor.ppo_epochs == 1 and rows_per_mini >= rows and not cfg.algorithm.use_kl_in_reward
-            and cfg.algorithm.adv_estimator not in SUM_PI_SQUARED_ESTIMATORS)
+            and not needs_sum_pi_squared(cfg))
 
 
-def forward_passes(roles, batch: dict, cfg, ctx, timings: dict, on_policy: bool = False) -> dict:
+def forward_passes(roles, losses: LossFns, batch: StepBatch, cfg, ctx, timings: dict,
+                   on_policy: bool = False) -> StepBatch:
     """Forward-only passes, each timed: old log-probs (actor, timing_s/old_log_prob, unless on_policy;
     + sum pi^2 for OTB), reference log-probs (timing_s/ref), values (critic, timing_s/values)."""
-    seq = batch["tokens"].size(1)
+    seq = batch.tokens.size(1)
     mbs = split_micro_batches(batch, **micro_batching(cfg, cfg.actor))
     with heartbeat(f"log-prob passes ({len(mbs)} micro-batches)", enabled=ctx.is_logging_rank):
-        return _forward_passes(roles, mbs, seq, cfg, ctx, timings, on_policy)
+        return batch.replace(**_forward_passes(roles, losses, mbs, seq, cfg, ctx, timings, on_policy))
 
 
-def _forward_passes(roles, mbs: list, seq: int, cfg, ctx, timings: dict, on_policy: bool) -> dict:
+def _forward_passes(roles, losses: LossFns, mbs: list, seq: int, cfg, ctx, timings: dict, on_policy: bool) -> dict:
     out = {}
     with timer("old_log_prob", timings):
         if not on_policy:
-            fn = actor_loss_fn(cfg, ctx, roles.actor.module, forward_only=True)
-            keys = ("logp", "sum_pi_squared") if cfg.algorithm.adv_estimator in SUM_PI_SQUARED_ESTIMATORS \
-                else ("logp",)
-            res = forward_collect(roles.actor.model, mbs, fn, keys, seq, ctx.pgs.pp)
+            keys = ("logp", "sum_pi_squared") if needs_sum_pi_squared(cfg) else ("logp",)
+            res = forward_collect(roles.actor.model, mbs, losses.old_logp, keys, seq, ctx.pgs.pp)
             out["old_logp"] = res["logp"]
             if "sum_pi_squared" in res:
                 out["sum_pi_squared"] = res["sum_pi_squared"]
     if roles.ref is not None:
         with timer("ref", timings):
-            out["ref_logp"] = forward_collect([roles.ref], mbs, actor_loss_fn(cfg, ctx, roles.ref), ("logp",), seq,
-                                              ctx.pgs.pp)["logp"]
+            out["ref_logp"] = forward_collect([roles.ref], mbs, losses.ref, ("logp",), seq, ctx.pgs.pp)["logp"]
     if roles.critic is not None:
         with timer("values", timings):
-            fn = partial(critic_loss, cliprange_value=cfg.critic.cliprange_value)
-            out["values"] = forward_collect(roles.critic.model, mbs, fn, ("values",), seq, ctx.pgs.pp)["values"]
+            out["values"] = forward_collect(roles.critic.model, mbs, losses.critic, ("values",), seq,
+                                            ctx.pgs.pp)["values"]
     return out
 
 
@@ -142,13 +173,13 @@ def gather_dp(t: torch.Tensor, ctx) -> torch.Tensor:
     return torch.cat(parts)
 
 
-def balance_dp(batch: dict, cfg, ctx, rows_per_mini: list[int]) -> dict:
+def balance_dp(batch: StepBatch, cfg, ctx, rows_per_mini: list[int]) -> StepBatch:
     """With packing, give the DP ranks balanced token counts (micro-batches follow tokens, so the rank with
     the most would make the others wait). Within every chunk of gcd(rows_per_mini) rows, which keeps each
     global mini-batch's rows, the ranks' rows are pooled and dealt out again: equal counts, balanced tokens."""
     if not cfg.data.use_sequence_packing or ctx.dims.dp == 1:
         return batch
-    num, dp, chunk = batch["tokens"].size(0), ctx.dims.dp, math.gcd(*rows_per_mini)
+    num, dp, chunk = batch.num_rows, ctx.dims.dp, math.gcd(*rows_per_mini)
     full = {k: gather_dp(v, ctx) for k, v in batch.items()}
     lengths = full["lengths"].tolist()
     mine = []
@@ -156,20 +187,22 @@ def balance_dp(batch: dict, cfg, ctx, rows_per_mini: list[int]) -> dict:
         pool = [r * num + i for r in range(dp) for i in range(start, min(start + chunk, num))]
         parts = plan_dp_split([lengths[i] for i in pool], dp)
         mine += [pool[i] for i in parts[ctx.dp_rank]]
-    return take(full, torch.tensor(mine, device=batch["tokens"].device))
+    return batch.replace(**take(full, torch.tensor(mine, device=batch.tokens.device)))
 
 
-def compute_advantages(batch: dict, cfg, kl_coef: float, ctx) -> tuple[dict, dict]:
+def compute_advantages(batch: StepBatch, cfg, kl_coef: float, ctx) -> tuple[StepBatch, dict, torch.Tensor | None]:
     """Token rewards (with the KL penalty when it goes in the reward) and advantages, computed on the
-    whole global batch (gathered over DP) so whitening and group statistics never depend on the layout."""
-    metrics = {}
-    rewards = batch["token_level_scores"]
+    whole global batch (gathered over DP) so whitening and group statistics never depend on the layout.
+    Returns (batch, metrics, reward KL): the KL controller's input, None when KL is not in the reward."""
+    metrics, reward_kl = {}, None
+    rewards = batch.token_level_scores
     if cfg.algorithm.use_kl_in_reward:
-        rewards, kl_metrics = apply_kl_penalty(rewards, batch["old_logp"], batch["ref_logp"], batch["response_mask"],
+        rewards, kl_metrics = apply_kl_penalty(rewards, batch.old_logp, batch.ref_logp, batch.response_mask,
                                                kl_coef, cfg.algorithm.kl_penalty)
         metrics.update({f"actor/reward_{k}": v for k, v in kl_metrics.items()})
-    full = {k: gather_dp(v, ctx) for k, v in (("rewards", rewards), ("mask", batch["response_mask"]),
-                                              ("group", batch["group_index"]))}
+        reward_kl = kl_metrics["kl"]
+    full = {k: gather_dp(v, ctx) for k, v in (("rewards", rewards), ("mask", batch.response_mask),
+                                              ("group", batch.group_index))}
     wanted = ("values", "baseline_rewards") + (("old_logp", "sum_pi_squared", "is_weights")
                                                if "sum_pi_squared" in batch else ())  # the OTB inputs
     optional = {key: gather_dp(batch[key], ctx) for key in wanted if key in batch}
@@ -178,18 +211,18 @@ def compute_advantages(batch: dict, cfg, kl_coef: float, ctx) -> tuple[dict, dic
         token_level_rewards=full["rewards"], response_mask=full["mask"], group_index=full["group"], **optional,
         gamma=a.gamma, lam=a.lam, norm_adv_by_std=a.norm_adv_by_std,
         returns_through_masked=a.returns_through_masked, gpg_paper_alpha=a.gpg_paper_alpha))
-    b = batch["tokens"].size(0)
+    b = batch.num_rows
     mine = slice(ctx.dp_rank * b, (ctx.dp_rank + 1) * b)
-    return {**batch, "token_level_rewards": rewards, "advantages": adv[mine], "returns": returns[mine]}, metrics
+    return batch.replace(token_level_rewards=rewards, advantages=adv[mine], returns=returns[mine]), metrics, reward_kl
 
 
-def rollout_correction(batch: dict, actor_cfg) -> tuple[dict, dict]:
+def rollout_correction(batch: StepBatch, actor_cfg) -> tuple[StepBatch, dict]:
     """Importance weights between the rollout engine's log-probs and the trainer's (mismatch metrics too).
     On-policy steps have no old_logp yet: the actor loss does this per micro-batch."""
-    if "old_logp" not in batch:
+    if batch.old_logp is None:
         return batch, {}
-    weights, metrics = rollout_mismatch(batch["old_logp"], batch["rollout_logp"], batch["response_mask"], actor_cfg)
-    return (batch if weights is None else {**batch, "is_weights": weights}), metrics
+    weights, metrics = rollout_mismatch(batch.old_logp, batch.rollout_logp, batch.response_mask, actor_cfg)
+    return batch.replace(is_weights=weights), metrics
 
 
 def update_role(name: str, state, batch: dict, loss_fn, section, rows_per_mini: int, lr: float,

@@ -10,11 +10,24 @@
 Traceback (most recent call last):
 ...
 ValueError: unknown policy loss 'vanila'. Did you mean 'vanilla'? Available: vanilla.
+
+An entry can declare what it needs when it registers (`traits`, a dataclass of the registry), so callers
+ask the registry instead of keeping lists of names:
+
+>>> from dataclasses import dataclass
+>>> @dataclass(frozen=True)
+... class Needs:
+...     critic: bool = False
+>>> EST = Registry("estimator", traits=Needs)
+>>> _ = EST.register("gae", critic=True)(lambda inp: inp)
+>>> _ = EST.register("grpo")(lambda inp: inp)
+>>> EST.traits("gae").critic, EST.traits("grpo").critic
+(True, False)
 """
 from __future__ import annotations
 
 import difflib
-from typing import Callable, Generic, Iterator, TypeVar
+from typing import Any, Callable, Generic, Iterator, TypeVar
 
 T = TypeVar("T")
 
@@ -26,17 +39,30 @@ def suggest(name: str, choices) -> str:
 
 
 class Registry(Generic[T]):
-    """Name -> entry. Registering a name twice raises; an unknown name lists the valid ones."""
+    """Name -> entry. Registering a name twice raises; an unknown name lists the valid ones.
 
-    def __init__(self, kind: str):
+    `traits`: a dataclass whose fields each entry may set at registration (what the entry needs); entries
+    registered with `hidden=True` are internal (not a value users may choose in the config)."""
+
+    def __init__(self, kind: str, traits: type | None = None):
         self.kind = kind
+        self._traits_type = traits
         self._entries: dict[str, T] = {}
+        self._traits: dict[str, Any] = {}
+        self._hidden: set[str] = set()
 
-    def register(self, name: str) -> Callable[[T], T]:
+    def register(self, name: str, hidden: bool = False, **traits) -> Callable[[T], T]:
+        if traits and self._traits_type is None:
+            raise TypeError(f"{self.kind} '{name}': this registry declares no traits (got {sorted(traits)})")
+        record = self._traits_type(**traits) if self._traits_type is not None else None
+
         def add(entry: T) -> T:
             if name in self._entries:
                 raise ValueError(f"{self.kind} '{name}' is registered twice")
             self._entries[name] = entry
+            self._traits[name] = record
+            if hidden:
+                self._hidden.add(name)
             return entry
 
         return add
@@ -48,8 +74,17 @@ class Registry(Generic[T]):
             )
         return self._entries[name]
 
+    def traits(self, name: str):
+        """What entry `name` declared at registration (an instance of the registry's traits dataclass)."""
+        self.get(name)
+        return self._traits[name]
+
     def names(self) -> list[str]:
         return sorted(self._entries)
+
+    def choices(self) -> list[str]:
+        """The names a config may use, in registration order (hidden entries left out)."""
+        return [n for n in self._entries if n not in self._hidden]
 
     def __contains__(self, name: str) -> bool:
         return name in self._entries

@@ -8,8 +8,9 @@ import logging
 
 import torch
 
-from rlhf_mcore.config_validate import VALUE_ESTIMATORS
+from rlhf_mcore.algorithms import estimator_needs
 from rlhf_mcore.models.build import build_model, count_parameters
+from rlhf_mcore.models.roles import ROLES
 from rlhf_mcore.optim import TrainState, build_train_state
 
 log = logging.getLogger(__name__)
@@ -52,7 +53,7 @@ def _init_from_actor_or(model, path: str, what: str, actor, skip: tuple[str, ...
 
 
 def needs_critic(cfg) -> bool:
-    return cfg.algorithm.adv_estimator in VALUE_ESTIMATORS
+    return estimator_needs(cfg.algorithm.adv_estimator).critic
 
 
 def needs_ref(cfg) -> bool:
@@ -83,7 +84,7 @@ def build_roles(cfg, hf: dict, ctx) -> Roles:
     critic = None
     if needs_critic(cfg):
         critic_model = build_model("critic", hf, cfg.model, cfg.parallel, ctx)
-        _init_from_actor_or(critic_model, cfg.critic.load, "critic", actor_model, skip=("output_layer.",))
+        _init_from_actor_or(critic_model, cfg.critic.load, "critic", actor_model, skip=ROLES["critic"].skip_from_actor)
         critic = build_train_state(critic_model, cfg.critic.optim, cfg.parallel)
     reward = None
     if cfg.reward.model_path:

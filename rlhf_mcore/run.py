@@ -10,13 +10,13 @@ from pathlib import Path
 
 import torch
 
-from rlhf_mcore.algorithms import KL_CONTROLLERS
+from rlhf_mcore.algorithms import KL_CONTROLLERS, estimator_needs
 from rlhf_mcore.config_load import dump_yaml
-from rlhf_mcore.config_validate import GREEDY_BASELINE_ESTIMATORS
 from rlhf_mcore.guards import BadStepGuard, DiskFullError, DivergedError, RewardHealthGuard, RunStopped, StartupError
 from rlhf_mcore.logs import MetricLogger, init_logger
 from rlhf_mcore.models.transformer_config import load_hf_config
 from rlhf_mcore.parallel import init_distributed, torchrun_env
+from rlhf_mcore.phases import LossFns, build_loss_fns
 from rlhf_mcore.roles import Roles, build_roles
 from rlhf_mcore.rollout.base import build_rollout_engine
 from rlhf_mcore.run_data import build_samplers, load_run_tokenizer, stop_token_ids
@@ -51,14 +51,17 @@ class Run:
     reward_health: RewardHealthGuard | None = None
     num_skipped_steps: int = 0
     unconfirmed: str | None = None  # the newest checkpoint, until a step after it applies all its updates
+    losses: LossFns | None = None  # the roles' loss functions, bound once (built from cfg/roles when None)
 
     def __post_init__(self):
+        if self.losses is None:
+            self.losses = build_loss_fns(self.cfg, self.ctx, self.roles)
         self.bad_steps = BadStepGuard(self.cfg.trainer.max_bad_steps, last_good_step=self.start_step)
         self.reward_health = RewardHealthGuard(self.cfg.reward.max_error_frac, self.cfg.reward.max_error_steps)
 
     @property
     def needs_greedy_baseline(self) -> bool:
-        return self.cfg.algorithm.adv_estimator in GREEDY_BASELINE_ESTIMATORS
+        return estimator_needs(self.cfg.algorithm.adv_estimator).greedy_baseline
 
     @property
     def seq_len(self) -> int:
@@ -161,8 +164,7 @@ class Run:
 
     def close(self) -> None:
         self.metric_logger.close()
-        if hasattr(self.engine, "shutdown"):
-            self.engine.shutdown()
+        self.engine.shutdown()
         if self.lock is not None:
             self.lock.release()
 

@@ -4,70 +4,50 @@ refresh -> log."""
 from __future__ import annotations
 
 import time
-from functools import partial
-
-import torch
 
 from rlhf_mcore import phases
 from rlhf_mcore.logs import timer
 from rlhf_mcore.metrics import reduce_outputs
-from rlhf_mcore.optim import lr_at, offload_for_rollout, reload_after_rollout
-from rlhf_mcore.role_losses import critic_loss
+from rlhf_mcore.optim import lr_at
+from rlhf_mcore.role_losses import actor_loss
+from rlhf_mcore.rollout_memory import rollout_memory, sync_weights
 from rlhf_mcore.run import Run, finish_run, start_run
 from rlhf_mcore.step_log import step_metrics
 
 
 def train_step(run: Run, step: int) -> dict:
-    cfg, ctx, roles, timings = run.cfg, run.ctx, run.roles, {}
+    cfg, ctx, roles, losses, timings = run.cfg, run.ctx, run.roles, run.losses, {}
     prompts = run.sampler.next_batch()
-    with timer("gen", timings):
-        offload_during(run, True)
-        rollout = run.engine.generate([list(p.prompt_ids) for p in prompts], phases.sampling_params(
+    with timer("gen", timings), rollout_memory(run) as engine:
+        rollout = engine.generate([list(p.prompt_ids) for p in prompts], phases.sampling_params(
             cfg, run.stop_ids, step), show_progress=ctx.is_logging_rank)
-        baseline = phases.greedy_baseline(run.engine, run.scorer, prompts, cfg, run.stop_ids, step) \
+        baseline = phases.greedy_baseline(engine, run.scorer, prompts, cfg, run.stop_ids, step) \
             if run.needs_greedy_baseline else None
-        run.engine.release_memory()
-        offload_during(run, False)
     with timer("reward", timings):
-        scores, reward_metrics = run.scorer(rollout, prompts, cfg.rollout.n)
-        batch = phases.make_batch(rollout, scores, run.group_index(len(prompts)), run.seq_len)
-        if baseline is not None:
-            batch["baseline_rewards"] = baseline
-        if roles.reward is not None:
-            batch["token_level_scores"] = batch["token_level_scores"] + phases.reward_model_pass(roles, batch, cfg, ctx)
+        batch, reward_metrics = phases.score(run, rollout, prompts, baseline)
         batch = phases.balance_dp(batch, cfg, ctx, [run.rows_per_mini(r) for r in roles.trainable()])
-    on_policy = phases.is_on_policy(cfg, batch["tokens"].size(0), run.rows_per_mini("actor"))
-    batch.update(phases.forward_passes(roles, batch, cfg, ctx, timings, on_policy))  # old_log_prob, ref, values
+    on_policy = phases.is_on_policy(cfg, batch.num_rows, run.rows_per_mini("actor"))
+    batch = phases.forward_passes(roles, losses, batch, cfg, ctx, timings, on_policy)  # old/ref log-probs, values
     with timer("adv", timings):
         batch, mismatch_metrics = phases.rollout_correction(batch, cfg.actor)
-        batch, adv_metrics = phases.compute_advantages(batch, cfg, run.kl_ctrl.value, ctx)
+        batch, adv_metrics, reward_kl = phases.compute_advantages(batch, cfg, run.kl_ctrl.value, ctx)
     reports = []
     if roles.critic is not None:
         with timer("update_critic", timings):
-            fn = partial(critic_loss, cliprange_value=cfg.critic.cliprange_value)
-            reports += phases.update_role("critic", roles.critic, batch, fn, cfg.critic, run.rows_per_mini("critic"),
-                                          lr_at(step, cfg.critic.optim, run.total_steps),
+            reports += phases.update_role("critic", roles.critic, batch, losses.critic, cfg.critic,
+                                          run.rows_per_mini("critic"), lr_at(step, cfg.critic.optim, run.total_steps),
                                           phases.micro_batching(cfg, cfg.critic))
     with timer("update_actor", timings):
-        fn = phases.actor_loss_fn(cfg, ctx, roles.actor.module)
-        reports += phases.update_role("actor", roles.actor, batch, fn, cfg.actor, run.rows_per_mini("actor"),
+        reports += phases.update_role("actor", roles.actor, batch, losses.actor, cfg.actor, run.rows_per_mini("actor"),
                                       lr_at(step, cfg.actor.optim, run.total_steps),
                                       phases.micro_batching(cfg, cfg.actor))
     with timer("sync_weights", timings):
-        run.engine.resume_memory()
-        run.engine.update_weights(roles.actor.model[0])
+        sync_weights(run)
     metrics = step_metrics(batch, reduce_outputs(reports, ctx), {**reward_metrics, **adv_metrics, **mismatch_metrics},
                            timings, ctx, max_response_length=cfg.rollout.max_response_length)
-    if cfg.algorithm.use_kl_in_reward:
-        run.kl_ctrl.update(metrics.get("actor/reward_kl", 0.0), cfg.data.train_batch_size * cfg.rollout.n)
+    if reward_kl is not None:  # KL in the reward: the controller adapts its coefficient to the measured KL
+        run.kl_ctrl.update(float(reward_kl), cfg.data.train_batch_size * cfg.rollout.n)
     return metrics
-
-
-def offload_during(run: Run, offload: bool) -> None:
-    """Free training memory (optimizer states, grad buffers) for the rollout when configured (GPU only)."""
-    if run.cfg.trainer.offload_during_rollout and torch.cuda.is_available():
-        for state in run.roles.trainable().values():
-            offload_for_rollout(state) if offload else reload_after_rollout(state, run.ctx.device)
 
 
 def out_of_time(cfg, started: float) -> bool:
@@ -77,6 +57,7 @@ def out_of_time(cfg, started: float) -> bool:
 def train(cfg) -> Run:
     started = time.perf_counter()
     run = start_run(cfg)
+    run.losses = phases.build_loss_fns(cfg, run.ctx, run.roles, update_loss=actor_loss)  # bound once
     t = cfg.trainer
     try:
         if t.val_before_train and run.val_sampler is not None:

@@ -25,7 +25,24 @@ from rlhf_mcore.algorithms.stats import group_inverse, group_mean_std, group_sum
 from rlhf_mcore.algorithms.stats import sequence_scores as _scores
 from rlhf_mcore.registry import Registry
 
-ADVANTAGES: Registry = Registry("advantage estimator (algorithm.adv_estimator)")
+
+@dataclass(frozen=True, slots=True)
+class AdvantageNeeds:
+    """What an estimator needs besides rewards and the mask, declared where it registers
+    (`@ADVANTAGES.register(name, groups=True)`); roles, validation and the trainer ask `estimator_needs`."""
+
+    critic: bool = False  # critic values: a critic is built and trained
+    groups: bool = False  # compares the samples of one prompt: rollout.n >= 2
+    greedy_baseline: bool = False  # the reward of one greedy rollout per prompt, generated each step
+    sum_pi_squared: bool = False  # the old policy's log-probs and sum_v pi(v)^2 (an old-log-prob pass)
+
+
+ADVANTAGES: Registry = Registry("advantage estimator (algorithm.adv_estimator)", traits=AdvantageNeeds)
+
+
+def estimator_needs(name: str) -> AdvantageNeeds:
+    """What estimator `name` declared at registration (raises, listing the names, when unknown)."""
+    return ADVANTAGES.traits(name)
 
 
 @dataclass(kw_only=True, slots=True)
@@ -126,7 +143,7 @@ def gae_advantages(rewards: Tensor, values: Tensor, mask: Tensor, gamma: float, 
     return torch.where(valid, torch.stack(out[::-1], dim=1), torch.zeros_like(rewards))
 
 
-@ADVANTAGES.register("gae")
+@ADVANTAGES.register("gae", critic=True)
 @torch.no_grad()
 def compute_gae(inp: AdvantageInputs) -> tuple[Tensor, Tensor]:
     """GAE(gamma, lambda), Schulman et al. 2016 (arXiv 1506.02438) Eq. 16; PPO (arXiv 1707.06347) Eq. 11-12.
@@ -143,7 +160,7 @@ def compute_gae(inp: AdvantageInputs) -> tuple[Tensor, Tensor]:
     return adv, returns
 
 
-@ADVANTAGES.register("grpo")
+@ADVANTAGES.register("grpo", groups=True)
 @torch.no_grad()
 def compute_grpo(inp: AdvantageInputs) -> tuple[Tensor, Tensor]:
     """GRPO outcome supervision, DeepSeekMath (arXiv 2402.03300) Sec. 4.1.2: A_i = (r_i - mean(r)) / std(r).
@@ -162,7 +179,7 @@ def compute_grpo(inp: AdvantageInputs) -> tuple[Tensor, Tensor]:
     return adv, adv
 
 
-@ADVANTAGES.register("rloo")
+@ADVANTAGES.register("rloo", groups=True)
 @torch.no_grad()
 def compute_rloo(inp: AdvantageInputs) -> tuple[Tensor, Tensor]:
     """RLOO, Ahmadian et al. 2024 (arXiv 2402.14740), the leave-one-out estimator of Kool et al. 2019:
@@ -196,7 +213,7 @@ def compute_reinforce_plus_plus(inp: AdvantageInputs) -> tuple[Tensor, Tensor]:
     return masked_whiten(returns, inp.response_mask), returns
 
 
-@ADVANTAGES.register("reinforce_plus_plus_baseline")
+@ADVANTAGES.register("reinforce_plus_plus_baseline", groups=True)
 @torch.no_grad()
 def compute_reinforce_plus_plus_baseline(inp: AdvantageInputs) -> tuple[Tensor, Tensor]:
     """REINFORCE++-baseline, Hu 2025 (arXiv 2501.03262): A_i = r_i - mean_group(r), broadcast to tokens, then
@@ -209,7 +226,7 @@ def compute_reinforce_plus_plus_baseline(inp: AdvantageInputs) -> tuple[Tensor, 
     return adv, adv
 
 
-@ADVANTAGES.register("remax")
+@ADVANTAGES.register("remax", greedy_baseline=True)
 @torch.no_grad()
 def compute_remax(inp: AdvantageInputs) -> tuple[Tensor, Tensor]:
     """ReMax, Li et al. 2023 (arXiv 2310.10505), the ReMax gradient estimator with the greedy baseline:
@@ -221,7 +238,7 @@ def compute_remax(inp: AdvantageInputs) -> tuple[Tensor, Tensor]:
     return returns - _broadcast(baseline, inp.response_mask), returns
 
 
-@ADVANTAGES.register("gpg")
+@ADVANTAGES.register("gpg", groups=True)
 @torch.no_grad()
 def compute_gpg(inp: AdvantageInputs) -> tuple[Tensor, Tensor]:
     """GPG, Chu et al. 2025 (arXiv 2504.02546), the corrected advantage:
@@ -240,7 +257,7 @@ def compute_gpg(inp: AdvantageInputs) -> tuple[Tensor, Tensor]:
     return adv, adv
 
 
-@ADVANTAGES.register("opo")
+@ADVANTAGES.register("opo", groups=True)
 @torch.no_grad()
 def compute_opo(inp: AdvantageInputs) -> tuple[Tensor, Tensor]:
     """OPO, Hao et al. 2025 (arXiv 2505.23585), the optimal baseline b = sum_i l_i r_i / sum_i l_i over the
@@ -258,7 +275,7 @@ def compute_opo(inp: AdvantageInputs) -> tuple[Tensor, Tensor]:
     return adv, adv
 
 
-@ADVANTAGES.register("grpo_passk")
+@ADVANTAGES.register("grpo_passk", groups=True)
 @torch.no_grad()
 def compute_grpo_passk(inp: AdvantageInputs) -> tuple[Tensor, Tensor]:
     """Pass@k GRPO, Tang et al. 2025 (arXiv 2503.19595), leave-one-out pass@k (max-reward) estimator: only the

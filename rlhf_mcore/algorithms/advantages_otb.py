@@ -66,7 +66,7 @@ def _otb(returns: Tensor, weight: Tensor, valid: Tensor, group_index: Tensor, ha
     return torch.where(valid, returns - baseline, torch.zeros_like(returns))
 
 
-@ADVANTAGES.register("optimal_token_baseline")
+@ADVANTAGES.register("optimal_token_baseline", groups=True, sum_pi_squared=True)
 @torch.no_grad()
 def compute_optimal_token_baseline(inp: AdvantageInputs) -> tuple[Tensor, Tensor]:
     """OTB (see the module docstring) with B_t aligned by position t in the response. returns = G.
@@ -87,7 +87,7 @@ def _compact(x: Tensor, valid: Tensor, rank: Tensor) -> Tensor:
     return out[:, :width]
 
 
-@ADVANTAGES.register("tir_optimal_token_baseline")
+@ADVANTAGES.register("tir_optimal_token_baseline", groups=True, sum_pi_squared=True)
 @torch.no_grad()
 def compute_tir_optimal_token_baseline(inp: AdvantageInputs) -> tuple[Tensor, Tensor]:
     """Multi-turn (tool-integrated) OTB: as `optimal_token_baseline`, but B is aligned by the index of the

@@ -53,7 +53,7 @@ def _seq_mean_token_sum(loss: Tensor, mask: Tensor, **_) -> tuple[Tensor, Tensor
     return masked_sum(loss, mask), _num_seqs(mask)
 
 
-@LOSS_AGG_MODES.register("seq-mean-all-rows")
+@LOSS_AGG_MODES.register("seq-mean-all-rows", hidden=True)  # internal: geo_mean's mode (agg_mode_for)
 def _seq_mean_all_rows(loss: Tensor, mask: Tensor, **_) -> tuple[Tensor, Tensor]:
     per_seq = masked_sum(loss, mask, -1) / masked_count(mask, -1).clamp(min=1).to(loss.dtype)  # [B]
     return per_seq.sum(), torch.tensor(mask.shape[0], dtype=torch.int64, device=mask.device)

@@ -21,6 +21,7 @@ import torch
 import torch.distributed as dist
 
 from rlhf_mcore.models.hf_io import copy_aux_files, read_hf_config, write_config
+from rlhf_mcore.models.roles import ROLES
 
 log = logging.getLogger(__name__)
 
@@ -37,6 +38,12 @@ def build_for_conversion(hf_config: dict, role: str, ctx, dtype: str, source: st
     model_cfg = ModelConfig(dtype=dtype, attention_backend="sdpa")
     parallel_cfg = ParallelConfig(tp=ctx.dims.tp, pp=ctx.dims.pp)
     return build_model(role, hf_config, model_cfg, parallel_cfg, ctx, source=source)
+
+
+def _fresh_head(model) -> bool:
+    """The model's role may start without its head (a critic from an LM): the head keeps its init."""
+    spec = ROLES.get(getattr(model, "role", ""))
+    return spec is not None and spec.fresh_head
 
 
 def _global_key(model, key: str) -> str:
@@ -78,7 +85,7 @@ def load_full_state_dict(model, full_sd: dict[str, torch.Tensor], tp_rank: int, 
         if full_key not in full_sd and tied and full_key == "output_layer.weight":
             full_key = "embedding.word_embeddings.weight"  # last stage's copy of the tied embedding
         if full_key not in full_sd:
-            if full_key == "output_layer.weight" and getattr(model, "role", "") == "critic":
+            if full_key == "output_layer.weight" and _fresh_head(model):
                 continue  # value head not in the source: keep its initialisation
             raise ValueError(f"{source}: missing tensor '{full_key}' for model parameter '{key}'.")
         part = _tp_slice(full_sd[full_key], param, key, tp_rank, tp_size)

@@ -9,12 +9,14 @@ from pathlib import Path
 
 from rlhf_mcore.checkpoint.keys import OPTIMIZER_PREFIX, apply_model_state, check_keys, drop_keys
 from rlhf_mcore.checkpoint.layout import META_FILE, CheckpointError
+from rlhf_mcore.models.roles import ROLES
 
 log = logging.getLogger(__name__)
 
 # The output layer: the LM head [V, h] of actor/ref checkpoints, the value/score head [1, h] of critic/reward.
 HEAD_KEYS = ("output_layer.weight",)
-_ROLE_DEFAULTS = {"critic": HEAD_KEYS}  # a critic may start from an actor (LM) checkpoint: fresh value head
+# a role with a fresh head (the critic) may start from an actor (LM) checkpoint: its head keeps its init
+_ROLE_DEFAULTS = {name: HEAD_KEYS for name, spec in ROLES.items() if spec.fresh_head}
 
 
 def _check_dir(path: Path) -> None:

@@ -15,10 +15,10 @@ from rlhf_mcore.models.heads import HiddenStatesHead, ScalarHead
 from rlhf_mcore.models.init import init_output_weight
 from rlhf_mcore.models.layer_spec import block_spec, choose_layer_spec
 from rlhf_mcore.models.packed import enable_position_rope
+from rlhf_mcore.models.roles import role_spec
 from rlhf_mcore.models.transformer_config import padded_vocab_size, rope_theta, to_transformer_config
 
 log = logging.getLogger(__name__)
-ROLES = ("actor", "ref", "critic", "reward")
 EMBEDDING_SEED = 31337
 _logged_backend: set[str] = set()
 
@@ -27,15 +27,14 @@ def build_model(role: str, hf: dict, model_cfg, parallel_cfg, ctx, source: str =
     """One GPTModel chunk for this rank's pipeline stage, on ctx.device, not yet wrapped for DDP."""
     from megatron.core.models.gpt import GPTModel
 
-    if role not in ROLES:
-        raise ValueError(f"unknown model role {role!r}. Available: {', '.join(ROLES)}.")
+    spec = role_spec(role)
     tc = to_transformer_config(hf, model_cfg, parallel_cfg, source)
     layer_spec, backend = choose_layer_spec(model_cfg.attention_backend)
     if backend not in _logged_backend:
         log.info("layer spec: %s (attention backend %s)", "transformer-engine" if backend == "te"
                  else "megatron local", backend)
         _logged_backend.add(backend)
-    lm_head = role in ("actor", "ref")
+    lm_head = spec.lm_head
     tied = lm_head and bool(hf.get("tie_word_embeddings", False))
     torch.manual_seed(EMBEDDING_SEED)  # the embedding is drawn first, identically at every layout
     model = GPTModel(
@@ -65,7 +64,7 @@ def build_model(role: str, hf: dict, model_cfg, parallel_cfg, ctx, source: str =
     if backend != "te":
         enable_position_rope(model)
     model.to(device=ctx.device, dtype=tc.params_dtype)  # norms are built in fp32; bf16 runs keep all in bf16
-    if role == "ref" or (role == "reward"):
+    if not spec.trainable:
         model.requires_grad_(False)
         model.eval()
     return model

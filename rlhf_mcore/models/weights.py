@@ -22,6 +22,7 @@ from typing import Iterator, Mapping
 import torch
 
 from rlhf_mcore.models.registry import ModelSpec, spec_for_hf_config
+from rlhf_mcore.models.roles import ROLES, role_spec  # noqa: F401  (ROLES: the names, for callers)
 from rlhf_mcore.models.transformer_config import padded_vocab_size
 
 L, H = "decoder.layers.{i}.", "model.layers.{i}."
@@ -56,7 +57,6 @@ QWEN2_WEIGHTS = LLAMA_WEIGHTS + (
 LM_HEAD = WeightRule("output_layer.weight", ("lm_head.weight",), (("vocab", "h"),), "vocab")
 SCORE_HEAD = WeightRule("output_layer.weight", ("score.weight",), (("one", "h"),))
 
-ROLES = ("actor", "ref", "critic", "reward")
 IGNORED_HF_SUFFIXES = ("rotary_emb.inv_freq",)  # buffers some older checkpoints saved
 
 
@@ -94,8 +94,7 @@ def model_dims(hf_config: dict, source: str) -> dict[str, int]:
 
 def rules_for(hf_config: dict, role: str, source: str) -> list[WeightRule]:
     """The family table with layer indices filled in, plus the head of `role`."""
-    if role not in ROLES:
-        raise ValueError(f"unknown model role '{role}'. Available: {', '.join(ROLES)}.")
+    lm_head = role_spec(role).lm_head
     spec = spec_for_hf_config(hf_config, source)
     if spec.name == "llama" and hf_config.get("attention_bias"):
         raise ValueError(f"{source}: config field 'attention_bias'=true is not supported for llama "
@@ -106,7 +105,7 @@ def rules_for(hf_config: dict, role: str, source: str) -> list[WeightRule]:
         for i in indices:
             rules.append(dataclasses.replace(rule, mcore=rule.mcore.format(i=i),
                                              hf=tuple(k.format(i=i) for k in rule.hf)))
-    if role in ("critic", "reward"):
+    if not lm_head:
         rules.append(SCORE_HEAD)
     elif not hf_config.get("tie_word_embeddings", False):
         rules.append(LM_HEAD)
@@ -182,18 +181,18 @@ def hf_to_mcore(hf_sd: Mapping[str, torch.Tensor], hf_config: dict, *, role: str
         if only is not None and rule.mcore not in only:
             used.update(rule.hf)
             continue
-        if rule is SCORE_HEAD and "score.weight" not in hf_sd and role == "critic":
+        if rule is SCORE_HEAD and "score.weight" not in hf_sd and role_spec(role).fresh_head:
             continue  # critic from a causal LM: the value head keeps its initialisation
         tensors = [_take(hf_sd, key, _shape(symbols, dims), rule.mcore, source)
                    for key, symbols in zip(rule.hf, rule.shapes)]
         out[rule.mcore] = _join(rule, tensors, dims, divisible_by)
         used.update(rule.hf)
-    if hf_config.get("tie_word_embeddings") and "lm_head.weight" in hf_sd and role in ("actor", "ref"):
+    if hf_config.get("tie_word_embeddings") and "lm_head.weight" in hf_sd and role_spec(role).lm_head:
         if not torch.equal(hf_sd["lm_head.weight"], hf_sd["model.embed_tokens.weight"]):
             raise ValueError(f"{source}: tie_word_embeddings is true but tensor 'lm_head.weight' differs "
                              "from 'model.embed_tokens.weight'. Set tie_word_embeddings=false.")
         used.add("lm_head.weight")
-    if role in ("critic", "reward"):
+    if not role_spec(role).lm_head:
         used.add("lm_head.weight")  # a causal LM's vocabulary head has no place in a scalar-head model
     _check_leftovers(set(hf_sd) - used, source, "HF")
     return out
@@ -213,7 +212,7 @@ def iter_mcore_to_hf(mcore_sd: dict[str, torch.Tensor], hf_config: dict, *, role
     dims = model_dims(hf_config, source)
     rules = rules_for(hf_config, role, source)
     leftovers = set(mcore_sd) - {r.mcore for r in rules}
-    if hf_config.get("tie_word_embeddings") and role in ("actor", "ref"):
+    if hf_config.get("tie_word_embeddings") and role_spec(role).lm_head:
         leftovers.discard("output_layer.weight")  # a last pipeline stage's copy of the tied embedding
     _check_leftovers(leftovers, source, "megatron")
     for rule in rules:

@@ -19,6 +19,10 @@ The contract of `generate` (what the trainer relies on):
 Memory: `release_memory()` frees what the engine holds between rollouts (KV cache; weights too, for an
 engine that keeps its own copy) so training can use it; `resume_memory()` must be called before the next
 `generate`. `update_weights(actor_model)` makes the next `generate` use the actor's current weights.
+`shutdown()` stops whatever the engine started (server processes); the run calls it once, at the end.
+
+Layouts: `layout_errors(parallel)` (a static method, asked by config validation before anything is built)
+returns one error string per training layout setting the engine cannot serve, [] when it can.
 """
 from __future__ import annotations
 
@@ -45,6 +49,15 @@ class RolloutEngine(Protocol):
 
     def resume_memory(self) -> None:
         """Undo release_memory(); required before the next generate()."""
+        ...
+
+    def shutdown(self) -> None:
+        """Stop what the engine started (a no-op for an in-process engine)."""
+        ...
+
+    @staticmethod
+    def layout_errors(parallel) -> list[str]:
+        """Config errors for the `parallel` section settings this engine cannot roll out with ([] = fine)."""
         ...
 
 

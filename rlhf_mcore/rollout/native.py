@@ -148,6 +148,16 @@ class NativeRolloutEngine:
         """Allow generate() again; the KV cache is reallocated by the attention layers at the next prefill."""
         self._released = False
 
+    def shutdown(self) -> None:
+        """Nothing to stop: the engine runs in this process on the actor's modules."""
+
+    @staticmethod
+    def layout_errors(parallel) -> list[str]:
+        if parallel.sequence_parallel:
+            return ["parallel.sequence_parallel: the native rollout engine cannot decode with it (got true). Set it "
+                    "to false; tools/check_layouts.py --sequence-parallel checks training with it."]
+        return []
+
     # ---- decoding ------------------------------------------------------------------------------------
     def _context(self, batch_size: int, sequence_length: int):
         if kv_cache.fits(self._kv, batch_size, sequence_length):

@@ -42,9 +42,9 @@ def check_supported(ctx) -> None:
     except ImportError as e:
         raise ValueError(f"rollout.engine: sglang is not importable ({e}). Install the gpu extra "
                          "(pip install 'rlhf-mcore[gpu]') or use rollout.engine=native.") from None
-    if ctx.dims.tp != 1 or ctx.dims.pp != 1:
-        raise ValueError(f"rollout.engine: sglang runs one engine per GPU and needs parallel.tp=1 and parallel.pp=1 "
-                         f"(got tp={ctx.dims.tp}, pp={ctx.dims.pp}). Use rollout.engine=native for TP/PP layouts.")
+    errors = SGLangRolloutEngine.layout_errors(ctx.dims)
+    if errors:
+        raise ValueError(errors[0])
 
 
 def actor_hf_state(actor, hf_cfg: dict) -> dict[str, torch.Tensor]:
@@ -214,3 +214,11 @@ class SGLangRolloutEngine:
 
     def shutdown(self) -> None:
         self.engine.shutdown()
+
+    @staticmethod
+    def layout_errors(parallel) -> list[str]:
+        """`parallel`: the config section or the run's ParallelDims (both have tp and pp)."""
+        if parallel.tp > 1 or parallel.pp > 1:
+            return [f"rollout.engine: sglang runs one engine per GPU and needs parallel.tp=1 and parallel.pp=1 "
+                    f"(got tp={parallel.tp}, pp={parallel.pp}). Use rollout.engine=native for TP/PP layouts."]
+        return []

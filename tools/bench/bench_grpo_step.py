@@ -206,8 +206,7 @@ def bench(args) -> dict:
     if args.profile:
         profile_step(run, args.warmup + args.steps, args.profile)
     result = summarize(args, cfg, run, steps, standalone_rollout(run, args))
-    if hasattr(run.engine, "shutdown"):
-        run.engine.shutdown()
+    run.engine.shutdown()
     return result
 
 
