@@ -7,7 +7,6 @@ import sys
 
 import pytest
 
-import rlhf_mcore.phases as phases
 import rlhf_mcore.trainer as trainer_mod
 from rlhf_mcore.checkpoint import list_checkpoints
 from rlhf_mcore.checkpoint.verify import checkpoint_problems
@@ -22,21 +21,19 @@ SMALL = ("data.train_batch_size=2", "rollout.max_response_length=8", "data.val_f
 
 def test_nan_loss_skips_updates_keeps_checkpoints_and_stops(tmp_path, monkeypatch, mcore_ctx):
     seen = {"run": None, "step": 0, "weights": {}}
-    real_step, real_loss = trainer_mod.train_step, phases.actor_loss
+    real_step, real_loss = trainer_mod.train_step, trainer_mod.actor_loss
 
     def step(run, index):  # index: 0-based step about to run
         seen["run"], seen["step"] = run, index + 1
         seen["weights"][index] = snapshot(run.roles.actor.module)  # the weights after step `index`
         return real_step(run, index)
 
-    def nan_loss(mb, output, non_loss_data=False, **kwargs):
-        if non_loss_data:  # forward-only passes (old/ref log-probs) stay finite
-            return real_loss(mb, output, non_loss_data, **kwargs)
-        loss_sum, count, report = real_loss(mb, output, **kwargs)
+    def nan_loss(*args, **kwargs):
+        loss_sum, count, report = real_loss(*args, **kwargs)
         return (loss_sum * math.nan if seen["step"] >= NAN_FROM_STEP else loss_sum), count, report
 
     monkeypatch.setattr(trainer_mod, "train_step", step)
-    monkeypatch.setattr(phases, "actor_loss", nan_loss)  # phases.actor_loss_fn binds the actor's loss
+    monkeypatch.setattr(trainer_mod, "actor_loss", nan_loss)
     cfg = tiny_cfg(tmp_path, "trainer.total_steps=8", "trainer.save_freq=1", "trainer.max_checkpoints_to_keep=2",
                    "trainer.max_bad_steps=2", *SMALL)
     want = (r"stopped at step 4: 2 steps in a row had a non-finite loss or grad norm.*trainer.max_bad_steps=2\); the "
