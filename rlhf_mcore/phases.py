@@ -190,6 +190,15 @@ def balance_dp(batch: StepBatch, cfg, ctx, rows_per_mini: list[int]) -> StepBatc
     return batch.replace(**take(full, torch.tensor(mine, device=batch.tokens.device)))
 
 
+def mean_over_dp(mean: torch.Tensor, num_rows: int, ctx) -> torch.Tensor:
+    """The global-batch mean of a per-rank mean over `num_rows` rows (no host sync)."""
+    if ctx.dims.dp == 1:
+        return mean
+    total = torch.stack([mean.float() * num_rows, torch.tensor(float(num_rows), device=mean.device)])
+    dist.all_reduce(total, group=ctx.pgs.dp)
+    return total[0] / total[1]
+
+
 def compute_advantages(batch: StepBatch, cfg, kl_coef: float, ctx) -> tuple[StepBatch, dict, torch.Tensor | None]:
     """Token rewards (with the KL penalty when it goes in the reward) and advantages, computed on the
     whole global batch (gathered over DP) so whitening and group statistics never depend on the layout.
@@ -200,7 +209,7 @@ def compute_advantages(batch: StepBatch, cfg, kl_coef: float, ctx) -> tuple[Step
         rewards, kl_metrics = apply_kl_penalty(rewards, batch.old_logp, batch.ref_logp, batch.response_mask,
                                                kl_coef, cfg.algorithm.kl_penalty)
         metrics.update({f"actor/reward_{k}": v for k, v in kl_metrics.items()})
-        reward_kl = kl_metrics["kl"]
+        reward_kl = mean_over_dp(kl_metrics["kl"], batch.num_rows, ctx)  # every rank's controller sees one value
     full = {k: gather_dp(v, ctx) for k, v in (("rewards", rewards), ("mask", batch.response_mask),
                                               ("group", batch.group_index))}
     wanted = ("values", "baseline_rewards") + (("old_logp", "sum_pi_squared", "is_weights")
