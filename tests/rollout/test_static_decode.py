@@ -33,12 +33,33 @@ def test_cpu_falls_back_to_eager_and_says_why(mcore_ctx, caplog):
     assert "CUDA graphs unavailable (no CUDA device" in caplog.text
 
 
+def test_compile_failure_falls_back_to_eager_and_says_so(mcore_ctx, caplog):
+    """A compiler error at the first decode step: the log says so and the tokens are the eager ones."""
+    def broken(graph_module, example_inputs):
+        raise RuntimeError("no compiler here")
+
+    cfg = tiny_model_config(num_layers=2)
+    actor = build_model("actor", load_hf_config(cfg.model), cfg.model, cfg.parallel, mcore_ctx)
+    engines = [NativeRolloutEngine(actor, mcore_ctx, pad_id=0) for _ in range(2)]
+    for engine, backend in zip(engines, (broken, None)):
+        engine.static = StaticDecoder(engine.model, lambda: lm_output_weight(actor), use_graphs=False,
+                                      compile_backend=backend)
+    params = SamplingParams(n=2, max_new_tokens=6, temperature=0.0)
+    with caplog.at_level(logging.WARNING):
+        got = engines[0].generate([[3, 4, 5], [7, 8]], params)
+    assert "torch.compile" in caplog.text and "decoding with the eager functions" in caplog.text
+    assert engines[0].static.fns.backend is None
+    want = engines[1].generate([[3, 4, 5], [7, 8]], params)
+    assert torch.equal(got.tokens, want.tokens) and torch.equal(got.rollout_logprobs, want.rollout_logprobs)
+
+
 def _engines(ctx, dtype: str):
     cfg = tiny_model_config(hidden_size=128, ffn_hidden_size=256, num_layers=3, vocab_size=1000, dtype=dtype)
     actor = build_model("actor", load_hf_config(cfg.model), cfg.model, cfg.parallel, ctx)
     graphed = NativeRolloutEngine(actor, ctx, pad_id=0, cuda_graphs=True)
     eager_static = NativeRolloutEngine(actor, ctx, pad_id=0, cuda_graphs=True)
-    eager_static.static = StaticDecoder(actor, lambda: lm_output_weight(actor), use_graphs=False)
+    eager_static.static = StaticDecoder(actor, lambda: lm_output_weight(actor), use_graphs=False,
+                                        compile_backend=graphed.static.fns.backend)  # the same (compiled) step
     megatron = NativeRolloutEngine(actor, ctx, pad_id=0, cuda_graphs=False)
     return graphed, eager_static, megatron
 
