@@ -31,9 +31,9 @@ if [[ $PART == part1 ]]; then
   bench native --engine native --out "$OUT" --profile "$OUT/profile_native.txt" \
       --profile-rollout "$OUT/profile_rollout_native.txt"
   if [[ $VARIANTS == 1 ]]; then
-    bench native_eager_decode_unfused_swiglu --engine native --compile-decode 0 --swiglu-fusion 0 --steps 2 \
+    bench native_eager_decode_unfused_swiglu --engine native --compile-decode 0 --swiglu-fusion 0 --steps 1 \
         --standalone 0 --out "$OUT/variants/eager"
-    bench native_micro_batch_64 --engine native --micro-batch 64 --steps 2 --standalone 0 --out "$OUT/variants/mb64"
+    bench native_micro_batch_64 --engine native --micro-batch 64 --steps 1 --standalone 0 --out "$OUT/variants/mb64"
   fi
   echo "=== TRL ($(date +%T))"
   PYTHONPATH=/tmp/trlsite timeout 300 python3 tools/bench/bench_trl_grpo.py --out "$OUT" 2>&1 | tr '\r' '\n' \
