@@ -293,13 +293,16 @@ class StaticDecoder:
         try:
             self.decode_step(b, params, stop_ids)
         except Exception as err:  # noqa: BLE001 (any compiler error: the eager pieces compute the same)
-            if self.fns.backend is None:
-                raise
-            log.warning("native rollout: torch.compile (%s) of the decode step failed (%s: %s); decoding with "
-                        "the eager functions", self.fns.backend, type(err).__name__, str(err).splitlines()[0][:200])
-            self.fns = DecodeFns.build(None)
-            self.graphs.clear()
+            self._fall_back(err, "compile")
             self.decode_step(b, params, stop_ids)
+
+    def _fall_back(self, err: Exception, where: str) -> None:
+        if self.fns.backend is None:
+            raise err
+        log.warning("native rollout: torch.compile (%s) of the decode step failed at %s (%s: %s); decoding with "
+                    "the eager functions", self.fns.backend, where, type(err).__name__, str(err).splitlines()[0][:200])
+        self.fns = DecodeFns.build(None)
+        self.graphs.clear()
 
     def step(self, b: int, params, stop_ids) -> None:
         """One decode step over slots [:b] (a bucket): a graph replay when graphs are on, else eager."""
@@ -313,10 +316,26 @@ class StaticDecoder:
 
     def _capture(self, b: int, params, stop_ids):
         """Warm up on a side stream, then capture decode_step for bucket b. The decode state and the CUDA
-        RNG state are restored afterwards, so a call that captures samples exactly what a replay would."""
+        RNG state are restored afterwards, so a call that captures samples exactly what a replay would.
+        A capture that fails with compiled pieces is retried with the eager ones (logged)."""
         st = self.state
         saved = {f.name: getattr(st, f.name).clone() for f in dataclasses.fields(st) if f.name not in ("k", "v")}
         rng = torch.cuda.get_rng_state()
+
+        def restore():  # capture ran nothing; the warm-up did: undo it (its draws advanced the generator too)
+            for name, value in saved.items():
+                getattr(st, name).copy_(value)
+            torch.cuda.set_rng_state(rng)
+        try:
+            graph = self._warm_up_and_capture(b, params, stop_ids)
+        except Exception as err:  # noqa: BLE001
+            self._fall_back(err, "CUDA-graph capture")
+            restore()
+            graph = self._warm_up_and_capture(b, params, stop_ids)
+        restore()
+        return graph
+
+    def _warm_up_and_capture(self, b: int, params, stop_ids):
         side = torch.cuda.Stream()
         side.wait_stream(torch.cuda.current_stream())
         with torch.cuda.stream(side):
@@ -326,9 +345,6 @@ class StaticDecoder:
         graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(graph, pool=self.pool):
             self.decode_step(b, params, stop_ids)
-        for name, value in saved.items():  # capture ran nothing; the warm-up did: undo it
-            getattr(st, name).copy_(value)
-        torch.cuda.set_rng_state(rng)  # the warm-up's draws advanced the generator
         return graph
 
 
