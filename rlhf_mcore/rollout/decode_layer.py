@@ -105,15 +105,27 @@ def attention_out_mlp(attn: torch.Tensor, residual: torch.Tensor, w: LayerWeight
     return hidden + torch.matmul(F.silu(gate) * up, w.fc2.t())
 
 
-def decode_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, allowed: torch.Tensor,
+def decode_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bias: torch.Tensor,
                      scale: float) -> torch.Tensor:
-    """One query per row over the cache. q [1, b, H, D], k/v [b, G, T, D], allowed [b, 1, 1, T] bool (True =
-    may attend) -> [1, b, H * D]. Head h uses key group h // (H / G) (megatron's group-major head order): the
-    rep = H / G query heads of a group are passed to SDPA as rep query positions against that group's keys,
-    so one fused kernel reads each cached key once. The mask stays bool: with an additive float mask torch
-    2.11 picks cuDNN attention here, 3.4x slower at 7 queries per group (62 vs ~18 us per layer, H200)."""
+    """One query per row over the cache. q [1, b, H, D], k/v [b, G, T, D], bias [b, 1, 1, T] additive
+    (0 = may attend, -inf = masked) -> [1, b, H * D]. Head h uses key group h // (H / G) (megatron's
+    group-major head order): the rep = H / G query heads of a group are passed to SDPA as rep query
+    positions against that group's keys, so one fused kernel reads each cached key once. torch 2.11 runs
+    this on cuDNN's flash kernel (with a bool mask too): ~63 us per layer at b 512, T 384 on an H200, about
+    2.5x the time to read the layer's cache once (tools/bench/RESULTS.md)."""
     _, b, heads, d = q.shape
     groups = k.size(1)
     qg = q[0].reshape(b, groups, heads // groups, d)  # [b, G, rep, D]
-    out = F.scaled_dot_product_attention(qg, k, v, attn_mask=allowed, scale=scale)
+    out = F.scaled_dot_product_attention(qg, k, v, attn_mask=bias, scale=scale)
     return out.reshape(1, b, heads * d)
+
+
+def attention_bias(allowed: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """allowed [b, T] bool -> [b, 1, 1, T] additive mask in dtype, built once per step for every layer
+    (what SDPA would build from a bool mask in each layer).
+
+    >>> attention_bias(torch.tensor([[True, False]]), torch.float32).flatten().tolist()
+    [0.0, -inf]
+    """
+    bias = torch.zeros(allowed.shape, dtype=dtype, device=allowed.device).masked_fill(~allowed, float("-inf"))
+    return bias[:, None, None, :]

@@ -8,8 +8,8 @@ It runs the actor's own parameters (embedding, norms, QKV / output projections, 
   falls back to the eager functions and says so in the log);
 - the cache holds rotated keys [L, B, G, T, D] at absolute slots (RoPE of slot t, exactly what the eager
   engine and megatron apply), written with `index_copy_` at a device-resident position;
-- a decode query attends to every slot with a mask (slot <= position and not left padding, built once
-  per step) through SDPA, a key group's query heads passed as its query positions;
+- a decode query attends to every slot with an additive mask (slot <= position and not left padding,
+  built once per step) through SDPA, a key group's query heads passed as its query positions;
 - sampling, the log-prob and the stop-token test run inside the step too (`sampling.sample_plain`, one
   pass over the vocabulary, when there is no top-k / top-p; else `sampling.sample`), and its results are
   written into per-row response buffers at a device-resident column.
@@ -274,7 +274,7 @@ class StaticDecoder:
         st, f = self.state, self.fns
         slots = st.pos.view(1)
         allowed = st.key_valid[:b] & (torch.arange(st.key_valid.size(1), device=slots.device) <= st.pos)
-        allowed = allowed[:, None, None, :]  # [b, 1, 1, T], once for every layer
+        bias = fn.attention_bias(allowed, st.k.dtype)  # [b, 1, 1, T]
         cos, sin = self.cos.index_select(0, slots), self.sin.index_select(0, slots)  # [1, 1, 1, D]
         hidden = self.model.embedding(input_ids=st.tokens_in[:b].unsqueeze(1), position_ids=None)[0]  # [b, h]
         for i, w in enumerate(self.weights):
@@ -282,7 +282,7 @@ class StaticDecoder:
             q, k, v = f.attention_in(x, w, cos, sin, self.groups, self.head_dim, self.eps)
             st.k[i, :b].index_copy_(2, slots, k.permute(1, 2, 0, 3))
             st.v[i, :b].index_copy_(2, slots, v.permute(1, 2, 0, 3))
-            attn = fn.decode_attention(q, st.k[i, :b], st.v[i, :b], allowed, self.scale)  # [1, b, H * D]
+            attn = fn.decode_attention(q, st.k[i, :b], st.v[i, :b], bias, self.scale)  # [1, b, H * D]
             hidden = f.attention_out_mlp(attn, x, w, self.eps)[0]
         self.emit(self.model.decoder.final_layernorm(hidden), b, params, stop_ids, f.head)
         st.pos.add_(1)

@@ -69,11 +69,11 @@ def test_functional_layer_equals_megatron_modules_bitwise(qwen, dtype):
         assert torch.equal(fn.attention_out_mlp(attn, hidden, w, eps), want_out)
 
 
-def test_decode_attention_masks():
+def test_decode_attention_masks_by_additive_bias():
     g = torch.Generator().manual_seed(0)
     q, k, v = torch.randn(1, 2, 4, 8, generator=g), torch.randn(2, 2, 5, 8, generator=g), torch.randn(2, 2, 5, 8, generator=g)
     allowed = torch.tensor([[True, True, True, False, False], [False, True, True, True, True]])
-    out = fn.decode_attention(q, k, v, allowed[:, None, None, :], 0.3).view(2, 4, 8)
+    out = fn.decode_attention(q, k, v, fn.attention_bias(allowed, q.dtype), 0.3).view(2, 4, 8)
     for row in range(2):
         for head in range(4):
             keys = k[row, head // 2][allowed[row]]  # group-major: heads 0, 1 -> group 0
