@@ -71,7 +71,8 @@ def test_functional_layer_equals_megatron_modules_bitwise(qwen, dtype):
 
 def test_decode_attention_masks_by_additive_bias():
     g = torch.Generator().manual_seed(0)
-    q, k, v = torch.randn(1, 2, 4, 8, generator=g), torch.randn(2, 2, 5, 8, generator=g), torch.randn(2, 2, 5, 8, generator=g)
+    q = torch.randn(1, 2, 4, 8, generator=g)
+    k, v = torch.randn(2, 2, 5, 8, generator=g), torch.randn(2, 2, 5, 8, generator=g)
     allowed = torch.tensor([[True, True, True, False, False], [False, True, True, True, True]])
     out = fn.decode_attention(q, k, v, fn.attention_bias(allowed, q.dtype), 0.3).view(2, 4, 8)
     for row in range(2):
@@ -97,7 +98,8 @@ def test_compiled_pieces_trace_as_one_graph_each(qwen):
             assert torch.equal(a, b)
         attn = torch.randn(1, 4, 64)
         w = fn.layer_weights(model.decoder.layers[1])  # another layer: the same graph, other weights
-        assert torch.equal(compiled.attention_out_mlp(attn, hidden, w, 1e-6), eager.attention_out_mlp(attn, hidden, w, 1e-6))
+        got = compiled.attention_out_mlp(attn, hidden, w, 1e-6)
+        assert torch.equal(got, eager.attention_out_mlp(attn, hidden, w, 1e-6))
         weight = torch.randn(300, 64)
         t_c, lp_c = compiled.head(hidden[0], weight, 250, 0.0)
         t_e, lp_e = eager.head(hidden[0], weight, 250, 0.0)

@@ -55,7 +55,8 @@ def parse_args(argv=None):
     p.add_argument("--n", type=int, default=8)
     p.add_argument("--prompt-len", type=int, default=128)
     p.add_argument("--new-tokens", type=int, default=256)
-    p.add_argument("--micro-batch", type=int, default=64, help="actor.micro_batch_size_per_gpu (64: 46%% MFU, 32: 43%%)")
+    p.add_argument("--micro-batch", type=int, default=64,
+                   help="actor.micro_batch_size_per_gpu (64: 46%% MFU on an H200, 32: 43%%)")
     p.add_argument("--steps", type=int, default=3, help="timed steps (after --warmup)")
     p.add_argument("--warmup", type=int, default=1)
     p.add_argument("--attention-backend", default="triton", help="rollout.attention_backend (sglang)")

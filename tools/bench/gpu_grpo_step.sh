@@ -4,7 +4,12 @@
 #          native decoder, our GRPO step with rollout.engine=native (+ A/B variants), TRL's GRPOTrainer
 #   part2: carries SGLang wheel part 2: our GRPO step with rollout.engine=sglang (+ the fp32 LM head variant)
 # Results land in $OUT; combine them here with bench_grpo_step.py --combine.
-# Wheel folders (relative to the directory the script runs in): MCORE, SGL1, SGL2, TRL.
+# Wheel folders (relative to the directory the script runs in): MCORE, SGL1, SGL2, TRL. A call carries 64 MiB at
+# most, so when the code travels as a copy (a helper's worktree) move tokenizers, openai and pyzmq from SGLang's
+# part 1 to part 2, e.g. (2026-12-01, second session; megatron-core in w1/mcore, TRL wheels in w1/trl):
+#   run(carry=[".gpu-speed", ".gpu-speed-w1"]): cd .gpu-speed && MCORE=../.gpu-speed-w1/mcore SGL1=../.gpu-speed-w1 \
+#       TRL=../.gpu-speed-w1/trl bash tools/bench/gpu_grpo_step.sh part1
+#   run(carry=[".gpu-speed", ".gpu-speed-w2"]): cd .gpu-speed && SGL2=../.gpu-speed-w2 bash tools/bench/gpu_grpo_step.sh part2
 # TRL's wheels (the box has transformers and accelerate, not trl / datasets / dill / multiprocess), once, here:
 #   python3 -m pip download --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
 #     --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 \
@@ -20,7 +25,7 @@ VARIANTS=${VARIANTS:-1}  # part1: A/B runs (eager decode + unfused SwiGLU; micro
 export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1 NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1
 install() { local dir=$1; shift; python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target "$dir" "$@"; }
 bench() { local name=$1; shift; echo "=== $name ($(date +%T))"
-  timeout 300 python3 tools/bench/bench_grpo_step.py "$@" 2>&1 | grep -v "rollout:" | tee "$OUT/$name.log" | tail -8; }
+  timeout 300 python3 tools/bench/bench_grpo_step.py "$@" 2>&1 | grep -Ev "rollout: +[0-9]+%" | tee "$OUT/$name.log" | tail -8; }
 if [[ $PART == part1 ]]; then
   mkdir -p /tmp/site /tmp/trlsite
   install /tmp/site "$MCORE"/megatron_core*.whl "$SGL1"/*.whl || exit 3
