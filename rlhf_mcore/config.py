@@ -147,11 +147,13 @@ class RolloutConfig:
     micro_batch_size: int = 0  # sequences decoded together per rank (0 = all)
     cuda_graphs: bool = True  # native: CUDA-graphed decode at tp=pp=1 on a GPU (else eager, logged)
     keep_graphs: bool = True  # native: keep the static KV cache and graphs between steps (false frees them)
+    compile_decode: bool = True  # native: torch.compile the graphed decode step (a compile error falls back, logged)
     gpu_memory_utilization: float = 0.5  # sglang: fraction of GPU memory for weights + KV cache
     attention_backend: str = "triton"  # sglang: triton | flashinfer
     cuda_graph_max_bs: int = 0  # sglang: largest decode batch with a CUDA graph (0 = the per-rank rollout batch)
     weight_bucket_mb: int = 512  # sglang: weight refresh in buckets of this many MiB
     compile_cache_dir: str = ""  # sglang: JIT caches (tvm-ffi, Triton, flashinfer) here ("" = their defaults)
+    fp32_lm_head: bool = False  # sglang: logits from an fp32 LM head (closer to the trainer's; slower decode)
 
     def _checks(self, p: str) -> list[str]:
         errs = positive(f"{p}.n", self.n) + positive(f"{p}.max_response_length", self.max_response_length)

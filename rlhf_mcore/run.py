@@ -275,7 +275,8 @@ def engine_kwargs(cfg, roles: Roles, tokenizer, ctx) -> dict:
     kwargs = dict(model=roles.actor.model[0], ctx=ctx, pad_id=tokenizer.pad_id, decode=tokenizer.decode)
     if cfg.rollout.engine == "native":
         r = cfg.rollout
-        kwargs.update(micro_batch_size=r.micro_batch_size, cuda_graphs=r.cuda_graphs, keep_graphs=r.keep_graphs)
+        kwargs.update(micro_batch_size=r.micro_batch_size, cuda_graphs=r.cuda_graphs, keep_graphs=r.keep_graphs,
+                      compile_decode=r.compile_decode)
     else:
         kwargs["cfg"] = cfg
     return kwargs

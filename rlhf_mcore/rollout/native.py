@@ -77,7 +77,7 @@ class NativeRolloutEngine:
     """generate() with the actor's megatron modules; see `rlhf_mcore.rollout.base` for the contract."""
 
     def __init__(self, model, ctx, pad_id: int, decode: Optional[Decode] = None, micro_batch_size: int = 0,
-                 cuda_graphs: bool = True, keep_graphs: bool = True):
+                 cuda_graphs: bool = True, keep_graphs: bool = True, compile_decode: bool = True):
         self.model = unwrap_model(model)
         if getattr(self.model.config, "sequence_parallel", False):
             raise ValueError("parallel.sequence_parallel: the native rollout engine cannot decode with sequence "
@@ -91,9 +91,9 @@ class NativeRolloutEngine:
         self._kv = None  # StaticInferenceContext, kept between calls while it is large enough
         self._released = False
         self.keep_graphs = keep_graphs  # release_memory() keeps the static cache and graphs
-        self.static = self._static_decoder(cuda_graphs)
+        self.static = self._static_decoder(cuda_graphs, compile_decode)
 
-    def _static_decoder(self, cuda_graphs: bool) -> Optional[StaticDecoder]:
+    def _static_decoder(self, cuda_graphs: bool, compile_decode: bool) -> Optional[StaticDecoder]:
         if not cuda_graphs:
             log.info("native rollout: CUDA graphs off (rollout.cuda_graphs=false); decoding eagerly")
             return None
@@ -105,8 +105,10 @@ class NativeRolloutEngine:
             return None
         from rlhf_mcore.models.build import lm_output_weight
 
-        log.info("native rollout: CUDA-graphed decode (static KV cache, graphs per batch-size bucket)")
-        return StaticDecoder(self.model, lambda: lm_output_weight(self.model), use_graphs=True)
+        log.info("native rollout: CUDA-graphed decode (static KV cache, graphs per batch-size bucket%s)",
+                 ", torch.compile'd step" if compile_decode else "")
+        return StaticDecoder(self.model, lambda: lm_output_weight(self.model), use_graphs=True,
+                             compile_backend="inductor" if compile_decode else None)
 
     # ---- the RolloutEngine protocol ------------------------------------------------------------------
     def generate(self, prompts: list[list[int]], params: SamplingParams, show_progress: bool = False) -> RolloutBatch:

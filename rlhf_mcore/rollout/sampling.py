@@ -112,6 +112,33 @@ def sample(
     return tokens, token_logprobs(logits, tokens, temperature)
 
 
+def gumbel_argmax(scaled: torch.Tensor, uniform: torch.Tensor) -> torch.Tensor:
+    """Gumbel-max: argmax_i scaled_i - log(-log u_i), u ~ U[0, 1), picks id i with probability
+    softmax(scaled)_i. It is `draw`'s exponential race on the log scale (-log u ~ Exp(1)), so it needs no
+    probabilities: one pass over the logits. u = 0 loses the race; -inf logits never win a finite row."""
+    return torch.argmax(scaled - torch.log(-torch.log(uniform)), dim=-1)
+
+
+def sample_plain(logits: torch.Tensor, temperature: float,
+                 uniform: Optional[torch.Tensor] = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """`sample` without top-k / top-p, as two reductions over the vocabulary that torch.compile fuses into
+    one read of the logits (no softmax, no probability tensor): greedy argmax or Gumbel-max, and
+    log-prob = scaled[token] - logsumexp(scaled), i.e. `token_logprobs`. uniform [B, V]: the draws (default:
+    fresh ones from the default generator of the logits' device).
+
+    >>> tokens, logp = sample_plain(torch.tensor([[2.0, 1.0, 0.0]]), temperature=0.0)
+    >>> tokens.tolist(), round(logp.item(), 4)
+    ([0], -0.4076)
+    """
+    scaled = apply_temperature(logits.float(), temperature)
+    if temperature == 0.0:
+        tokens = torch.argmax(scaled, dim=-1)
+    else:
+        tokens = gumbel_argmax(scaled, torch.rand_like(scaled) if uniform is None else uniform)
+    logz = torch.logsumexp(scaled, dim=-1)  # [B]
+    return tokens, scaled.gather(-1, tokens.unsqueeze(-1)).squeeze(-1) - logz
+
+
 def replica_seed(seed: int, dp_rank: int) -> int:
     """The sampling seed of one DP replica: identical on its TP / PP ranks, distinct across replicas.
 

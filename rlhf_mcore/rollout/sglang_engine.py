@@ -111,7 +111,7 @@ def engine_kwargs(cfg, dtype: torch.dtype, dp_rank: int, dp: int, gpu: int) -> d
                 attention_backend=r.attention_backend, enable_memory_saver=True,
                 mem_fraction_static=r.gpu_memory_utilization, base_gpu_id=gpu,
                 cuda_graph_max_bs_decode=r.cuda_graph_max_bs or per_rank_rows(cfg, dp),
-                random_seed=cfg.trainer.seed + dp_rank, log_level="error")
+                random_seed=cfg.trainer.seed + dp_rank, log_level="error", enable_fp32_lm_head=r.fp32_lm_head)
 
 
 def set_compile_cache(directory: str) -> None:

@@ -2,28 +2,35 @@
 sync, no Python-int offsets and no allocation that depends on the step, so it can be captured once per
 batch-size bucket as a CUDA graph and replayed for every token (gpt-fast `generate.py`, nanochat `engine.py`).
 
-It runs the actor's own megatron submodules (embedding, norms, QKV / output projections, MLP, final norm)
-layer by layer; only attention and the cache are ours:
+It runs the actor's own parameters (embedding, norms, QKV / output projections, MLP, final norm):
+- a decode step computes each layer with the pure functions of `decode_layer` (megatron's arithmetic,
+  RoPE from a cos / sin table), optionally compiled by `torch.compile` (`compile_backend`, from
+  `rollout.compile_decode`; a compile or capture error falls back to the eager functions, logged);
 - the cache holds rotated keys [L, B, G, T, D] at absolute slots (RoPE of slot t, exactly what the eager
   engine and megatron apply), written with `index_copy_` at a device-resident position;
-- a decode query attends to every slot with a mask (slot <= position and not left padding) through
-  SDPA, the query heads of a key group passed as that group's query positions (reads each key once);
-- sampling, the log-prob and the stop-token test run inside the step too (`sampling.sample`), and its
-  results are written into per-row response buffers at a device-resident column.
+- a decode query attends to every slot with an additive mask (slot <= position and not left padding,
+  built once per step) through SDPA, a key group's query heads passed as its query positions;
+- sampling, the log-prob and the stop-token test run inside the step too (`sampling.sample_plain`, one
+  pass over the vocabulary, when there is no top-k / top-p; else `sampling.sample`), and its results are
+  written into per-row response buffers at a device-resident column.
 
-The prefill goes through the same layer function eagerly, with the layer's own SDPA core attention.
-Where the layout or the model is not supported (TP/PP > 1, a core attention other than ours), the engine
-keeps megatron's eager inference path (`native.py`) and says why (`graph_blockers`).
+The prefill goes through megatron's own layer modules eagerly, with the layer's own SDPA core attention.
+Where the layout or the model is not supported (TP/PP > 1, a core attention other than ours, a layer the
+functional decode does not implement), the engine keeps megatron's eager inference path (`native.py`) and
+says why (`graph_blockers`).
 """
 from __future__ import annotations
 
 import dataclasses
-from typing import Optional
+import logging
+from typing import Callable, Optional
 
 import torch
-import torch.nn.functional as F
 
-from rlhf_mcore.rollout.sampling import mask_padded_vocab, sample
+from rlhf_mcore.rollout import decode_layer as fn
+from rlhf_mcore.rollout.sampling import mask_padded_vocab, sample, sample_plain
+
+log = logging.getLogger(__name__)
 
 BUCKETS = (1, 2, 4, 8, 16, 32, 48, 64, 96, 128, 192, 256, 384, 512, 768, 1024)
 
@@ -50,7 +57,8 @@ def graph_blockers(model, ctx) -> list[str]:
     layers = getattr(getattr(model, "decoder", None), "layers", [])
     if not layers or not all(isinstance(layer.self_attention.core_attention, SDPAttention) for layer in layers):
         reasons.append("core attention is not SDPAttention (model.attention_backend must be sdpa)")
-    return reasons
+    return reasons + [f"{name} (the functional decode layer does not implement it)"
+                      for name in fn.functional_blockers(model)]
 
 
 @dataclasses.dataclass
@@ -113,19 +121,6 @@ def rotate(t: torch.Tensor, freqs: torch.Tensor, attention) -> torch.Tensor:
     return apply_rotary_pos_emb(t, freqs, config=attention.config, cp_group=attention.pg_collection.cp)
 
 
-def decode_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, allowed: torch.Tensor,
-                     scale: float) -> torch.Tensor:
-    """One query per row over the whole cache. q [1, b, H, D], k/v [b, G, T, D], allowed [b, T] bool
-    -> [1, b, H * D]. Head h uses key group h // (H / G) (megatron's group-major head order): the rep =
-    H / G query heads of a group are passed to SDPA as rep query positions against that group's keys, so
-    one fused kernel reads each cached key once (no GQA expansion, no fp32 score tensor in memory)."""
-    _, b, heads, d = q.shape
-    groups = k.size(1)
-    qg = q[0].reshape(b, groups, heads // groups, d)  # [b, G, rep, D]
-    out = F.scaled_dot_product_attention(qg, k, v, attn_mask=allowed[:, None, None, :], scale=scale)
-    return out.reshape(1, b, heads * d)  # [b, G, rep, D] -> [1, b, H * D]
-
-
 def bias_add(out_with_bias, residual: torch.Tensor) -> torch.Tensor:
     """megatron's bias-dropout-add in eval: residual + (out + bias)."""
     out, bias = out_with_bias
@@ -145,11 +140,40 @@ def layer_step(layer, hidden, k_cache, v_cache, freqs, slots, attend) -> torch.T
     return bias_add(layer.mlp(layer.pre_mlp_layernorm(hidden)), hidden)
 
 
-class StaticDecoder:
-    """Prefill + CUDA-graphed decode steps over the actor's modules (tp = pp = 1). See the module doc."""
+def head_plain(hidden: torch.Tensor, weight: torch.Tensor, vocab_size: int, temperature: float):
+    """hidden [b, h] -> (tokens [b], log-probs [b]) without top-k / top-p: logits, padded ids masked,
+    `sample_plain` (one pass over the vocabulary once fused)."""
+    return sample_plain(mask_padded_vocab(torch.matmul(hidden, weight.t()).float(), vocab_size), temperature)
 
-    def __init__(self, model, weight_fn, use_graphs: bool):
+
+@dataclasses.dataclass
+class DecodeFns:
+    """The decode step's pure pieces, eager or compiled by torch.compile (`backend`: None = eager)."""
+
+    attention_in: Callable
+    attention_out_mlp: Callable
+    head: Callable
+    backend: object = None  # a torch.compile backend (name or callable); None = eager
+
+    @classmethod
+    def build(cls, backend) -> "DecodeFns":
+        pieces = (fn.attention_in, fn.attention_out_mlp, head_plain)
+        if backend is not None:  # one graph each, reused by every layer (weights are inputs); the first
+            # batch size compiles static, a second one compiles a batch-dynamic graph (torch's default)
+            pieces = tuple(torch.compile(f, backend=backend, fullgraph=True) for f in pieces)
+        return cls(*pieces, backend=backend)
+
+
+class StaticDecoder:
+    """Prefill + CUDA-graphed decode steps over the actor's modules (tp = pp = 1). See the module doc.
+    compile_backend: torch.compile backend of the decode step's pieces ("inductor"), None = eager."""
+
+    def __init__(self, model, weight_fn, use_graphs: bool, compile_backend: Optional[str] = None):
         self.model, self.weight_fn, self.use_graphs = model, weight_fn, use_graphs
+        self.fns = DecodeFns.build(compile_backend)
+        self.eps = model.decoder.layers[0].input_layernorm.eps
+        self.weights: list[fn.LayerWeights] = []
+        self.cos = self.sin = None  # [T, 1, 1, D] RoPE tables in the model's dtype
         attention = model.decoder.layers[0].self_attention
         self.heads = attention.num_attention_heads_per_partition
         self.groups = attention.num_query_groups_per_partition
@@ -170,14 +194,16 @@ class StaticDecoder:
             self.state = DecodeState.allocate(len(self.model.decoder.layers), bucket_for(batch), self.groups, length,
                                               self.head_dim, max_new, p.dtype, device)
             self.freqs = rope_table(self.model, length)
+            self.cos, self.sin = fn.rope_tables(self.freqs, p.dtype)
         ptrs = tuple(p.data_ptr() for p in self.model.parameters())
         if ptrs != self.weight_ptrs:  # parameters were re-allocated: graphs would read stale memory
             self.graphs.clear()
             self.weight_ptrs = ptrs
+            self.weights = [fn.layer_weights(layer) for layer in self.model.decoder.layers]
         return self.state
 
     def release(self) -> None:
-        self.state, self.freqs, self.graphs, self.pool = None, None, {}, None
+        self.state, self.freqs, self.cos, self.sin, self.graphs, self.pool = None, None, None, None, {}, None
 
     def stop_tensor(self, stop_ids: tuple[int, ...], device) -> torch.Tensor:
         """The stop ids as a device tensor that lives as long as the graphs reading it (one per tuple)."""
@@ -187,7 +213,8 @@ class StaticDecoder:
 
     # ---- one step -----------------------------------------------------------------------------------
     def forward(self, tokens: torch.Tensor, slots: torch.Tensor, b: int, attend_fn) -> torch.Tensor:
-        """tokens [b, s] at cache slots [s] -> final hidden of the last position [b, h]."""
+        """Prefill through megatron's layer modules: tokens [b, s] at cache slots [s] -> final hidden of the
+        last position [b, h]."""
         st = self.state
         freqs = self.freqs.index_select(0, slots)  # [s, 1, 1, d]
         positions = slots.unsqueeze(0).expand(b, -1)
@@ -197,11 +224,15 @@ class StaticDecoder:
                                 lambda q, k, v, i=i: attend_fn(layer, q, k, v, st.k[i, :b], st.v[i, :b]))
         return self.model.decoder.final_layernorm(hidden)[-1]
 
-    def emit(self, hidden: torch.Tensor, b: int, params, stop_ids: torch.Tensor) -> None:
+    def emit(self, hidden: torch.Tensor, b: int, params, stop_ids: torch.Tensor, head=head_plain) -> None:
         """Sample from hidden [b, h], write token / log-prob at the response column, advance the state."""
         st = self.state
-        logits = mask_padded_vocab(torch.matmul(hidden, self.weight_fn().t()).float(), self.model.vocab_size_unpadded)
-        tokens, logprobs = sample(logits, params.temperature, params.top_k, params.top_p)
+        vocab = self.model.vocab_size_unpadded
+        if params.temperature == 0.0 or (params.top_k <= 0 and params.top_p >= 1.0):
+            tokens, logprobs = head(hidden, self.weight_fn(), vocab, params.temperature)
+        else:
+            logits = mask_padded_vocab(torch.matmul(hidden, self.weight_fn().t()).float(), vocab)
+            tokens, logprobs = sample(logits, params.temperature, params.top_k, params.top_p)
         finished = torch.isin(tokens, stop_ids) if stop_ids.numel() else torch.zeros_like(st.done[:b])
         was_done, rows = st.done[:b], st.slot_row[:b]
         col = st.col.view(1, 1).expand(b, 1)
@@ -237,22 +268,45 @@ class StaticDecoder:
         st.pos.fill_(width)
 
     def decode_step(self, b: int, params, stop_ids) -> None:
-        """Eager body of one decode step over slots [:b] (what the graph captures)."""
-        st = self.state
+        """Eager body of one decode step over slots [:b] (what the graph captures): the functional layers
+        (`decode_layer`) with the cache write and attention between their two halves."""
+        st, f = self.state, self.fns
         slots = st.pos.view(1)
-        length = st.key_valid.size(1)
-        allowed = st.key_valid[:b] & (torch.arange(length, device=slots.device) <= st.pos)
-
-        def attend(layer, q, k, v, k_cache, v_cache):
-            return decode_attention(q, k_cache, v_cache, allowed, self.scale)
-        hidden = self.forward(st.tokens_in[:b].unsqueeze(1), slots, b, attend)
-        self.emit(hidden, b, params, stop_ids)
+        allowed = st.key_valid[:b] & (torch.arange(st.key_valid.size(1), device=slots.device) <= st.pos)
+        bias = fn.attention_bias(allowed, st.k.dtype)  # [b, 1, 1, T]
+        cos, sin = self.cos.index_select(0, slots), self.sin.index_select(0, slots)  # [1, 1, 1, D]
+        hidden = self.model.embedding(input_ids=st.tokens_in[:b].unsqueeze(1), position_ids=None)[0]  # [b, h]
+        for i, w in enumerate(self.weights):
+            x = hidden.unsqueeze(0)  # [1, b, h] with the same strides in every layer (compiled pieces guard them)
+            q, k, v = f.attention_in(x, w, cos, sin, self.groups, self.head_dim, self.eps)
+            st.k[i, :b].index_copy_(2, slots, k.permute(1, 2, 0, 3))
+            st.v[i, :b].index_copy_(2, slots, v.permute(1, 2, 0, 3))
+            attn = fn.decode_attention(q, st.k[i, :b], st.v[i, :b], bias, self.scale)  # [1, b, H * D]
+            hidden = f.attention_out_mlp(attn, x, w, self.eps)[0]
+        self.emit(self.model.decoder.final_layernorm(hidden), b, params, stop_ids, f.head)
         st.pos.add_(1)
+
+    def checked_decode_step(self, b: int, params, stop_ids) -> None:
+        """decode_step; if the compiled pieces fail (the first call compiles), say so and decode eagerly.
+        A failed step wrote nothing it will not rewrite: pos / col only advance at its end."""
+        try:
+            self.decode_step(b, params, stop_ids)
+        except Exception as err:  # noqa: BLE001 (any compiler error: the eager pieces compute the same)
+            self._fall_back(err, "compile")
+            self.decode_step(b, params, stop_ids)
+
+    def _fall_back(self, err: Exception, where: str) -> None:
+        if self.fns.backend is None:
+            raise err
+        log.warning("native rollout: torch.compile (%s) of the decode step failed at %s (%s: %s); decoding with "
+                    "the eager functions", self.fns.backend, where, type(err).__name__, str(err).splitlines()[0][:200])
+        self.fns = DecodeFns.build(None)
+        self.graphs.clear()
 
     def step(self, b: int, params, stop_ids) -> None:
         """One decode step over slots [:b] (a bucket): a graph replay when graphs are on, else eager."""
         if not self.use_graphs:
-            return self.decode_step(b, params, stop_ids)
+            return self.checked_decode_step(b, params, stop_ids)
         key = (b, params.temperature, params.top_k, params.top_p, params.stop_token_ids)
         graph = self.graphs.get(key)
         if graph is None:
@@ -261,22 +315,35 @@ class StaticDecoder:
 
     def _capture(self, b: int, params, stop_ids):
         """Warm up on a side stream, then capture decode_step for bucket b. The decode state and the CUDA
-        RNG state are restored afterwards, so a call that captures samples exactly what a replay would."""
+        RNG state are restored afterwards, so a call that captures samples exactly what a replay would.
+        A capture that fails with compiled pieces is retried with the eager ones (logged)."""
         st = self.state
         saved = {f.name: getattr(st, f.name).clone() for f in dataclasses.fields(st) if f.name not in ("k", "v")}
         rng = torch.cuda.get_rng_state()
+
+        def restore():  # capture ran nothing; the warm-up did: undo it (its draws advanced the generator too)
+            for name, value in saved.items():
+                getattr(st, name).copy_(value)
+            torch.cuda.set_rng_state(rng)
+        try:
+            graph = self._warm_up_and_capture(b, params, stop_ids)
+        except Exception as err:  # noqa: BLE001
+            self._fall_back(err, "CUDA-graph capture")
+            restore()
+            graph = self._warm_up_and_capture(b, params, stop_ids)
+        restore()
+        return graph
+
+    def _warm_up_and_capture(self, b: int, params, stop_ids):
         side = torch.cuda.Stream()
         side.wait_stream(torch.cuda.current_stream())
         with torch.cuda.stream(side):
-            self.decode_step(b, params, stop_ids)
+            self.checked_decode_step(b, params, stop_ids)
         torch.cuda.current_stream().wait_stream(side)
         self.pool = self.pool or torch.cuda.graph_pool_handle()
         graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(graph, pool=self.pool):
             self.decode_step(b, params, stop_ids)
-        for name, value in saved.items():  # capture ran nothing; the warm-up did: undo it
-            getattr(st, name).copy_(value)
-        torch.cuda.set_rng_state(rng)  # the warm-up's draws advanced the generator
         return graph
 
 

@@ -134,5 +134,8 @@ def test_engine_arguments_follow_the_config():
     assert kw["base_gpu_id"] == 1 and kw["random_seed"] == cfg.trainer.seed + 1 and kw["dtype"] == "bfloat16"
     cfg = load_config(f"{ROOT}/configs/tiny_grpo.yaml", ["rollout.cuda_graph_max_bs=96", "rollout.micro_batch_size=4"])
     assert engine_kwargs(cfg, torch.float32, 0, 1, 0)["cuda_graph_max_bs_decode"] == 96
+    assert kw["enable_fp32_lm_head"] is False
+    cfg = load_config(f"{ROOT}/configs/tiny_grpo.yaml", ["rollout.fp32_lm_head=true"])
+    assert engine_kwargs(cfg, torch.bfloat16, 0, 1, 0)["enable_fp32_lm_head"] is True
     with pytest.raises(ValueError, match="rollout.attention_backend: must be one of triton, flashinfer"):
         load_config(f"{ROOT}/configs/tiny_grpo.yaml", ["rollout.attention_backend=fa3"])

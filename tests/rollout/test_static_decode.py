@@ -33,12 +33,33 @@ def test_cpu_falls_back_to_eager_and_says_why(mcore_ctx, caplog):
     assert "CUDA graphs unavailable (no CUDA device" in caplog.text
 
 
+def test_compile_failure_falls_back_to_eager_and_says_so(mcore_ctx, caplog):
+    """A compiler error at the first decode step: the log says so and the tokens are the eager ones."""
+    def broken(graph_module, example_inputs):
+        raise RuntimeError("no compiler here")
+
+    cfg = tiny_model_config(num_layers=2)
+    actor = build_model("actor", load_hf_config(cfg.model), cfg.model, cfg.parallel, mcore_ctx)
+    engines = [NativeRolloutEngine(actor, mcore_ctx, pad_id=0) for _ in range(2)]
+    for engine, backend in zip(engines, (broken, None)):
+        engine.static = StaticDecoder(engine.model, lambda: lm_output_weight(actor), use_graphs=False,
+                                      compile_backend=backend)
+    params = SamplingParams(n=2, max_new_tokens=6, temperature=0.0)
+    with caplog.at_level(logging.WARNING):
+        got = engines[0].generate([[3, 4, 5], [7, 8]], params)
+    assert "torch.compile" in caplog.text and "decoding with the eager functions" in caplog.text
+    assert engines[0].static.fns.backend is None
+    want = engines[1].generate([[3, 4, 5], [7, 8]], params)
+    assert torch.equal(got.tokens, want.tokens) and torch.equal(got.rollout_logprobs, want.rollout_logprobs)
+
+
 def _engines(ctx, dtype: str):
     cfg = tiny_model_config(hidden_size=128, ffn_hidden_size=256, num_layers=3, vocab_size=1000, dtype=dtype)
     actor = build_model("actor", load_hf_config(cfg.model), cfg.model, cfg.parallel, ctx)
     graphed = NativeRolloutEngine(actor, ctx, pad_id=0, cuda_graphs=True)
     eager_static = NativeRolloutEngine(actor, ctx, pad_id=0, cuda_graphs=True)
-    eager_static.static = StaticDecoder(actor, lambda: lm_output_weight(actor), use_graphs=False)
+    eager_static.static = StaticDecoder(actor, lambda: lm_output_weight(actor), use_graphs=False,
+                                        compile_backend=graphed.static.fns.backend)  # the same (compiled) step
     megatron = NativeRolloutEngine(actor, ctx, pad_id=0, cuda_graphs=False)
     return graphed, eager_static, megatron
 
@@ -78,3 +99,33 @@ def test_graphed_sampling_is_seeded(mcore_ctx):
     assert len({tuple(r) for r in a.tokens.tolist()}) > 8, "rows of one prompt differ"
     c = graphed.generate(prompts, SamplingParams(n=4, max_new_tokens=16, temperature=1.0, top_k=50, top_p=0.9, seed=8))
     assert not torch.equal(a.tokens, c.tokens)
+
+
+@pytest.mark.gpu
+def test_graphed_plain_sampling_is_seeded(mcore_ctx):
+    """Temperature-only sampling goes through the compiled one-pass head inside the graph."""
+    graphed, _, _ = _engines(mcore_ctx, "bf16")
+    prompts = [[5, 6, 7, 8]] * 8
+    params = SamplingParams(n=4, max_new_tokens=16, temperature=0.8, seed=7)
+    a, b = graphed.generate(prompts, params), graphed.generate(prompts, params)
+    assert torch.equal(a.tokens, b.tokens) and torch.equal(a.rollout_logprobs, b.rollout_logprobs)
+    assert len({tuple(r) for r in a.tokens.tolist()}) > 8, "rows of one prompt differ"
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("temperature", [1.0, 0.5])
+def test_compiled_plain_head_follows_softmax(temperature):
+    """The inductor-compiled head (its own in-kernel RNG) samples softmax(logits / T); padded ids never."""
+    from rlhf_mcore.rollout.static_decode import DecodeFns
+
+    head = DecodeFns.build("inductor").head
+    probs = torch.tensor([0.5, 0.25, 0.15, 0.1], device="cuda")
+    weight = torch.cat([probs.log(), torch.full((2,), 50.0, device="cuda")]).unsqueeze(1)  # [V + 2 padded, 1]
+    hidden = torch.ones(50_000, 1, device="cuda")
+    torch.manual_seed(0)
+    tokens, logp = head(hidden, weight, 4, temperature)
+    freq = torch.bincount(tokens, minlength=6).float() / tokens.numel()
+    want = torch.softmax(probs.log() / temperature, dim=0)
+    torch.testing.assert_close(freq[:4], want, atol=0.01, rtol=0)
+    assert freq[4:].sum() == 0
+    torch.testing.assert_close(logp, want.log()[tokens], atol=1e-5, rtol=0)

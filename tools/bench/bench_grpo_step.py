@@ -55,11 +55,18 @@ def parse_args(argv=None):
     p.add_argument("--n", type=int, default=8)
     p.add_argument("--prompt-len", type=int, default=128)
     p.add_argument("--new-tokens", type=int, default=256)
-    p.add_argument("--micro-batch", type=int, default=32, help="actor.micro_batch_size_per_gpu")
+    p.add_argument("--micro-batch", type=int, default=64,
+                   help="actor.micro_batch_size_per_gpu (64: 46%% MFU on an H200, 32: 43%%)")
     p.add_argument("--steps", type=int, default=3, help="timed steps (after --warmup)")
     p.add_argument("--warmup", type=int, default=1)
     p.add_argument("--attention-backend", default="triton", help="rollout.attention_backend (sglang)")
     p.add_argument("--cuda-graphs", type=int, default=1, help="rollout.cuda_graphs (native)")
+    p.add_argument("--compile-decode", type=int, default=1, help="rollout.compile_decode (native)")
+    p.add_argument("--fp32-lm-head", type=int, default=0, help="rollout.fp32_lm_head (sglang)")
+    p.add_argument("--swiglu-fusion", type=int, default=1,
+                   help="0: turn megatron's compiled SwiGLU (bias_activation_fusion, on by default on a GPU) off")
+    p.add_argument("--standalone", type=int, default=1, help="0: skip the standalone rollout timing")
+    p.add_argument("--profile-rollout", default="", help="write a torch.profiler table of a 512 x 17 rollout here")
     p.add_argument("--profile", default="", help="write a torch.profiler table of one step to this file")
     p.add_argument("--combine", default="", help="directory of grpo_step_part_*.json to merge")
     p.add_argument("--out", default="", help="directory for the JSON result")
@@ -71,6 +78,7 @@ def build_config(args) -> Config:
         args.prompts, args.n, args.prompt_len, args.new_tokens, args.micro_batch = 4, 2, 12, 8, 4
     rollout = RolloutConfig(engine=args.engine, n=args.n, max_response_length=args.new_tokens, temperature=1.0,
                             attention_backend=args.attention_backend, cuda_graphs=bool(args.cuda_graphs),
+                            compile_decode=bool(args.compile_decode), fp32_lm_head=bool(args.fp32_lm_head),
                             gpu_memory_utilization=0.5)
     actor = ActorConfig(optim=OptimConfig(lr=1e-6), ppo_mini_batch_size=args.prompts,
                         micro_batch_size_per_gpu=args.micro_batch)
@@ -98,12 +106,14 @@ def random_scores(rollout, prompts, n: int):
     return torch.rand(rollout.tokens.size(0), generator=g).to(rollout.tokens.device), {}
 
 
-def build_run(cfg, ctx) -> Run:
+def build_run(cfg, ctx, args) -> Run:
     errors = validate(cfg, ctx.dims.world_size)
     if errors:
         raise ValueError("\n".join(errors))
     hf = load_hf_config(cfg.model)
     roles = build_roles(cfg, hf, ctx)
+    if not args.swiglu_fusion:  # A/B of megatron's torch.compile'd SwiGLU (its MLP reads the flag per call)
+        roles.actor.model[0].config.bias_activation_fusion = False
     tokenizer = types.SimpleNamespace(pad_id=0, decode=None)
     start = time.perf_counter()
     engine = build_rollout_engine(cfg.rollout.engine, **engine_kwargs(cfg, roles, tokenizer, ctx))
@@ -145,9 +155,34 @@ def standalone_rollout(run, args) -> dict:
         return min(times)
 
     full, prefill = best(args.new_tokens), best(1)
-    return {"rollout_s": full, "prefill_s": prefill,
+    return {"weight_refresh_s": time_weight_refresh(run),"rollout_s": full, "prefill_s": prefill,
             "ms_per_decode_step": 1e3 * (full - prefill) / max(args.new_tokens - 1, 1),
             "rollout_tok_s": args.prompts * args.n * args.new_tokens / full}
+
+
+def time_weight_refresh(run) -> float:
+    """The weight refresh alone (update_weights on a resumed engine, no resume / release): best of 3."""
+    times = []
+    for _ in range(3):
+        sync()
+        start = time.perf_counter()
+        run.engine.update_weights(run.roles.actor.model[0])
+        sync()
+        times.append(time.perf_counter() - start)
+    return min(times)
+
+
+def profile_rollout(run, args, path: str) -> None:
+    """torch.profiler table of one standalone rollout of 17 tokens (16 graphed decode steps)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    prompts = [list(p.prompt_ids) for p in run.sampler.next_batch()]
+    params = SamplingParams(n=args.n, max_new_tokens=17, temperature=1.0, seed=3)
+    run.engine.generate(prompts, params)
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        run.engine.generate(prompts, params)
+        sync()
+    Path(path).write_text(prof.key_averages().table(sort_by="cuda_time_total", row_limit=40))
 
 
 def train_flops(hf: dict, rows: int, seq: int, passes: float) -> float:
@@ -175,7 +210,9 @@ def summarize(args, cfg, run, steps: list[dict], rollout: dict) -> dict:
         "engine_start_s": run.engine_start_s, "rollout": rollout,
         "shape": {"prompts": args.prompts, "n": args.n, "prompt_len": args.prompt_len, "new_tokens": args.new_tokens,
                   "micro_batch": args.micro_batch, "dtype": cfg.model.dtype, "tiny": args.tiny},
-        "config": {"attention_backend": cfg.rollout.attention_backend, "cuda_graphs": cfg.rollout.cuda_graphs},
+        "config": {"attention_backend": cfg.rollout.attention_backend, "cuda_graphs": cfg.rollout.cuda_graphs,
+                   "compile_decode": cfg.rollout.compile_decode, "fp32_lm_head": cfg.rollout.fp32_lm_head,
+                   "swiglu_fusion": bool(args.swiglu_fusion)},
         "device": torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu",
     }
 
@@ -195,7 +232,7 @@ def bench(args) -> dict:
     init_logger(0)
     cfg = build_config(args)
     ctx = init_distributed(1, 1, seed=cfg.trainer.seed)
-    run = build_run(cfg, ctx)
+    run = build_run(cfg, ctx, args)
     steps = []
     for step in range(args.warmup + args.steps):
         metrics = timed_step(run, step)
@@ -205,7 +242,9 @@ def bench(args) -> dict:
                                                           for p in PHASES + ("step",)), flush=True)
     if args.profile:
         profile_step(run, args.warmup + args.steps, args.profile)
-    result = summarize(args, cfg, run, steps, standalone_rollout(run, args))
+    if args.profile_rollout:
+        profile_rollout(run, args, args.profile_rollout)
+    result = summarize(args, cfg, run, steps, standalone_rollout(run, args) if args.standalone else {})
     run.engine.shutdown()
     return result
 
@@ -246,6 +285,8 @@ def main(argv=None) -> None:
         return combine(args.combine, args.out)
     result = bench(args)
     print_table([result])
+    if result["rollout"].get("weight_refresh_s") is not None:
+        print(f"weight refresh alone (update_weights, engine resumed): {result['rollout']['weight_refresh_s']:.4f} s")
     if args.out:
         Path(args.out).mkdir(parents=True, exist_ok=True)
         path = Path(args.out) / f"grpo_step_part_{args.engine}{'_tiny' if args.tiny else ''}.json"

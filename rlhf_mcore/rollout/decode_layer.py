@@ -1,0 +1,131 @@
+"""One transformer layer of a 1-token decode step as pure tensor functions over the actor's own parameters
+(tp = pp = 1), so the static decoder can run it with few kernels and `torch.compile` can fuse it.
+
+megatron's modules launch ~35 kernels per layer for one token (its RoPE alone recomputes cos / sin from the
+angles and concatenates halves for q and for k); here the same arithmetic, op for op in the same order and
+dtype, reads a cos / sin table built once per cache. Eagerly the results equal megatron's bitwise (CPU tests);
+compiled, the elementwise work around the four GEMMs fuses into a handful of kernels.
+
+The layer is split at the KV cache: `attention_in` (norm, QKV projection, RoPE) and `attention_out_mlp`
+(output projection, residual, norm, SwiGLU MLP, residual) are pure; the cache write and the attention run
+between them, eagerly, so a compiled region never mutates its inputs.
+"""
+from __future__ import annotations
+
+from typing import NamedTuple, Optional
+
+import torch
+import torch.nn.functional as F
+
+
+class LayerWeights(NamedTuple):
+    """Views of one layer's parameters (megatron names in comments)."""
+
+    norm1: torch.Tensor  # input_layernorm.weight [h]
+    qkv: torch.Tensor  # self_attention.linear_qkv.weight [G * (rep + 2) * D, h]
+    qkv_bias: Optional[torch.Tensor]  # self_attention.linear_qkv.bias (Qwen2) or None
+    proj: torch.Tensor  # self_attention.linear_proj.weight [h, H * D]
+    norm2: torch.Tensor  # pre_mlp_layernorm.weight [h]
+    fc1: torch.Tensor  # mlp.linear_fc1.weight [2 * ffn, h] (gate rows first, then up)
+    fc2: torch.Tensor  # mlp.linear_fc2.weight [h, ffn]
+
+
+def layer_weights(layer) -> LayerWeights:
+    attention = layer.self_attention
+    return LayerWeights(layer.input_layernorm.weight, attention.linear_qkv.weight, attention.linear_qkv.bias,
+                        attention.linear_proj.weight, layer.pre_mlp_layernorm.weight, layer.mlp.linear_fc1.weight,
+                        layer.mlp.linear_fc2.weight)
+
+
+def functional_blockers(model) -> list[str]:
+    """Model features the functional layer does not implement ([] = it computes what megatron's layer does)."""
+    c = model.config
+    checks = {
+        "position_embedding_type is not rope": getattr(model, "position_embedding_type", "rope") != "rope",
+        "rotary_interleaved": c.rotary_interleaved,
+        "rotary_percent < 1": getattr(model, "rotary_percent", 1.0) != 1.0,
+        "multi_latent_attention": c.multi_latent_attention,
+        "qk_layernorm": c.qk_layernorm,
+        "MLP is not SwiGLU": not c.gated_linear_unit or c.activation_func is not F.silu,
+        "glu_linear_offset / activation clamp": c.glu_linear_offset != 0.0 or c.activation_func_clamp_value is not None,
+        "add_bias_linear": c.add_bias_linear,
+        "fp32_residual_connection": c.fp32_residual_connection,
+        "normalization is not RMSNorm": c.normalization != "RMSNorm",
+    }
+    return [name for name, blocked in checks.items() if blocked]
+
+
+def rope_tables(freqs: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+    """megatron's per-call cos / sin of rotary angles freqs [T, 1, 1, D], once: (cos, signed sin) in dtype.
+    The signed sin is [-sin(first half), sin(second half)], so rotate-half needs a swap and no negation.
+
+    >>> cos, sin = rope_tables(torch.tensor([0.0, 1.0, 0.0, 1.0]).view(1, 1, 1, 4), torch.float32)
+    >>> [round(x, 4) for x in sin.flatten().tolist()]
+    [-0.0, -0.8415, 0.0, 0.8415]
+    """
+    cos, sin = torch.cos(freqs).to(dtype), torch.sin(freqs).to(dtype)
+    half = freqs.size(-1) // 2
+    return cos, torch.cat((-sin[..., :half], sin[..., half:]), dim=-1)
+
+
+def apply_rope(t: torch.Tensor, cos: torch.Tensor, sin_signed: torch.Tensor) -> torch.Tensor:
+    """megatron's `_apply_rotary_pos_emb_bshd` (not interleaved, full rotary dim) from tables:
+    t * cos + rotate_half(t) * sin, with rotate_half(t) * sin == swap_halves(t) * signed sin exactly
+    ((-x) * s == x * (-s) in IEEE arithmetic). t [s, b, heads, D]; cos / sin_signed [s, 1, 1, D]."""
+    x1, x2 = torch.chunk(t, 2, dim=-1)
+    return (t * cos) + (torch.cat((x2, x1), dim=-1) * sin_signed)
+
+
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: Optional[float]) -> torch.Tensor:
+    """torch.nn.RMSNorm's forward (our layer spec's norm)."""
+    return F.rms_norm(x, (x.size(-1),), weight, eps)
+
+
+def attention_in(hidden: torch.Tensor, w: LayerWeights, cos: torch.Tensor, sin_signed: torch.Tensor,
+                 groups: int, head_dim: int, eps: Optional[float]):
+    """hidden [s, b, h] -> rotated q [s, b, H, D], rotated k [s, b, G, D], v [s, b, G, D]: megatron's
+    input norm, `linear_qkv` (matmul, then + bias) and `get_query_key_value_tensors` split (group-major:
+    each group's rep query heads, then its key, then its value)."""
+    s, b = hidden.shape[:2]
+    mixed = torch.matmul(rms_norm(hidden, w.norm1, eps), w.qkv.t())
+    if w.qkv_bias is not None:
+        mixed = mixed + w.qkv_bias
+    mixed = mixed.view(s, b, groups, -1)  # [s, b, G, (rep + 2) * D]
+    q, k, v = torch.split(mixed, [mixed.size(-1) - 2 * head_dim, head_dim, head_dim], dim=3)
+    q = q.reshape(s, b, -1, head_dim)
+    return apply_rope(q, cos, sin_signed), apply_rope(k, cos, sin_signed), v
+
+
+def attention_out_mlp(attn: torch.Tensor, residual: torch.Tensor, w: LayerWeights,
+                      eps: Optional[float]) -> torch.Tensor:
+    """attn [s, b, H * D] (core attention output), residual [s, b, h] -> the layer's output [s, b, h]:
+    `linear_proj`, residual add, pre-MLP norm, SwiGLU MLP (silu(gate) * up), residual add."""
+    hidden = residual + torch.matmul(attn, w.proj.t())
+    gate, up = torch.chunk(torch.matmul(rms_norm(hidden, w.norm2, eps), w.fc1.t()), 2, dim=-1)
+    return hidden + torch.matmul(F.silu(gate) * up, w.fc2.t())
+
+
+def decode_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bias: torch.Tensor,
+                     scale: float) -> torch.Tensor:
+    """One query per row over the cache. q [1, b, H, D], k/v [b, G, T, D], bias [b, 1, 1, T] additive
+    (0 = may attend, -inf = masked) -> [1, b, H * D]. Head h uses key group h // (H / G) (megatron's
+    group-major head order): the rep = H / G query heads of a group are passed to SDPA as rep query
+    positions against that group's keys, so one fused kernel reads each cached key once. torch 2.11 runs
+    this on cuDNN's flash kernel (with a bool mask too): ~63 us per layer at b 512, T 384 on an H200, about
+    2.5x the time to read the layer's cache once (tools/bench/RESULTS.md)."""
+    _, b, heads, d = q.shape
+    groups = k.size(1)
+    qg = q[0].reshape(b, groups, heads // groups, d)  # [b, G, rep, D]
+    out = F.scaled_dot_product_attention(qg, k, v, attn_mask=bias, scale=scale)
+    return out.reshape(1, b, heads * d)
+
+
+def attention_bias(allowed: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """allowed [b, T] bool -> [b, 1, 1, T] additive mask in dtype, built once per step for every layer
+    (what SDPA would build from a bool mask in each layer).
+
+    >>> attention_bias(torch.tensor([[True, False]]), torch.float32).flatten().tolist()
+    [0.0, -inf]
+    """
+    bias = torch.zeros(allowed.shape, dtype=dtype, device=allowed.device).masked_fill(~allowed, float("-inf"))
+    return bias[:, None, None, :]

@@ -1,0 +1,153 @@
+"""The functional decode layer against megatron's own modules (bitwise, on CPU), its compiled form traced
+as one graph, and the one-pass sampler against the softmax / log_softmax it replaces."""
+from __future__ import annotations
+
+import doctest
+
+import pytest
+import torch
+
+from rlhf_mcore.models.build import build_model
+from rlhf_mcore.models.transformer_config import load_hf_config
+from rlhf_mcore.rollout import decode_layer as fn
+from rlhf_mcore.rollout.native import unwrap_model
+from rlhf_mcore.rollout.sampling import gumbel_argmax, mask_padded_vocab, sample_plain, token_logprobs
+from rlhf_mcore.rollout.static_decode import DecodeFns, bias_add, head_plain, rotate
+from tests.conftest import tiny_model_config
+
+
+def test_doctests():
+    assert doctest.testmod(fn).failed == 0
+
+
+@pytest.fixture(scope="module")
+def qwen(mcore_ctx):
+    """A tiny Qwen2-shaped model (QKV bias) with every parameter random, in fp32 and bf16."""
+    models = {}
+    for dtype in ("fp32", "bf16"):
+        cfg = tiny_model_config(family="qwen2", num_layers=2, dtype=dtype)
+        model = unwrap_model(build_model("actor", load_hf_config(cfg.model), cfg.model, cfg.parallel, mcore_ctx))
+        g = torch.Generator().manual_seed(3)
+        with torch.no_grad():
+            for p in model.parameters():
+                p.copy_(torch.randn(p.shape, generator=g) * 0.2)
+        models[dtype] = model.eval()
+    return models
+
+
+@pytest.mark.parametrize("dtype", ["fp32", "bf16"])
+def test_rope_tables_equal_megatron_bitwise(qwen, dtype):
+    model = qwen[dtype]
+    attention = model.decoder.layers[0].self_attention
+    freqs = model.rotary_pos_emb(32)[torch.tensor([0, 7, 31])]  # [3, 1, 1, D]
+    t = torch.randn(3, 5, 4, freqs.size(-1)).to(model.config.params_dtype)
+    cos, sin = fn.rope_tables(freqs, t.dtype)
+    assert torch.equal(fn.apply_rope(t, cos, sin), rotate(t, freqs, attention))
+
+
+@pytest.mark.parametrize("dtype", ["fp32", "bf16"])
+def test_functional_layer_equals_megatron_modules_bitwise(qwen, dtype):
+    model = qwen[dtype]
+    assert fn.functional_blockers(model) == []
+    layer = model.decoder.layers[1]
+    attention = layer.self_attention
+    assert attention.linear_qkv.bias is not None  # the Qwen2 path: bias after the matmul
+    hidden = torch.randn(3, 4, 64).to(model.config.params_dtype)  # [s, b, h]
+    freqs = model.rotary_pos_emb(16)[torch.tensor([5, 6, 7])]
+    cos, sin = fn.rope_tables(freqs, hidden.dtype)
+    w, eps = fn.layer_weights(layer), layer.input_layernorm.eps
+    with torch.no_grad():
+        q, k, v = attention.get_query_key_value_tensors(layer.input_layernorm(hidden), None)
+        want = rotate(q, freqs, attention), rotate(k, freqs, attention), v
+        got = fn.attention_in(hidden, w, cos, sin, attention.num_query_groups_per_partition,
+                              attention.hidden_size_per_attention_head, eps)
+        for a, b in zip(got, want):
+            assert a.shape == b.shape and torch.equal(a, b)
+        attn = torch.randn(3, 4, q.size(2) * q.size(3)).to(hidden.dtype)
+        mid = bias_add(attention.linear_proj(attn), hidden)
+        want_out = bias_add(layer.mlp(layer.pre_mlp_layernorm(mid)), mid)
+        assert torch.equal(fn.attention_out_mlp(attn, hidden, w, eps), want_out)
+
+
+def test_decode_attention_masks_by_additive_bias():
+    g = torch.Generator().manual_seed(0)
+    q = torch.randn(1, 2, 4, 8, generator=g)
+    k, v = torch.randn(2, 2, 5, 8, generator=g), torch.randn(2, 2, 5, 8, generator=g)
+    allowed = torch.tensor([[True, True, True, False, False], [False, True, True, True, True]])
+    out = fn.decode_attention(q, k, v, fn.attention_bias(allowed, q.dtype), 0.3).view(2, 4, 8)
+    for row in range(2):
+        for head in range(4):
+            keys = k[row, head // 2][allowed[row]]  # group-major: heads 0, 1 -> group 0
+            p = torch.softmax(keys @ q[0, row, head] * 0.3, dim=0)
+            torch.testing.assert_close(out[row, head], p @ v[row, head // 2][allowed[row]], atol=1e-6, rtol=0)
+
+
+def test_compiled_pieces_trace_as_one_graph_each(qwen):
+    """fullgraph=True: a graph break would raise; the 'eager' backend runs the traced graph as is."""
+    model = qwen["fp32"]
+    layer = model.decoder.layers[0]
+    attention = layer.self_attention
+    compiled, eager = DecodeFns.build("eager"), DecodeFns.build(None)
+    hidden = torch.randn(1, 4, 64)
+    freqs = model.rotary_pos_emb(8)[torch.tensor([3])]
+    cos, sin = fn.rope_tables(freqs, hidden.dtype)
+    args = (hidden, fn.layer_weights(layer), cos, sin, attention.num_query_groups_per_partition,
+            attention.hidden_size_per_attention_head, layer.input_layernorm.eps)
+    with torch.no_grad():
+        for a, b in zip(compiled.attention_in(*args), eager.attention_in(*args)):
+            assert torch.equal(a, b)
+        attn = torch.randn(1, 4, 64)
+        w = fn.layer_weights(model.decoder.layers[1])  # another layer: the same graph, other weights
+        got = compiled.attention_out_mlp(attn, hidden, w, 1e-6)
+        assert torch.equal(got, eager.attention_out_mlp(attn, hidden, w, 1e-6))
+        weight = torch.randn(300, 64)
+        t_c, lp_c = compiled.head(hidden[0], weight, 250, 0.0)
+        t_e, lp_e = eager.head(hidden[0], weight, 250, 0.0)
+        assert torch.equal(t_c, t_e) and torch.equal(lp_c, lp_e)
+
+
+def test_functional_blockers_name_what_is_missing(qwen):
+    model = qwen["fp32"]
+    model.config.qk_layernorm = True
+    try:
+        assert fn.functional_blockers(model) == ["qk_layernorm"]
+    finally:
+        model.config.qk_layernorm = False
+
+
+@pytest.mark.parametrize("temperature", [0.0, 0.7, 1.0])
+def test_sample_plain_logprob_is_log_softmax(temperature):
+    logits = mask_padded_vocab(torch.randn(16, 300, generator=torch.Generator().manual_seed(1)) * 3, 250)
+    tokens, logp = sample_plain(logits, temperature)
+    assert bool((tokens < 250).all())
+    torch.testing.assert_close(logp, token_logprobs(logits, tokens, temperature), atol=1e-6, rtol=0)
+    if temperature == 0.0:
+        assert torch.equal(tokens, logits.argmax(-1))
+
+
+def test_gumbel_argmax_by_hand():
+    scaled = torch.tensor([[0.0, 1.0, -float("inf")]])
+    # -log(-log u): u = e^-1 -> 0; u = e^-e -> -1 (so id 0 scores 0, id 1 scores 0); u ~ 1 cannot lift -inf
+    u = torch.tensor([[torch.exp(torch.tensor(-1.0)).item(), 0.5, 1 - 2**-24]])
+    assert gumbel_argmax(scaled, u).item() == 1  # 1 + 0.3665 > 0
+    u2 = torch.tensor([[0.9, 0.0, 0.5]])  # u = 0 never wins
+    assert gumbel_argmax(scaled, u2).item() == 0
+
+
+@pytest.mark.parametrize("temperature", [1.0, 0.5])
+def test_sample_plain_frequencies_follow_softmax(temperature):
+    probs = torch.tensor([0.5, 0.25, 0.15, 0.1, 0.0])
+    logits = probs.log().expand(50_000, 5)
+    torch.manual_seed(4)
+    tokens, _ = sample_plain(logits, temperature)
+    freq = torch.bincount(tokens, minlength=5).float() / tokens.numel()
+    want = torch.softmax(probs.log() / temperature, dim=0)
+    torch.testing.assert_close(freq, want, atol=0.01, rtol=0)
+    assert freq[4] == 0
+
+
+def test_head_plain_masks_padded_vocab():
+    hidden, weight = torch.randn(64, 8), torch.randn(12, 8)
+    weight[10:] = 100 * hidden.mean(0)  # padded ids with the largest logits
+    tokens, _ = head_plain(hidden, weight, 10, 1.0)
+    assert bool((tokens < 10).all())
