@@ -133,7 +133,7 @@ def registry_fields(cfg: Config) -> list[tuple[str, object, tuple[str, ...], str
         MISMATCH_MODES,
         POLICY_LOSSES,
     )
-    from rlhf_mcore.models.layer_spec import LAYER_SPECS
+    from rlhf_mcore.models.build import LAYER_SPECS
     from rlhf_mcore.models.registry import MODEL_FAMILIES
     from rlhf_mcore.rewards.penalties import FORMAT_CHECKS
     from rlhf_mcore.rollout.base import ROLLOUT_ENGINES

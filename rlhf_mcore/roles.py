@@ -8,7 +8,7 @@ import logging
 
 import torch
 
-from rlhf_mcore.algorithms import estimator_needs
+from rlhf_mcore.algorithms.advantages import estimator_needs
 from rlhf_mcore.models.build import build_model, count_parameters
 from rlhf_mcore.models.roles import ROLES
 from rlhf_mcore.optim import TrainState, build_train_state

@@ -10,7 +10,8 @@ from pathlib import Path
 
 import torch
 
-from rlhf_mcore.algorithms import KL_CONTROLLERS, estimator_needs
+from rlhf_mcore.algorithms.advantages import estimator_needs
+from rlhf_mcore.algorithms.kl import KL_CONTROLLERS
 from rlhf_mcore.config_load import dump_yaml
 from rlhf_mcore.guards import BadStepGuard, DiskFullError, DivergedError, RewardHealthGuard, RunStopped, StartupError
 from rlhf_mcore.logs import MetricLogger, init_logger

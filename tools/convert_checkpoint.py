@@ -162,7 +162,7 @@ def gather_logits(model, hidden: torch.Tensor, tp_group) -> torch.Tensor:
     """hidden [b, s, h] -> logits [b, s, vocab] over the real vocab, gathered across TP."""
     import torch.distributed as dist
 
-    from rlhf_mcore.models.build import lm_output_weight
+    from rlhf_mcore.models.heads import lm_output_weight
 
     local = hidden @ lm_output_weight(model).t()  # [b, s, V_pad / tp]
     parts = [torch.empty_like(local) for _ in range(tp_group.size())]

@@ -11,7 +11,7 @@ import torch
 import torch.nn.functional as F
 
 from kernels.fused_logprob import fused_logprob_entropy
-from rlhf_mcore.models.build import lm_output_weight
+from rlhf_mcore.models.heads import lm_output_weight
 
 
 def real_vocab_shard(weight: torch.Tensor, vocab_size: int, tp_rank: int) -> tuple[torch.Tensor, int]:

@@ -12,7 +12,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tools"))
 from tiny_hf import CASES, VOCAB, diff_state_dicts, tiny_model  # noqa: E402
 
-from rlhf_mcore.models.build import lm_output_weight  # noqa: E402
+from rlhf_mcore.models.heads import lm_output_weight  # noqa: E402
 from rlhf_mcore.models.weights import hf_to_mcore, mcore_to_hf, model_dims  # noqa: E402
 
 

@@ -72,7 +72,7 @@ def test_smollm2_is_a_plain_llama_checkpoint(smollm2_dir, monkeypatch):
 
 def greedy_megatron(model, prompt: torch.Tensor, num_tokens: int, eos: int) -> list[int]:
     """No-KV-cache greedy decoding through our megatron forward (TP1/PP1)."""
-    from rlhf_mcore.models.build import lm_output_weight
+    from rlhf_mcore.models.heads import lm_output_weight
 
     ids = prompt.clone()  # [1, T]
     vocab = model.vocab_size_unpadded
