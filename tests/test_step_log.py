@@ -4,7 +4,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from rlhf_mcore.step_log import _stats, format_step_line, step_metrics, to_floats
+from rlhf_mcore.trainer.step_log import _stats, format_step_line, step_metrics, to_floats
 
 
 def test_masked_stats_by_hand():

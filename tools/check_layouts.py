@@ -19,16 +19,16 @@ from functools import partial
 
 import torch
 
-from rlhf_mcore.config_load import ConfigError, load_config
+from rlhf_mcore.config.load import ConfigError, load_config
 from rlhf_mcore.logs import init_logger
-from rlhf_mcore.metrics import reduce_outputs
 from rlhf_mcore.models.build import build_model
 from rlhf_mcore.models.transformer_config import load_hf_config
-from rlhf_mcore.optim import build_train_state, optimizer_step, zero_grads
 from rlhf_mcore.parallel import destroy_distributed, init_distributed, reset_model_parallel, torchrun_env
-from rlhf_mcore.phases import gather_dp, seq_multiple
-from rlhf_mcore.role_losses import actor_loss, critic_loss
-from rlhf_mcore.schedule import forward_collect, run_schedule, split_micro_batches, to_device
+from rlhf_mcore.trainer.losses import actor_loss, critic_loss
+from rlhf_mcore.trainer.metrics import reduce_outputs
+from rlhf_mcore.trainer.optim import build_train_state, optimizer_step, zero_grads
+from rlhf_mcore.trainer.phases import gather_dp, seq_multiple
+from rlhf_mcore.trainer.schedule import forward_collect, run_schedule, split_micro_batches, to_device
 
 
 def synthetic_batch(num: int, seq: int, vocab: int, seed: int) -> dict:

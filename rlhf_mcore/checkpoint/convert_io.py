@@ -32,7 +32,7 @@ _LAYER_KEY = re.compile(r"^decoder\.layers\.(\d+)\.")
 
 def build_for_conversion(hf_config: dict, role: str, ctx, dtype: str, source: str = "config.json"):
     """The model of `role` at this rank's layout, with the param-free SDPA local spec (our table's names)."""
-    from rlhf_mcore.config import ModelConfig, ParallelConfig
+    from rlhf_mcore.config.schema import ModelConfig, ParallelConfig
     from rlhf_mcore.models.build import build_model
 
     model_cfg = ModelConfig(dtype=dtype, attention_backend="sdpa")

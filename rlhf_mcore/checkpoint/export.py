@@ -22,8 +22,8 @@ from pathlib import Path
 
 import torch.distributed as dist
 
-from rlhf_mcore.guards import EXIT_DIVERGED, EXIT_STARTUP
 from rlhf_mcore.logs import heartbeat
+from rlhf_mcore.trainer.guards import EXIT_DIVERGED, EXIT_STARTUP
 
 log = logging.getLogger(__name__)
 EXPORT_DIR = "hf_export"
@@ -80,7 +80,7 @@ def convert(ckpt: str, out: str, model_cfg) -> Path:
     """One process (world size 1): dist-checkpoint of an actor -> HF directory at `out` (replaced atomically)."""
     from rlhf_mcore.checkpoint.convert_io import full_state_dict
     from rlhf_mcore.checkpoint.model_weights import load_model_weights
-    from rlhf_mcore.config import ParallelConfig
+    from rlhf_mcore.config.schema import ParallelConfig
     from rlhf_mcore.models.build import build_model
     from rlhf_mcore.models.hf_io import save_hf_checkpoint
     from rlhf_mcore.models.transformer_config import load_hf_config
@@ -114,8 +114,8 @@ def check_finite(state_dict: dict, source) -> None:
 
 
 def main(argv=None) -> int:
-    from rlhf_mcore.config import ModelConfig
-    from rlhf_mcore.config_load import load_config
+    from rlhf_mcore.config.load import load_config
+    from rlhf_mcore.config.schema import ModelConfig
     from rlhf_mcore.logs import init_logger
 
     parser = argparse.ArgumentParser(prog="python -m rlhf_mcore.checkpoint.export",

@@ -37,7 +37,7 @@ def test_traits_need_a_declared_type_and_hidden_entries_are_no_choice():
 def test_registry_needs_reach_the_roles():
     from types import SimpleNamespace as N
 
-    from rlhf_mcore.roles import needs_critic
+    from rlhf_mcore.trainer.roles import needs_critic
 
     assert needs_critic(N(algorithm=N(adv_estimator="gae")))
     assert not needs_critic(N(algorithm=N(adv_estimator="grpo")))

@@ -35,13 +35,13 @@ from conftest import tiny_model_config  # noqa: E402
 import rlhf_mcore.checkpoint.save_load as save_load  # noqa: E402
 from rlhf_mcore.checkpoint import find_latest, load_checkpoint, load_model_weights, save_checkpoint  # noqa: E402
 from rlhf_mcore.checkpoint.optim_state import adam_steps  # noqa: E402
-from rlhf_mcore.metrics import reduce_outputs  # noqa: E402
 from rlhf_mcore.models.build import build_model  # noqa: E402
 from rlhf_mcore.models.transformer_config import load_hf_config  # noqa: E402
-from rlhf_mcore.optim import build_train_state, optimizer_step, zero_grads  # noqa: E402
 from rlhf_mcore.parallel import init_distributed, reset_model_parallel  # noqa: E402
-from rlhf_mcore.role_losses import actor_loss  # noqa: E402
-from rlhf_mcore.schedule import forward_collect, run_schedule, split_micro_batches, to_device  # noqa: E402
+from rlhf_mcore.trainer.losses import actor_loss  # noqa: E402
+from rlhf_mcore.trainer.metrics import reduce_outputs  # noqa: E402
+from rlhf_mcore.trainer.optim import build_train_state, optimizer_step, zero_grads  # noqa: E402
+from rlhf_mcore.trainer.schedule import forward_collect, run_schedule, split_micro_batches, to_device  # noqa: E402
 
 # name -> (tp, pp, use_distributed_optimizer); dp fills the 2 ranks
 CASES = {"dp2": (1, 1, False), "dp2_distopt": (1, 1, True), "tp2": (2, 1, False), "pp2_distopt": (1, 2, True)}

@@ -6,7 +6,7 @@ import sys
 
 import pytest
 
-from rlhf_mcore.config_load import ConfigError, all_keys, load_config
+from rlhf_mcore.config.load import ConfigError, all_keys, load_config
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 TINY = os.path.join(ROOT, "configs", "tiny_grpo.yaml")

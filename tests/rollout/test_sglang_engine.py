@@ -123,7 +123,7 @@ def test_weight_refresh_in_buckets_with_one_flush(mcore_ctx):
 
 def test_engine_arguments_follow_the_config():
     """Decode CUDA graphs cover the per-rank rollout batch unless set; the attention backend is the key's."""
-    from rlhf_mcore.config_load import load_config
+    from rlhf_mcore.config.load import load_config
     from rlhf_mcore.rollout.sglang_engine import engine_kwargs
     from tests.conftest import ROOT
 

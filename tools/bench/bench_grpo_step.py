@@ -27,17 +27,17 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # run from a plain checkout
-from rlhf_mcore import trainer  # noqa: E402
 from rlhf_mcore.algorithms import KL_CONTROLLERS  # noqa: E402
 from rlhf_mcore.config import ActorConfig, Config, DataConfig, ModelConfig, OptimConfig, RolloutConfig, TrainerConfig  # noqa: E402
-from rlhf_mcore.config_validate import validate  # noqa: E402
+from rlhf_mcore.config.validate import validate  # noqa: E402
 from rlhf_mcore.logs import MetricLogger, init_logger  # noqa: E402
 from rlhf_mcore.models.transformer_config import load_hf_config  # noqa: E402
 from rlhf_mcore.parallel import init_distributed  # noqa: E402
-from rlhf_mcore.roles import build_roles  # noqa: E402
 from rlhf_mcore.rollout.base import build_rollout_engine  # noqa: E402
 from rlhf_mcore.rollout.types import SamplingParams  # noqa: E402
-from rlhf_mcore.run import Run, engine_kwargs  # noqa: E402
+from rlhf_mcore.trainer import loop as trainer  # noqa: E402
+from rlhf_mcore.trainer.roles import build_roles  # noqa: E402
+from rlhf_mcore.trainer.run import Run, engine_kwargs  # noqa: E402
 
 QWEN = dict(family="qwen2", num_layers=24, hidden_size=896, ffn_hidden_size=4864, num_attention_heads=14,
             num_query_groups=2, vocab_size=151936, tie_embeddings=True, dtype="bf16")

@@ -35,10 +35,10 @@ from rlhf_mcore.logs import init_logger  # noqa: E402
 from rlhf_mcore.models.build import build_model  # noqa: E402
 from rlhf_mcore.models.packed import choose_packed_kernel  # noqa: E402
 from rlhf_mcore.models.transformer_config import load_hf_config  # noqa: E402
-from rlhf_mcore.optim import build_train_state, zero_grads  # noqa: E402
 from rlhf_mcore.parallel import init_distributed  # noqa: E402
-from rlhf_mcore.role_losses import actor_loss  # noqa: E402
-from rlhf_mcore.schedule import forward_collect, run_schedule, split_micro_batches  # noqa: E402
+from rlhf_mcore.trainer.losses import actor_loss  # noqa: E402
+from rlhf_mcore.trainer.optim import build_train_state, zero_grads  # noqa: E402
+from rlhf_mcore.trainer.schedule import forward_collect, run_schedule, split_micro_batches  # noqa: E402
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 METRICS = os.path.join(HERE, "results", "gpu_grpo_smollm2_gsm8k_metrics.jsonl")

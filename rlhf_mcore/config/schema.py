@@ -1,9 +1,9 @@
 """The experiment schema: nested dataclasses mirrored 1:1 by the YAML files in configs/.
 
 Single-section rules live in each section's `__post_init__` (as `_checks`, collected, never raised one by
-one); cross-section rules live in `rlhf_mcore.config_validate.validate`, and so does the one check of every
+one); cross-section rules live in `rlhf_mcore.config.validate.validate`, and so does the one check of every
 field that names a registry entry (`registry_fields`: the registry is the list of valid names). Loading,
-`a.b=value` overrides and error reporting live in `rlhf_mcore.config_load`.
+`a.b=value` overrides and error reporting live in `rlhf_mcore.config.load`.
 """
 from __future__ import annotations
 

@@ -12,18 +12,25 @@ import torch
 
 from rlhf_mcore.algorithms.advantages import estimator_needs
 from rlhf_mcore.algorithms.kl import KL_CONTROLLERS
-from rlhf_mcore.config_load import dump_yaml
-from rlhf_mcore.guards import BadStepGuard, DiskFullError, DivergedError, RewardHealthGuard, RunStopped, StartupError
+from rlhf_mcore.config.load import dump_yaml
 from rlhf_mcore.logs import MetricLogger, init_logger
 from rlhf_mcore.models.transformer_config import load_hf_config
 from rlhf_mcore.parallel import init_distributed, torchrun_env
-from rlhf_mcore.phases import LossFns, build_loss_fns
-from rlhf_mcore.roles import Roles, build_roles
 from rlhf_mcore.rollout.base import build_rollout_engine
-from rlhf_mcore.run_data import build_samplers, load_run_tokenizer, stop_token_ids
-from rlhf_mcore.run_lock import RunDirLocked, RunLock
-from rlhf_mcore.run_reward import Scorer
-from rlhf_mcore.step_log import format_step_line
+from rlhf_mcore.trainer.guards import (
+    BadStepGuard,
+    DiskFullError,
+    DivergedError,
+    RewardHealthGuard,
+    RunStopped,
+    StartupError,
+)
+from rlhf_mcore.trainer.inputs import build_samplers, load_run_tokenizer, stop_token_ids
+from rlhf_mcore.trainer.lock import RunDirLocked, RunLock
+from rlhf_mcore.trainer.phases import LossFns, build_loss_fns
+from rlhf_mcore.trainer.roles import Roles, build_roles
+from rlhf_mcore.trainer.scoring import Scorer
+from rlhf_mcore.trainer.step_log import format_step_line
 
 log = logging.getLogger("rlhf_mcore")
 SUSPECT_SUFFIX = ".suspect"
@@ -84,7 +91,7 @@ class Run:
         self.metric_logger.write(step, metrics)
 
     def log_validation(self, step: int) -> dict:
-        from rlhf_mcore.run_validate import validate
+        from rlhf_mcore.trainer.validation import validate
 
         metrics = validate(self)
         if self.ctx.is_logging_rank:
@@ -179,7 +186,7 @@ def _start_checks(cfg, ctx) -> tuple[RunLock | None, str | None]:
     ranks share the verdict, then pick (and verify) the checkpoint to resume from. Raises StartupError."""
     from rlhf_mcore.checkpoint import CheckpointError
     from rlhf_mcore.checkpoint.verify import pick_resume
-    from rlhf_mcore.preflight import preflight_errors
+    from rlhf_mcore.trainer.preflight import preflight_errors
 
     lock, errors = None, []
     if ctx.is_logging_rank:

@@ -17,11 +17,11 @@ from rlhf_mcore.algorithms.advantages import ADVANTAGES, AdvantageInputs, estima
 from rlhf_mcore.algorithms.kl import apply_kl_penalty
 from rlhf_mcore.data.packing import plan_dp_split
 from rlhf_mcore.logs import heartbeat, progress, timer
-from rlhf_mcore.optim import optimizer_step, zero_grads
-from rlhf_mcore.role_losses import actor_loss, critic_loss, reward_model_scores, rollout_mismatch
 from rlhf_mcore.rollout.types import RolloutBatch, SamplingParams
-from rlhf_mcore.schedule import forward_collect, run_schedule, split_micro_batches, take
-from rlhf_mcore.step_batch import StepBatch
+from rlhf_mcore.trainer.losses import actor_loss, critic_loss, reward_model_scores, rollout_mismatch
+from rlhf_mcore.trainer.optim import optimizer_step, zero_grads
+from rlhf_mcore.trainer.schedule import forward_collect, run_schedule, split_micro_batches, take
+from rlhf_mcore.trainer.step_batch import StepBatch
 
 
 def sampling_params(cfg, eos_ids: tuple[int, ...], step: int, validation: bool = False) -> SamplingParams:

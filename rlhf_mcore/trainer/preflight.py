@@ -46,7 +46,7 @@ def _path_errors(cfg) -> list[str]:
 def _vocab_errors(cfg) -> list[str]:
     """The model's vocabulary must hold every id the tokenizer can produce."""
     from rlhf_mcore.models.transformer_config import load_hf_config
-    from rlhf_mcore.run_data import load_run_tokenizer
+    from rlhf_mcore.trainer.inputs import load_run_tokenizer
 
     try:
         tokenizer = load_run_tokenizer(cfg)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 import os
 
-from rlhf_mcore.config import Config
+from rlhf_mcore.config.schema import Config
 from rlhf_mcore.registry import suggest
 
 REQUIRED_INLINE = ("num_layers", "hidden_size", "ffn_hidden_size", "num_attention_heads", "vocab_size")
