@@ -194,7 +194,7 @@ class OptimConfig:
 
 @dataclass(**DC)
 class UpdateConfig:
-    """How a trained role is updated; actor and critic share it (the update schedule of `phases.update_role`)."""
+    """How a trained role is updated; actor and critic share it (the schedule of `trainer.phases.update_role`)."""
 
     optim: OptimConfig = field(default_factory=OptimConfig)
     ppo_mini_batch_size: int = 8  # prompts per optimizer step (x rollout.n samples)
