@@ -28,7 +28,7 @@ import torch
 if __package__ in (None, ""):  # run as a script: make `rlhf_mcore` importable from the repo root
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from rlhf_mcore.checkpoint.convert_io import (
+from rlhf_mcore.convert.mcore import (
     HF_SUBDIR,
     build_for_conversion,
     describe_checkpoint,

@@ -295,7 +295,7 @@ def finish_run(run: Run, last: int) -> None:
     path = run.save(last, final=True) if cfg.trainer.save_freq != 0 and last > run.start_step else None
     export = None
     if cfg.trainer.export_hf and path is not None:
-        from rlhf_mcore.checkpoint.export import export_actor_to_hf
+        from rlhf_mcore.convert.export import export_actor_to_hf
 
         export = export_actor_to_hf(run, path)
     if run.ctx.is_logging_rank:

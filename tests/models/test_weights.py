@@ -29,7 +29,7 @@ def hf_tensors(model) -> dict:
 
 
 def build(role, cfg, ctx, full_sd):
-    from rlhf_mcore.checkpoint.convert_io import build_for_conversion, full_state_dict, load_full_state_dict
+    from rlhf_mcore.convert.mcore import build_for_conversion, full_state_dict, load_full_state_dict
 
     model = build_for_conversion(cfg, role, ctx, "fp32")
     load_full_state_dict(model, full_sd, 0, 1)

@@ -96,7 +96,7 @@ def test_export_of_a_training_checkpoint_role_dir(tiny_work, mcore_ctx):
     """run/global_step_N/actor holds {"model": ..., "optimizer": ...}: export it with --hf-config."""
     from megatron.core import dist_checkpointing
 
-    from rlhf_mcore.checkpoint.convert_io import build_for_conversion, describe_checkpoint, load_converted
+    from rlhf_mcore.convert.mcore import build_for_conversion, describe_checkpoint, load_converted
 
     ckpt = tiny_work / "mcore" / "qwen2_1x1"
     hf_cfg, _, role, dtype = describe_checkpoint(ckpt)
@@ -151,7 +151,7 @@ def test_cli_prints_the_error_and_exits_2(tmp_path):
 def test_loading_a_full_state_dict_checks_keys_and_shapes(mcore_ctx):
     from tiny_hf import tiny_model
 
-    from rlhf_mcore.checkpoint.convert_io import build_for_conversion, load_full_state_dict
+    from rlhf_mcore.convert.mcore import build_for_conversion, load_full_state_dict
     from rlhf_mcore.models.weights import hf_to_mcore
 
     hf = tiny_model("mistral", False)

@@ -90,7 +90,7 @@ def greedy_megatron(model, prompt: torch.Tensor, num_tokens: int, eos: int) -> l
 def test_greedy_decoding_through_megatron_matches_transformers(smollm2_dir, mcore_ctx, tmp_path):
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from rlhf_mcore.checkpoint.convert_io import build_for_conversion, load_converted, read_converted
+    from rlhf_mcore.convert.mcore import build_for_conversion, load_converted, read_converted
 
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     assert run(["hf-to-mcore", "--hf-dir", str(smollm2_dir), "--out", str(tmp_path / "mc")]) == 0
