@@ -40,6 +40,7 @@ from rlhf_mcore.convert.mcore import (
     save_converted,
 )
 from rlhf_mcore.models.hf_io import load_hf_state_dict, read_hf_config, save_hf_checkpoint
+from rlhf_mcore.models.logprobs import full_logits
 from rlhf_mcore.models.registry import spec_for_hf_config
 from rlhf_mcore.models.weights import ROLES, default_role, hf_to_mcore, mcore_to_hf
 
@@ -158,18 +159,6 @@ def hf_outputs(hf_dir: str, role: str, dtype: str, tokens: torch.Tensor) -> torc
         return model.score(model.model(tokens).last_hidden_state).float()
 
 
-def gather_logits(model, hidden: torch.Tensor, tp_group) -> torch.Tensor:
-    """hidden [b, s, h] -> logits [b, s, vocab] over the real vocab, gathered across TP."""
-    import torch.distributed as dist
-
-    from rlhf_mcore.models.heads import lm_output_weight
-
-    local = hidden @ lm_output_weight(model).t()  # [b, s, V_pad / tp]
-    parts = [torch.empty_like(local) for _ in range(tp_group.size())]
-    dist.all_gather(parts, local.contiguous(), group=tp_group)
-    return torch.cat(parts, dim=-1)[..., : model.vocab_size_unpadded]
-
-
 def compare(ref: torch.Tensor, ours: torch.Tensor, tokens: torch.Tensor, lm: bool) -> dict[str, float]:
     stats = {"logits_max": (ref - ours).abs().max().item(), "logits_mean": (ref - ours).abs().mean().item()}
     if lm:  # log p(tokens[t+1] | tokens[:t+1])
@@ -211,7 +200,7 @@ def verify_cmd(args) -> int:
     output = megatron_outputs(model, tokens)
     if ctx.is_last_stage:
         lm = role in ("actor", "ref")
-        ours = gather_logits(model, output, ctx.pgs.tp).float() if lm else output.float()
+        ours = full_logits(model, output, ctx.pgs.tp).float() if lm else output.float()
         if ctx.tp_rank == 0 and ctx.dp_rank == 0:
             reference = hf_outputs(args.hf_dir, role, "fp32", tokens)  # fp32 transformers is the truth
             stats = compare(reference, ours, tokens, lm)
