@@ -319,7 +319,7 @@ class TrainerConfig:
     val_before_train: bool = False
     output_dir: str = "runs/default"
     seed: int = 1
-    logger: list[str] = field(default_factory=lambda: ["console", "jsonl", "tensorboard"])  # also: wandb
+    logger: list[str] = field(default_factory=lambda: ["console", "jsonl", "tensorboard"])  # +wandb; console=step line
     project_name: str = "rlhf_mcore"  # wandb project
     experiment_name: str = ""  # wandb run name ("" = the output_dir's name)
     resume: str = "auto"  # auto | disable | <path to global_step_N>

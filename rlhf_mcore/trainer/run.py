@@ -84,9 +84,14 @@ class Run:
     def rows_per_mini(self, role: str) -> int:
         return getattr(self.cfg, role).ppo_mini_batch_size * self.cfg.rollout.n // self.ctx.dims.dp
 
+    @property
+    def console(self) -> bool:
+        """Rank 0 prints the step and validation lines when `trainer.logger` names `console`."""
+        return self.ctx.is_logging_rank and "console" in self.cfg.trainer.logger
+
     def log_step(self, step: int, metrics: dict) -> None:
         self.history.append(metrics)
-        if self.ctx.is_logging_rank:
+        if self.console:
             log.info(format_step_line(step, self.total_steps, metrics))
         self.metric_logger.write(step, metrics)
 
@@ -94,7 +99,7 @@ class Run:
         from rlhf_mcore.trainer.validation import validate
 
         metrics = validate(self)
-        if self.ctx.is_logging_rank:
+        if self.console:
             log.info("validation @ step %d: %s", step, "  ".join(f"{k}={v:.4f}" for k, v in sorted(metrics.items())))
         self.metric_logger.write(step, metrics)
         self.history.append({"step": step, **metrics})
