@@ -81,7 +81,15 @@ def choose_layer_spec(name: str):
 
 
 def build_model(role: str, hf: dict, model_cfg, parallel_cfg, ctx, source: str = "config.json"):
-    """One GPTModel chunk for this rank's pipeline stage, on ctx.device, not yet wrapped for DDP."""
+    """One GPTModel chunk for this rank's pipeline stage, on ctx.device, not yet wrapped for DDP. Weights are
+    drawn from fixed seeds (the same at every layout) inside a forked RNG: the caller's RNG state is kept."""
+    devices = [ctx.device.index if ctx.device.index is not None else torch.cuda.current_device()] \
+        if ctx.device.type == "cuda" else []
+    with torch.random.fork_rng(devices=devices):
+        return _build_model(role, hf, model_cfg, parallel_cfg, ctx, source)
+
+
+def _build_model(role: str, hf: dict, model_cfg, parallel_cfg, ctx, source: str):
     from megatron.core.models.gpt import GPTModel
 
     spec = role_spec(role)

@@ -85,3 +85,17 @@ def test_heads_and_identical_init(mcore_ctx):
     assert lm_output_weight(tied_actor) is tied_actor.embedding.word_embeddings.weight
     with pytest.raises(ValueError, match="unknown model role 'policy'"):
         build_model("policy", load_hf_config(cfg.model), cfg.model, cfg.parallel, mcore_ctx)
+
+
+def test_building_keeps_the_callers_rng_state(mcore_ctx):
+    """Initialisation reseeds (fixed seeds per embedding / layer / head) only inside a forked RNG."""
+    cfg = tiny_model_config()
+    torch.manual_seed(123)
+    expected = torch.rand(4)
+    torch.manual_seed(123)
+    first = build_model("actor", load_hf_config(cfg.model), cfg.model, cfg.parallel, mcore_ctx)
+    assert torch.equal(torch.rand(4), expected)
+    torch.manual_seed(7)  # another caller state: the same weights
+    second = build_model("actor", load_hf_config(cfg.model), cfg.model, cfg.parallel, mcore_ctx)
+    assert all(torch.equal(a, b) for a, b in zip(first.state_dict().values(), second.state_dict().values())
+               if torch.is_tensor(a))
