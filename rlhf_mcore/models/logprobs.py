@@ -10,7 +10,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from kernels.fused_logprob import fused_logprob_entropy
+from rlhf_mcore.kernels.fused_logprob import fused_logprob_entropy
 from rlhf_mcore.models.heads import lm_output_weight
 
 

@@ -12,7 +12,7 @@ import torch
 import torch.distributed as dist
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
-from kernels.fused_logprob import fused_logprob_entropy, reference_logprob_entropy  # noqa: E402
+from rlhf_mcore.kernels.fused_logprob import fused_logprob_entropy, reference_logprob_entropy  # noqa: E402
 
 N, H, V, TEMPERATURE = 29, 12, 101, 0.8
 DEVICE = os.environ.get("TP_WORKER_DEVICE", "cpu")

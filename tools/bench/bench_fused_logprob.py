@@ -18,7 +18,7 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # run from a plain checkout
-from kernels.fused_logprob import HAS_TRITON, fused_logprob_entropy  # noqa: E402
+from rlhf_mcore.kernels.fused_logprob import HAS_TRITON, fused_logprob_entropy  # noqa: E402
 
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
 
