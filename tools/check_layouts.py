@@ -1,6 +1,6 @@
 """Check that a parallel layout gives the same numbers as another: the core promise of rlhf-mcore.
 
-    torchrun --nproc_per_node 4 tools/check_layouts.py --config configs/tiny_grpo.yaml --layouts 1x1,2x1,1x2,2x2
+    torchrun --nproc_per_node 4 -m tools.check_layouts --config configs/tiny_grpo.yaml --layouts 1x1,2x1,1x2,2x2
 
 Layouts are TPxPP; DP fills the rest of the world. With --packing on every layout runs packed micro-batches
 (data.use_sequence_packing), with --packing both each layout runs padded and then packed, all compared

@@ -1,10 +1,10 @@
 """Convert checkpoints between Hugging Face and megatron-core, and check that both compute the same thing.
 
-    python tools/convert_checkpoint.py hf-to-mcore --hf-dir D --out O [--dtype auto|fp32|bf16] [--role R]
-    torchrun --nproc_per_node 4 tools/convert_checkpoint.py hf-to-mcore --hf-dir D --out O --tp 2 --pp 2
-    python tools/convert_checkpoint.py mcore-to-hf --mcore-dir O --out D2 [--max-shard-size 5GB]
-    python tools/convert_checkpoint.py mcore-to-hf --mcore-dir run/global_step_100/actor --hf-config D --out D2
-    torchrun --nproc_per_node 2 tools/convert_checkpoint.py verify --hf-dir D --mcore-dir O --tp 2
+    python -m tools.convert_checkpoint hf-to-mcore --hf-dir D --out O [--dtype auto|fp32|bf16] [--role R]
+    torchrun --nproc_per_node 4 -m tools.convert_checkpoint hf-to-mcore --hf-dir D --out O --tp 2 --pp 2
+    python -m tools.convert_checkpoint mcore-to-hf --mcore-dir O --out D2 [--max-shard-size 5GB]
+    python -m tools.convert_checkpoint mcore-to-hf --mcore-dir run/global_step_100/actor --hf-config D --out D2
+    torchrun --nproc_per_node 2 -m tools.convert_checkpoint verify --hf-dir D --mcore-dir O --tp 2
 
 `hf-to-mcore` writes a megatron dist-checkpoint that loads at any TP/PP (megatron reshards on load), with
 the HF config and tokenizer files in O/hf/. `mcore-to-hf` runs in one process and writes config.json,
@@ -24,9 +24,6 @@ import time
 from pathlib import Path
 
 import torch
-
-if __package__ in (None, ""):  # run as a script: make `rlhf_mcore` importable from the repo root
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from rlhf_mcore.convert.mcore import (
     HF_SUBDIR,

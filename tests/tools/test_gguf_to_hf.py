@@ -5,8 +5,9 @@ import os
 
 import pytest
 import torch
-from convert_checkpoint import run
-from gguf_to_hf import convert_gguf, ensure_smollm2, find_smollm2_gguf, main
+
+from tools.convert_checkpoint import run
+from tools.gguf_to_hf import convert_gguf, ensure_smollm2, find_smollm2_gguf, main
 
 PROMPT = [{"role": "user", "content": "Write a haiku about the sea."}]
 NEW_TOKENS = 16

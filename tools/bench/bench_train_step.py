@@ -1,6 +1,6 @@
 """Actor forward + backward step time, tokens/s, MFU and peak memory per attention backend, in one run.
 
-    python tools/bench/bench_train_step.py --preset qwen2.5-0.5b --backends sdpa,local --seq-len 2048 \
+    python -m tools.bench.bench_train_step --preset qwen2.5-0.5b --backends sdpa,local --seq-len 2048 \
         --micro-batch 8 --out tools/bench/results
 
 The step is the real actor path: megatron's schedule, the PPO loss on fused vocab-parallel log-probs,

@@ -22,15 +22,15 @@ if [[ $PART == part1 ]]; then
   echo "=== GPU tests: graphed native decode ($(date +%T))"
   timeout 150 python3 -m pytest -q -p no:cacheprovider tests/rollout/test_static_decode.py -m gpu -x 2>&1 | tail -15
   echo "=== ours, native ($(date +%T))"
-  timeout 240 python3 tools/bench/bench_grpo_step.py --engine native --out "$OUT" --profile "$OUT/profile_native.txt" \
+  timeout 240 python3 -m tools.bench.bench_grpo_step --engine native --out "$OUT" --profile "$OUT/profile_native.txt" \
       2>&1 | grep -v "rollout:" | tee "$OUT/native.log" | tail -25
   echo "=== TRL ($(date +%T))"
-  PYTHONPATH=/tmp/trlsite timeout 300 python3 tools/bench/bench_trl_grpo.py --out "$OUT" 2>&1 | tr '\r' '\n' \
+  PYTHONPATH=/tmp/trlsite timeout 300 python3 -m tools.bench.bench_trl_grpo --out "$OUT" 2>&1 | tr '\r' '\n' \
       | grep -v "it/s\|s/it\]" | tee "$OUT/trl.log" | tail -6
   exit 0
 fi
 [[ -d /tmp/site/sglang ]] || { echo COLD_MACHINE; exit 9; }
 install /tmp/site ../.carry/part2/*.whl || exit 3
 echo "=== ours, sglang ($SGL_ATTN attention) ($(date +%T))"
-timeout 420 python3 tools/bench/bench_grpo_step.py --engine sglang --attention-backend "$SGL_ATTN" --out "$OUT" \
+timeout 420 python3 -m tools.bench.bench_grpo_step --engine sglang --attention-backend "$SGL_ATTN" --out "$OUT" \
     2>&1 | grep -v "rollout:" | tee "$OUT/sglang.log" | tail -25
