@@ -4,7 +4,8 @@ setup(
     name="rlhf-mcore",
     version="0.1.0",
     description="RL post-training (PPO, GRPO and variants) for LLMs on megatron-core, one SPMD program.",
-    packages=find_packages(include=["rlhf_mcore", "rlhf_mcore.*", "kernels", "kernels.*"]),
+    # kernels/ is imported as rlhf_mcore.kernels (rlhf_mcore/kernels.py points there), never as `kernels`
+    packages=find_packages(include=["rlhf_mcore", "rlhf_mcore.*"]),
     python_requires=">=3.11",
     install_requires=[
         "torch>=2.6",

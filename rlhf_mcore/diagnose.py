@@ -58,7 +58,7 @@ def device_lines() -> list[str]:
 def code_paths(cfg, have_cuda: bool, have_te: bool, have_triton: bool, sglang_status: str) -> list[tuple[str, str]]:
     """(what, which path and why) for a config on a machine with the given capabilities.
 
-    >>> from rlhf_mcore.config import Config
+    >>> from rlhf_mcore.config.schema import Config
     >>> dict(code_paths(Config(), False, False, False, "not installed"))["attention"]
     'sdpa: model.attention_backend=auto and Transformer Engine is not importable'
     """
@@ -102,7 +102,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.config:
         import torch
 
-        from rlhf_mcore.config_load import ConfigError, load_config
+        from rlhf_mcore.config.load import ConfigError, load_config
 
         try:
             cfg = load_config(args.config, args.overrides, check=False)

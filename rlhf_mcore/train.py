@@ -3,16 +3,16 @@
 `--validate-only` prints the resolved config (exit 0) or every error (exit 2) and builds nothing.
 Exit codes: 0 done, 2 a problem found before the model is built (config, paths, data, rewards, a locked
 output directory), 3 training diverged, 4 the rewards keep failing, 5 a collective timed out, 6 the disk is
-full (`rlhf_mcore.guards`). Only rank 0 prints the problems; every rank exits with the same code.
+full (`rlhf_mcore.trainer.guards`). Only rank 0 prints the problems; every rank exits with the same code.
 """
 from __future__ import annotations
 
 import argparse
 import sys
 
-from rlhf_mcore.config_load import ConfigError, dump_yaml, load_config
-from rlhf_mcore.guards import EXIT_STARTUP, RunStopped, collective_timeout_error, is_collective_timeout
+from rlhf_mcore.config.load import ConfigError, dump_yaml, load_config
 from rlhf_mcore.parallel import exit_with_launcher, torchrun_env
+from rlhf_mcore.trainer.guards import EXIT_STARTUP, RunStopped, collective_timeout_error, is_collective_timeout
 
 
 def parse_args(argv):
@@ -46,9 +46,9 @@ def main(argv=None) -> int:
 
 
 def run_training(cfg, rank: int) -> int:
-    """train(cfg), with each deliberate stop turned into its message and exit code (rlhf_mcore.guards)."""
+    """train(cfg), with each deliberate stop turned into its message and exit code (rlhf_mcore.trainer.guards)."""
     from rlhf_mcore.parallel import destroy_distributed
-    from rlhf_mcore.trainer import train
+    from rlhf_mcore.trainer.loop import train
 
     try:
         train(cfg)

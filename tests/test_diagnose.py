@@ -1,6 +1,6 @@
 """python -m rlhf_mcore.diagnose: machine, packages, optional imports, and the code paths of a config."""
 from rlhf_mcore.config import Config
-from rlhf_mcore.config_load import load_config
+from rlhf_mcore.config.load import load_config
 from rlhf_mcore.diagnose import code_paths, main, package_version, try_import
 
 

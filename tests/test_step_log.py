@@ -4,7 +4,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from rlhf_mcore.step_log import _stats, format_step_line, step_metrics, to_floats
+from rlhf_mcore.trainer.step_log import _stats, format_step_line, step_metrics, to_floats
 
 
 def test_masked_stats_by_hand():
@@ -33,3 +33,18 @@ def test_response_length_clip_ratio_and_phase_timings():
     assert m["response_length/clip_ratio"] == 0.5  # two of four responses hit the maximum length (verl)
     assert m["timing_s/ref"] == 0.5
     assert "ref 0.5s" in format_step_line(1, 1, m)
+
+
+@pytest.mark.parametrize("sinks, printed", [(["console", "jsonl"], True), (["jsonl"], False)])
+def test_step_line_printed_only_with_the_console_sink(sinks, printed, caplog):
+    from rlhf_mcore.trainer.run import Run
+
+    written = []
+    run = SimpleNamespace(history=[], total_steps=10, ctx=SimpleNamespace(is_logging_rank=True),
+                          cfg=SimpleNamespace(trainer=SimpleNamespace(logger=sinks)),
+                          metric_logger=SimpleNamespace(write=lambda step, m: written.append(step)))
+    run.console = Run.console.fget(run)
+    with caplog.at_level("INFO", logger="rlhf_mcore"):
+        Run.log_step(run, 3, {"critic/score/mean": 0.5})
+    assert any(r.getMessage().startswith("step 3/10") for r in caplog.records) == printed
+    assert written == [3] and run.history == [{"critic/score/mean": 0.5}]  # the sinks get the step either way

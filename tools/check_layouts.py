@@ -1,6 +1,6 @@
 """Check that a parallel layout gives the same numbers as another: the core promise of rlhf-mcore.
 
-    torchrun --nproc_per_node 4 tools/check_layouts.py --config configs/tiny_grpo.yaml --layouts 1x1,2x1,1x2,2x2
+    torchrun --nproc_per_node 4 -m tools.check_layouts --config configs/tiny_grpo.yaml --layouts 1x1,2x1,1x2,2x2
 
 Layouts are TPxPP; DP fills the rest of the world. With --packing on every layout runs packed micro-batches
 (data.use_sequence_packing), with --packing both each layout runs padded and then packed, all compared
@@ -19,16 +19,16 @@ from functools import partial
 
 import torch
 
-from rlhf_mcore.config_load import ConfigError, load_config
+from rlhf_mcore.config.load import ConfigError, load_config
 from rlhf_mcore.logs import init_logger
-from rlhf_mcore.metrics import reduce_outputs
 from rlhf_mcore.models.build import build_model
 from rlhf_mcore.models.transformer_config import load_hf_config
-from rlhf_mcore.optim import build_train_state, optimizer_step, zero_grads
 from rlhf_mcore.parallel import destroy_distributed, init_distributed, reset_model_parallel, torchrun_env
-from rlhf_mcore.phases import gather_dp, seq_multiple
-from rlhf_mcore.role_losses import actor_loss, critic_loss
-from rlhf_mcore.schedule import forward_collect, run_schedule, split_micro_batches, to_device
+from rlhf_mcore.trainer.losses import actor_loss, critic_loss
+from rlhf_mcore.trainer.metrics import reduce_outputs
+from rlhf_mcore.trainer.optim import build_train_state, optimizer_step, zero_grads
+from rlhf_mcore.trainer.phases import gather_dp, seq_multiple
+from rlhf_mcore.trainer.schedule import forward_collect, run_schedule, split_micro_batches, to_device
 
 
 def synthetic_batch(num: int, seq: int, vocab: int, seed: int) -> dict:

@@ -1,10 +1,10 @@
 """Convert checkpoints between Hugging Face and megatron-core, and check that both compute the same thing.
 
-    python tools/convert_checkpoint.py hf-to-mcore --hf-dir D --out O [--dtype auto|fp32|bf16] [--role R]
-    torchrun --nproc_per_node 4 tools/convert_checkpoint.py hf-to-mcore --hf-dir D --out O --tp 2 --pp 2
-    python tools/convert_checkpoint.py mcore-to-hf --mcore-dir O --out D2 [--max-shard-size 5GB]
-    python tools/convert_checkpoint.py mcore-to-hf --mcore-dir run/global_step_100/actor --hf-config D --out D2
-    torchrun --nproc_per_node 2 tools/convert_checkpoint.py verify --hf-dir D --mcore-dir O --tp 2
+    python -m tools.convert_checkpoint hf-to-mcore --hf-dir D --out O [--dtype auto|fp32|bf16] [--role R]
+    torchrun --nproc_per_node 4 -m tools.convert_checkpoint hf-to-mcore --hf-dir D --out O --tp 2 --pp 2
+    python -m tools.convert_checkpoint mcore-to-hf --mcore-dir O --out D2 [--max-shard-size 5GB]
+    python -m tools.convert_checkpoint mcore-to-hf --mcore-dir run/global_step_100/actor --hf-config D --out D2
+    torchrun --nproc_per_node 2 -m tools.convert_checkpoint verify --hf-dir D --mcore-dir O --tp 2
 
 `hf-to-mcore` writes a megatron dist-checkpoint that loads at any TP/PP (megatron reshards on load), with
 the HF config and tokenizer files in O/hf/. `mcore-to-hf` runs in one process and writes config.json,
@@ -25,10 +25,7 @@ from pathlib import Path
 
 import torch
 
-if __package__ in (None, ""):  # run as a script: make `rlhf_mcore` importable from the repo root
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-from rlhf_mcore.checkpoint.convert_io import (
+from rlhf_mcore.convert.mcore import (
     HF_SUBDIR,
     build_for_conversion,
     describe_checkpoint,
@@ -40,6 +37,7 @@ from rlhf_mcore.checkpoint.convert_io import (
     save_converted,
 )
 from rlhf_mcore.models.hf_io import load_hf_state_dict, read_hf_config, save_hf_checkpoint
+from rlhf_mcore.models.logprobs import full_logits
 from rlhf_mcore.models.registry import spec_for_hf_config
 from rlhf_mcore.models.weights import ROLES, default_role, hf_to_mcore, mcore_to_hf
 
@@ -158,18 +156,6 @@ def hf_outputs(hf_dir: str, role: str, dtype: str, tokens: torch.Tensor) -> torc
         return model.score(model.model(tokens).last_hidden_state).float()
 
 
-def gather_logits(model, hidden: torch.Tensor, tp_group) -> torch.Tensor:
-    """hidden [b, s, h] -> logits [b, s, vocab] over the real vocab, gathered across TP."""
-    import torch.distributed as dist
-
-    from rlhf_mcore.models.build import lm_output_weight
-
-    local = hidden @ lm_output_weight(model).t()  # [b, s, V_pad / tp]
-    parts = [torch.empty_like(local) for _ in range(tp_group.size())]
-    dist.all_gather(parts, local.contiguous(), group=tp_group)
-    return torch.cat(parts, dim=-1)[..., : model.vocab_size_unpadded]
-
-
 def compare(ref: torch.Tensor, ours: torch.Tensor, tokens: torch.Tensor, lm: bool) -> dict[str, float]:
     stats = {"logits_max": (ref - ours).abs().max().item(), "logits_mean": (ref - ours).abs().mean().item()}
     if lm:  # log p(tokens[t+1] | tokens[:t+1])
@@ -211,7 +197,7 @@ def verify_cmd(args) -> int:
     output = megatron_outputs(model, tokens)
     if ctx.is_last_stage:
         lm = role in ("actor", "ref")
-        ours = gather_logits(model, output, ctx.pgs.tp).float() if lm else output.float()
+        ours = full_logits(model, output, ctx.pgs.tp).float() if lm else output.float()
         if ctx.tp_rank == 0 and ctx.dp_rank == 0:
             reference = hf_outputs(args.hf_dir, role, "fp32", tokens)  # fp32 transformers is the truth
             stats = compare(reference, ours, tokens, lm)

@@ -1,6 +1,6 @@
 """The end of `make demo`: reward, format rate and accuracy before and after training, and where things are.
 
-    python tools/demo_summary.py RUN_DIR [--plot PATH]
+    python -m tools.demo_summary RUN_DIR [--plot PATH]
 
 "Before/after" are the first and last validation of RUN_DIR/metrics.jsonl (greedy, the same prompts), with
 the first and last training step (sampled) beside them and how many steps had a learning signal (rewards that

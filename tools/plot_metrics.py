@@ -1,6 +1,6 @@
 """Plot a run's curves from RUN_DIR/metrics.jsonl into one PNG.
 
-    python tools/plot_metrics.py RUN_DIR [--out RUN_DIR/metrics.png]
+    python -m tools.plot_metrics RUN_DIR [--out RUN_DIR/metrics.png]
 
 Panels: reward, accuracy and format rate (training steps as lines, validation as points per data_source),
 response length with its clip ratio, entropy, KL, grad norm, and the step time split by phase (stacked).

@@ -1,6 +1,6 @@
 """GSM8K jsonl ({"question", "answer"}, answer ending in "#### N") -> verl-schema parquet.
 
-    python tools/prepare_gsm8k.py [--input-dir data/gsm8k] [--output-dir runs/data/gsm8k] [--max-train 64]
+    python -m tools.prepare_gsm8k [--input-dir data/gsm8k] [--output-dir runs/data/gsm8k] [--max-train 64]
 
 The input folder holds ``train.jsonl`` and ``test.jsonl`` (or ``.jsonl.gz``); the default is the full GSM8K
 shipped in ``data/gsm8k`` (MIT).

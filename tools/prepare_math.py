@@ -1,6 +1,6 @@
 r"""MATH jsonl (Hendrycks: {"problem", "solution", "level", "type"}) -> verl-schema parquet.
 
-    python tools/prepare_math.py --input-dir data/math_sample --output-dir runs/data/math
+    python -m tools.prepare_math --input-dir data/math_sample --output-dir runs/data/math
 
 Reads ``train.jsonl`` and/or ``test.jsonl`` (whichever exist) and writes ``<split>.parquet``: data_source
 "DigitalLearningGmbH/MATH-lighteval", one user message (problem plus the \boxed{} instruction), ability

@@ -29,7 +29,7 @@ def _check_dir(path: Path) -> None:
                               f"directories: {', '.join(str(path / r) for r in roles)}.")
     if not (path / "metadata.json").is_file():
         raise CheckpointError(f"{path}: no metadata.json: not a megatron dist-checkpoint. Convert an HF model "
-                              "with `python tools/convert_checkpoint.py hf-to-mcore --hf-dir D --out O`.")
+                              "with `python -m tools.convert_checkpoint hf-to-mcore --hf-dir D --out O`.")
 
 
 def load_model_weights(model, path, allow_missing=None) -> list[str]:

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import json
 import logging
-import os
 import shutil
 import time
 from pathlib import Path
@@ -35,7 +34,7 @@ from rlhf_mcore.checkpoint.layout import (
 from rlhf_mcore.checkpoint.optim_state import load_optimizer_state, optimizer_kind, optimizer_sharded_state_dict
 from rlhf_mcore.checkpoint.rng import load_rng_file, save_rng_file
 from rlhf_mcore.checkpoint.verify import checkpoint_problems, record_checksums, verify_checkpoint
-from rlhf_mcore.disk import disk_full_message
+from rlhf_mcore.disk import disk_full_message, publish_dir
 
 log = logging.getLogger(__name__)
 
@@ -114,20 +113,9 @@ def _save_role(role_dir: Path, model, optimizer) -> dict:
 
 
 def _publish(tmp: Path, final: Path) -> None:
-    """Rank 0, once every rank has finished writing: rename into place (`latest` moves once it verifies)."""
-    aside = None
-    if final.exists():  # the same step saved again (e.g. a re-run): replace it, keeping it until the rename
-        aside = tmp_dir_for(final)
-        final.rename(aside)
-    try:
-        os.rename(tmp, final)
-    except OSError:
-        if aside is not None:
-            aside.rename(final)
-        raise
-    _fsync_dir(final.parent)
-    if aside is not None:
-        shutil.rmtree(aside, ignore_errors=True)
+    """Rank 0, once every rank has finished writing: rename into place (`latest` moves once it verifies). The
+    same step saved again (e.g. a re-run) is replaced; it waits as a `.tmp-` sibling (an orphan if killed)."""
+    publish_dir(tmp, final, aside=tmp_dir_for(final))
 
 
 def _check_finite(states: dict, frozen: dict, ctx) -> None:
@@ -150,15 +138,6 @@ def _retire_old(final: Path, step: int, keep: int | None) -> None:
     if keep is not None:
         prune(final.parent, keep, newest=final)
     remove_orphans(final.parent)
-
-
-def _fsync_dir(path: Path) -> None:
-    """Make the rename itself durable (a crash of the machine, not only of the process)."""
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 def save_checkpoint(run_dir, step: int, states: dict, extra: dict | None, ctx, *, frozen: dict | None = None,

@@ -4,7 +4,7 @@ Every rank must run the same number of generate calls (collectives inside the en
 padded to ``ceil(num_rows / dp_size) * dp_size`` by repeating rows from the start, and rank ``r`` takes the
 ``r``-th contiguous slice. Each slot comes with ``keep``: False on a padding duplicate. Metrics must drop
 those slots: sum ``value * keep`` and ``keep`` on each rank, all-reduce both sums over DP, then divide
-(``kept_sum_and_count`` does the per-rank half). Every real row is then counted exactly once.
+(``rlhf_mcore.trainer.scoring.source_sums`` does the per-rank half). Every real row is then counted exactly once.
 
 >>> validation_shard(5, dp_rank=1, dp_size=2)
 ([3, 4, 0], [True, True, False])
@@ -23,17 +23,6 @@ def validation_shard(num_rows: int, dp_rank: int, dp_size: int) -> tuple[list[in
     per_rank = -(-num_rows // dp_size)
     slots = range(dp_rank * per_rank, (dp_rank + 1) * per_rank)
     return [s % num_rows for s in slots], [s < num_rows for s in slots]
-
-
-def kept_sum_and_count(values: Sequence[float], keep: Sequence[bool]) -> tuple[float, int]:
-    """This rank's sum of ``values`` over kept slots and their count (all-reduce both, then divide).
-
-    >>> kept_sum_and_count([1.0, 0.5, 1.0], [True, True, False])
-    (1.5, 2)
-    """
-    if len(values) != len(keep):
-        raise ValueError(f"{len(values)} values but {len(keep)} keep flags")
-    return float(sum(v for v, k in zip(values, keep) if k)), int(sum(keep))
 
 
 class ValidationSampler:

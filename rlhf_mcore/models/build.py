@@ -4,27 +4,92 @@ actor / ref -> GPTModel with `HiddenStatesHead` (log-probs from hidden states + 
 critic      -> GPTModel with a per-token `ScalarHead` (value)
 reward      -> GPTModel with a `ScalarHead` read at the last valid token (score)
 All live on every rank, in the same TP/PP/DP groups.
+
+The transformer-layer ModuleSpec: Transformer Engine when importable, else megatron's local spec with SDPA
+core attention. `local` keeps megatron's stock attention (benchmarks compare the two).
 """
 from __future__ import annotations
 
+import importlib.util
 import logging
 
 import torch
+from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
+from megatron.core.transformer.transformer_block import TransformerBlockSubmodules, get_num_layers_to_build
 
+from rlhf_mcore.models.attention import SDPAttention
 from rlhf_mcore.models.heads import HiddenStatesHead, ScalarHead
-from rlhf_mcore.models.init import init_output_weight
-from rlhf_mcore.models.layer_spec import block_spec, choose_layer_spec
+from rlhf_mcore.models.init import init_output_weight, seeded_layer_spec
+from rlhf_mcore.models.norm import RMSNorm
 from rlhf_mcore.models.packed import enable_position_rope
 from rlhf_mcore.models.roles import role_spec
 from rlhf_mcore.models.transformer_config import padded_vocab_size, rope_theta, to_transformer_config
+from rlhf_mcore.registry import Registry
 
 log = logging.getLogger(__name__)
 EMBEDDING_SEED = 31337
 _logged_backend: set[str] = set()
+LAYER_SPECS: Registry = Registry("attention backend")
+
+
+def have_transformer_engine() -> bool:
+    return importlib.util.find_spec("transformer_engine") is not None
+
+
+@LAYER_SPECS.register("te")
+def te_spec():
+    if not have_transformer_engine():
+        raise ValueError("model.attention_backend: 'te' needs transformer_engine, which is not importable "
+                         "(got te). Install transformer-engine or use model.attention_backend=sdpa.")
+    from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_with_transformer_engine_spec
+
+    return get_gpt_layer_with_transformer_engine_spec()
+
+
+@LAYER_SPECS.register("local")
+def local_spec():
+    spec = get_gpt_layer_local_spec(normalization="RMSNorm")
+    spec.submodules.input_layernorm = spec.submodules.pre_mlp_layernorm = RMSNorm  # sequence-parallel safe
+    return spec
+
+
+@LAYER_SPECS.register("sdpa")
+def sdpa_spec():
+    spec = local_spec()
+    spec.submodules.self_attention.submodules.core_attention = SDPAttention
+    return spec
+
+
+def block_spec(layer_spec, backend: str, config, pp_rank: int):
+    """This stage's layers plus the final norm (ours, except with Transformer Engine)."""
+    if backend == "te":
+        return layer_spec
+    num = get_num_layers_to_build(config, pp_rank=pp_rank)
+    return TransformerBlockSubmodules(layer_specs=[layer_spec] * num, layer_norm=RMSNorm)
+
+
+def resolve_backend(name: str) -> str:
+    if name == "auto":
+        return "te" if have_transformer_engine() else "sdpa"
+    return name
+
+
+def choose_layer_spec(name: str):
+    """(ModuleSpec, backend name actually used)."""
+    backend = resolve_backend(name)
+    return seeded_layer_spec(LAYER_SPECS.get(backend)()), backend
 
 
 def build_model(role: str, hf: dict, model_cfg, parallel_cfg, ctx, source: str = "config.json"):
-    """One GPTModel chunk for this rank's pipeline stage, on ctx.device, not yet wrapped for DDP."""
+    """One GPTModel chunk for this rank's pipeline stage, on ctx.device, not yet wrapped for DDP. Weights are
+    drawn from fixed seeds (the same at every layout) inside a forked RNG: the caller's RNG state is kept."""
+    devices = [ctx.device.index if ctx.device.index is not None else torch.cuda.current_device()] \
+        if ctx.device.type == "cuda" else []
+    with torch.random.fork_rng(devices=devices):
+        return _build_model(role, hf, model_cfg, parallel_cfg, ctx, source)
+
+
+def _build_model(role: str, hf: dict, model_cfg, parallel_cfg, ctx, source: str):
     from megatron.core.models.gpt import GPTModel
 
     spec = role_spec(role)
@@ -68,13 +133,6 @@ def build_model(role: str, hf: dict, model_cfg, parallel_cfg, ctx, source: str =
         model.requires_grad_(False)
         model.eval()
     return model
-
-
-def lm_output_weight(model) -> torch.Tensor:
-    """The vocab-parallel output weight [V/tp, h] used by log-prob and sampling code (last stage)."""
-    if model.share_embeddings_and_output_weights:
-        return model.shared_embedding_or_output_weight()
-    return model.output_layer.weight
 
 
 def count_parameters(model) -> int:

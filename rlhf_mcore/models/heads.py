@@ -63,3 +63,10 @@ class ScalarHead(torch.nn.Module):
     def sharded_state_dict(self, prefix="", sharded_offsets=(), metadata=None):
         state = self.state_dict(prefix="", keep_vars=True)
         return make_sharded_tensors_for_checkpoint(state, prefix, {}, sharded_offsets)
+
+
+def lm_output_weight(model) -> torch.Tensor:
+    """The vocab-parallel output weight [V/tp, h] used by log-prob and sampling code (last stage)."""
+    if model.share_embeddings_and_output_weights:
+        return model.shared_embedding_or_output_weight()
+    return model.output_layer.weight

@@ -20,6 +20,8 @@ import torch
 from safetensors import safe_open
 from safetensors.torch import save_file
 
+from rlhf_mcore.disk import publish_dir
+
 log = logging.getLogger(__name__)
 
 CONFIG_FILE = "config.json"
@@ -163,7 +165,8 @@ def write_config(out_dir: str | os.PathLike, hf_config: dict) -> None:
 
 @contextlib.contextmanager
 def atomic_dir(out_dir: str | os.PathLike, overwrite: bool = False) -> Iterator[Path]:
-    """Yield a fresh temporary sibling of `out_dir`; on success rename it to `out_dir`, on error delete it.
+    """Yield a fresh temporary sibling of `out_dir`; on success publish it as `out_dir` (`disk.publish_dir`), on
+    error delete it.
 
     An existing non-empty `out_dir` is an error unless `overwrite`, in which case it is replaced only
     after the new directory is complete.
@@ -181,13 +184,7 @@ def atomic_dir(out_dir: str | os.PathLike, overwrite: bool = False) -> Iterator[
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
-    old = None
-    if out_dir.exists():
-        old = out_dir.with_name(f".{out_dir.name}.old-{os.getpid()}")
-        out_dir.rename(old)
-    tmp.rename(out_dir)
-    if old is not None:
-        shutil.rmtree(old, ignore_errors=True)
+    publish_dir(tmp, out_dir)
 
 
 def save_hf_checkpoint(

@@ -10,8 +10,8 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from kernels.fused_logprob import fused_logprob_entropy
-from rlhf_mcore.models.build import lm_output_weight
+from rlhf_mcore.kernels.fused_logprob import fused_logprob_entropy
+from rlhf_mcore.models.heads import lm_output_weight
 
 
 def real_vocab_shard(weight: torch.Tensor, vocab_size: int, tp_rank: int) -> tuple[torch.Tensor, int]:
@@ -36,17 +36,20 @@ def token_logprobs(model, hidden: torch.Tensor, tokens: torch.Tensor, tp_group, 
     return F.pad(logp.view(b, s - 1), pad), F.pad(entropy.view(b, s - 1), pad)
 
 
-def full_logits(model, hidden: torch.Tensor, tp_group) -> torch.Tensor:
-    """hidden [..., h] -> logits [..., vocab_size] gathered over TP (for tests and small decode batches)."""
-    weight, _ = real_vocab_shard(lm_output_weight(model), model.vocab_size_unpadded, tp_group.rank())
+def gather_vocab_logits(hidden: torch.Tensor, weight: torch.Tensor, tp_group) -> torch.Tensor:
+    """hidden [..., h] @ this rank's vocab shard weight [V_padded / tp, h] -> logits [..., V_padded] gathered
+    over TP in rank order, in the weight's dtype (the one TP gather of full-vocab logits; no autograd)."""
     local = torch.matmul(hidden, weight.t())
     if tp_group.size() == 1:
         return local
-    rows = lm_output_weight(model).size(0)
-    padded = F.pad(local, (0, rows - local.size(-1)))
-    parts = [torch.empty_like(padded) for _ in range(tp_group.size())]
-    torch.distributed.all_gather(parts, padded.contiguous(), group=tp_group)
-    return torch.cat(parts, dim=-1)[..., : model.vocab_size_unpadded]
+    parts = [torch.empty_like(local) for _ in range(tp_group.size())]
+    torch.distributed.all_gather(parts, local.contiguous(), group=tp_group)
+    return torch.cat(parts, dim=-1)
+
+
+def full_logits(model, hidden: torch.Tensor, tp_group) -> torch.Tensor:
+    """hidden [..., h] -> logits [..., vocab_size] gathered over TP (for tests, tools and small decode batches)."""
+    return gather_vocab_logits(hidden, lm_output_weight(model), tp_group)[..., : model.vocab_size_unpadded]
 
 
 @torch.no_grad()

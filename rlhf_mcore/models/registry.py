@@ -17,7 +17,7 @@ class ModelSpec:
     model_types: tuple[str, ...]  # HF config.json "model_type" values this spec reads
     architectures: tuple[str, ...]  # HF "architectures" entries (causal LM and sequence classification)
     qkv_bias: bool  # q/k/v projections carry a bias (Qwen2); o_proj and MLP never do
-    has_sliding_window: bool = False  # Mistral: a window longer than the sequence changes nothing
+    has_sliding_window: bool = False  # honours config.json sliding_window (Mistral): it must cover the sequence
 
 
 MODEL_FAMILIES: Registry[ModelSpec] = Registry("model family")

@@ -10,8 +10,7 @@ import importlib.util
 import inspect
 import sys
 from pathlib import Path
-
-from rlhf_mcore.rewards.dispatch import RewardFn
+from typing import Callable
 
 _SPEC_FORM = "'path/to/file.py:function_name'"
 
@@ -28,8 +27,9 @@ def parse_reward_spec(spec: str) -> tuple[Path, str]:
     return Path(path), name
 
 
-def load_custom_reward(spec: str) -> RewardFn:
-    """Import the file and return its function, checked to be callable with verl's four arguments."""
+def load_custom_reward(spec: str) -> Callable:
+    """Import the file and return its function (a `rewards.dispatch.RewardFn`), checked to be callable with
+    verl's four arguments."""
     path, name = parse_reward_spec(spec)
     if not path.is_file():
         raise ValueError(f"custom reward: file '{path}' does not exist. Give {_SPEC_FORM} of a real file.")

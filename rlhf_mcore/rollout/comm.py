@@ -8,18 +8,14 @@ from __future__ import annotations
 import torch
 import torch.distributed as dist
 
+from rlhf_mcore.models.logprobs import gather_vocab_logits
 from rlhf_mcore.rollout.sampling import mask_padded_vocab
 
 
 def full_vocab_logits(hidden: torch.Tensor, weight: torch.Tensor, vocab_size: int, ctx) -> torch.Tensor:
     """hidden [B, h] @ the local vocab shard weight [V_padded/tp, h] -> all-gathered logits [B, V_padded]
     in fp32, ids >= vocab_size (vocab padding) set to -inf. Identical on every TP rank."""
-    from megatron.core.tensor_parallel.mappings import gather_from_tensor_model_parallel_region
-
-    local = torch.matmul(hidden, weight.t())  # [B, V_padded / tp], in the model's dtype
-    if ctx.dims.tp > 1:
-        local = gather_from_tensor_model_parallel_region(local, group=ctx.pgs.tp)
-    return mask_padded_vocab(local.float(), vocab_size)
+    return mask_padded_vocab(gather_vocab_logits(hidden, weight, ctx.pgs.tp).float(), vocab_size)
 
 
 def _stage_rank(ctx, stage: int) -> int:

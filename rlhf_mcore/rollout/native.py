@@ -103,7 +103,7 @@ class NativeRolloutEngine:
         if blockers:
             log.info("native rollout: CUDA graphs unavailable (%s); decoding eagerly", "; ".join(blockers))
             return None
-        from rlhf_mcore.models.build import lm_output_weight
+        from rlhf_mcore.models.heads import lm_output_weight
 
         log.info("native rollout: CUDA-graphed decode (static KV cache, graphs per batch-size bucket%s)",
                  ", torch.compile'd step" if compile_decode else "")
@@ -261,7 +261,7 @@ class NativeRolloutEngine:
         """(tokens [b], logprobs [b], finished [b]) of every cache slot, sampled on the last stage and
         broadcast to the other stages; finished = a stop token or stop string ended the row."""
         if self.ctx.is_last_stage:
-            from rlhf_mcore.models.build import lm_output_weight
+            from rlhf_mcore.models.heads import lm_output_weight
 
             logits = comm.full_vocab_logits(hidden, lm_output_weight(self.model), self.model.vocab_size_unpadded,
                                        self.ctx)  # [b, V_padded] fp32

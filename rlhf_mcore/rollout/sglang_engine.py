@@ -49,7 +49,7 @@ def check_supported(ctx) -> None:
 
 def actor_hf_state(actor, hf_cfg: dict) -> dict[str, torch.Tensor]:
     """The actor's current weights under HF names (the converter's weight table), on the actor's device."""
-    from rlhf_mcore.checkpoint.convert_io import full_state_dict
+    from rlhf_mcore.convert.mcore import full_state_dict
     from rlhf_mcore.models.weights import mcore_to_hf
 
     with torch.no_grad():
@@ -188,7 +188,7 @@ class SGLangRolloutEngine:
         """The actor's weights (CUDA tensors handed over by IPC, no host copy), converted to HF names and
         sent in buckets of rollout.weight_bucket_mb as they are made (at most two buckets of converted
         copies exist at once); the prefix cache is flushed once, with the last bucket."""
-        from rlhf_mcore.checkpoint.convert_io import full_state_dict
+        from rlhf_mcore.convert.mcore import full_state_dict
         from rlhf_mcore.models.weights import iter_mcore_to_hf
 
         with torch.no_grad():

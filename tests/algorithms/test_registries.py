@@ -29,21 +29,23 @@ EXPECTED_NAMES = {
 
 @pytest.mark.parametrize("key", sorted(EXPECTED_NAMES))
 def test_registered_names(key):
+    """The names users type stay (a new entry may join: its own test covers it)."""
     registry, names = EXPECTED_NAMES[key]
-    assert registry.names() == names
+    assert set(names) <= set(registry.names()) and registry.names() == sorted(registry.names())
 
 
 @pytest.mark.parametrize("key", sorted(EXPECTED_NAMES))
 def test_duplicate_registration_raises(key):
     registry, names = EXPECTED_NAMES[key]
+    before = registry.names()
     with pytest.raises(ValueError, match="registered twice"):
         registry.register(names[0])(lambda inp: inp)
-    assert registry.names() == names  # the failed registration left nothing behind
+    assert registry.names() == before  # the failed registration left nothing behind
 
 
 def test_unknown_names_suggest_and_list():
     with pytest.raises(ValueError, match=r"unknown advantage estimator .*'grop'\. Did you mean 'grpo'\? "
-                                         r"Available: gae, gpg, grpo, grpo_passk"):
+                                         r"Available: gae, (\w+, )*grpo, grpo_passk, (\w+, )*rloo"):
         ADVANTAGES.get("grop")
     with pytest.raises(ValueError, match=r"actor.policy_loss.*Did you mean 'vanilla'"):
         POLICY_LOSSES.get("vanila")

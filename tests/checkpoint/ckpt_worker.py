@@ -1,7 +1,7 @@
 """torchrun worker of tests/checkpoint/test_resume_dist.py (gloo, 2 ranks). Prints `RESULT <json>` on rank 0.
 
-    torchrun --nproc_per_node 2 tests/checkpoint/ckpt_worker.py --phase train --out DIR
-    torchrun --nproc_per_node 2 tests/checkpoint/ckpt_worker.py --phase resume --out DIR
+    torchrun --nproc_per_node 2 -m tests.checkpoint.ckpt_worker --phase train --out DIR
+    torchrun --nproc_per_node 2 -m tests.checkpoint.ckpt_worker --phase resume --out DIR
 
 train:  per case (layout x optimizer): 2 PPO steps, save, record RNG draws and forward log-probs,
         2 more steps, record losses and this rank's parameters (the "4 steps straight" reference).
@@ -26,22 +26,18 @@ from pathlib import Path
 import numpy as np
 import torch
 
-ROOT = Path(__file__).resolve().parents[2]
-sys.path[:0] = [str(ROOT), str(ROOT / "tests"), str(ROOT / "tools")]
-
-from check_layouts import dp_shard, gather_dp, synthetic_batch  # noqa: E402
-from conftest import tiny_model_config  # noqa: E402
-
-import rlhf_mcore.checkpoint.save_load as save_load  # noqa: E402
-from rlhf_mcore.checkpoint import find_latest, load_checkpoint, load_model_weights, save_checkpoint  # noqa: E402
-from rlhf_mcore.checkpoint.optim_state import adam_steps  # noqa: E402
-from rlhf_mcore.metrics import reduce_outputs  # noqa: E402
-from rlhf_mcore.models.build import build_model  # noqa: E402
-from rlhf_mcore.models.transformer_config import load_hf_config  # noqa: E402
-from rlhf_mcore.optim import build_train_state, optimizer_step, zero_grads  # noqa: E402
-from rlhf_mcore.parallel import init_distributed, reset_model_parallel  # noqa: E402
-from rlhf_mcore.role_losses import actor_loss  # noqa: E402
-from rlhf_mcore.schedule import forward_collect, run_schedule, split_micro_batches, to_device  # noqa: E402
+import rlhf_mcore.checkpoint.save_load as save_load
+from rlhf_mcore.checkpoint import find_latest, load_checkpoint, load_model_weights, save_checkpoint
+from rlhf_mcore.checkpoint.optim_state import adam_steps
+from rlhf_mcore.models.build import build_model
+from rlhf_mcore.models.transformer_config import load_hf_config
+from rlhf_mcore.parallel import init_distributed, reset_model_parallel
+from rlhf_mcore.trainer.losses import actor_loss
+from rlhf_mcore.trainer.metrics import reduce_outputs
+from rlhf_mcore.trainer.optim import build_train_state, optimizer_step, zero_grads
+from rlhf_mcore.trainer.schedule import forward_collect, run_schedule, split_micro_batches, to_device
+from tests.conftest import tiny_model_config
+from tools.check_layouts import dp_shard, gather_dp, synthetic_batch
 
 # name -> (tp, pp, use_distributed_optimizer); dp fills the 2 ranks
 CASES = {"dp2": (1, 1, False), "dp2_distopt": (1, 1, True), "tp2": (2, 1, False), "pp2_distopt": (1, 2, True)}

@@ -7,7 +7,7 @@ import torch
 
 from rlhf_mcore.models.build import build_model
 from rlhf_mcore.models.transformer_config import load_hf_config
-from rlhf_mcore.optim import build_train_state
+from rlhf_mcore.trainer.optim import build_train_state
 from tests.conftest import tiny_model_config
 
 

@@ -21,8 +21,8 @@ ROOT = WORKER.parents[2]
 def launch(phase: str, out: Path) -> tuple[int, str]:
     """(return code, stdout + stderr). Output goes to a file, not a pipe: a killed rank's leftover child
     process cannot keep the test waiting for the pipe to close."""
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2", "--standalone", str(WORKER),
-           "--phase", phase, "--out", str(out)]
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2", "--standalone", "-m",
+           "tests.checkpoint.ckpt_worker", "--phase", phase, "--out", str(out)]
     log = out / f"{phase}.log"
     with open(log, "w") as f:
         rc = subprocess.run(cmd, stdout=f, stderr=subprocess.STDOUT, cwd=ROOT, timeout=600).returncode

@@ -1,12 +1,13 @@
 """Config: loading, overrides, every error path, the frozen key surface, and the CLI's exit codes."""
 import glob
+import json
 import os
 import subprocess
 import sys
 
 import pytest
 
-from rlhf_mcore.config_load import ConfigError, all_keys, load_config
+from rlhf_mcore.config.load import ConfigError, all_keys, load_config
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 TINY = os.path.join(ROOT, "configs", "tiny_grpo.yaml")
@@ -114,6 +115,30 @@ def test_hf_path_without_inline_fields(tmp_path):
     errs = errors_of(blank + [f"model.hf_path={tmp_path}", "parallel.tp=2"])
     assert errs == ["parallel.tp: must divide the number of KV groups 3 (got 2). Pick a divisor of "
                     "num_key_value_heads."]
+
+
+@pytest.mark.parametrize("arch, flagged", [("MistralForCausalLM", True), ("Qwen2ForCausalLM", False)])
+def test_sliding_window_must_cover_the_sequence(tmp_path, arch, flagged):
+    """Mistral honours config.json's sliding_window, Qwen2 leaves it off: a window shorter than prompt +
+    response would make full attention differ from the model's."""
+    (tmp_path / "config.json").write_text(json.dumps({"architectures": [arch], "num_hidden_layers": 2,
+                                                      "num_attention_heads": 4, "sliding_window": 48}))
+    blank = ["model.num_layers=null", "model.hidden_size=null", "model.ffn_hidden_size=null",
+             "model.num_attention_heads=null", "model.num_query_groups=null", "model.vocab_size=null",
+             f"model.hf_path={tmp_path}", "data.max_prompt_length=16"]
+
+    def window_errors(response_length):
+        try:
+            load_config(TINY, blank + [f"rollout.max_response_length={response_length}"])
+        except ConfigError as e:
+            return [err for err in e.errors if "sliding_window" in err]
+        return []
+
+    assert window_errors(48) == ([f"{tmp_path}/config.json: sliding_window: the model attends within 48 tokens, "
+                                  "fewer than data.max_prompt_length + rollout.max_response_length = 64 (got 48); "
+                                  "this trainer has no sliding-window attention. Shorten the prompt or response "
+                                  "lengths."] if flagged else [])
+    assert window_errors(32) == []  # 16 + 32 tokens fit the window
 
 
 # Architectures of the models the shipped configs name (their weights are not in the repo).

@@ -1,8 +1,8 @@
 """One loop checks every config field that names a registry entry: a bad value gets exactly one error."""
 import pytest
 
-from rlhf_mcore.config_load import ConfigError, load_config
-from rlhf_mcore.config_validate import registry_fields
+from rlhf_mcore.config.load import ConfigError, load_config
+from rlhf_mcore.config.validate import registry_fields
 from tests.conftest import ROOT
 
 TINY = f"{ROOT}/configs/tiny_grpo.yaml"

@@ -1,5 +1,4 @@
 """tools/prepare_gsm8k.py and tools/prepare_math.py on the shipped subsets and on broken jsonl."""
-import importlib.util
 import json
 from pathlib import Path
 
@@ -7,18 +6,11 @@ import pytest
 
 from rlhf_mcore.data import load_prompt_dataset, read_parquet_rows
 from rlhf_mcore.rewards import score_batch
+from tools import prepare_gsm8k as gsm8k_tool
+from tools import prepare_math as math_tool
 
 REPO = Path(__file__).resolve().parents[2]
 
-
-def _tool(name):
-    spec = importlib.util.spec_from_file_location(name, REPO / "tools" / f"{name}.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-gsm8k_tool, math_tool = _tool("prepare_gsm8k"), _tool("prepare_math")
 
 
 def test_gsm8k_subset_to_parquet(tmp_path, tokenizer, capsys):
@@ -98,5 +90,5 @@ def test_tool_and_data_doctests():
 
     import rlhf_mcore.data as data
 
-    modules = [gsm8k_tool, math_tool, data.schema, data.dataset, data.sampler, data.validation, data.collate]
+    modules = [gsm8k_tool, math_tool, data.schema, data.dataset, data.sampler, data.validation]
     assert sum(doctest.testmod(m).failed for m in modules) == 0

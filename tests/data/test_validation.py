@@ -1,8 +1,8 @@
 import pytest
 
-from rlhf_mcore.data import ValidationSampler, collate_prompts, kept_sum_and_count, repeat_prompts
-from rlhf_mcore.data.schema import PromptRow
+from rlhf_mcore.data import ValidationSampler
 from rlhf_mcore.data.validation import validation_shard
+from rlhf_mcore.trainer.scoring import merge_source_sums, source_sums
 
 
 def test_hand_computed_shards():
@@ -27,22 +27,9 @@ def test_sampler_batches_and_metric_reduction():
     assert list(val[1].batches(2)) == [(["d", "e"], [True, True]), (["a"], [False])]
     assert len(list(val[0].batches(2))) == len(list(val[1].batches(2)))
     scores = {"a": 1.0, "b": 0.0, "c": 1.0, "d": 1.0, "e": 0.0}
-    parts = [kept_sum_and_count([scores[x] for x in rows], keep) for rows, keep in (v.shard() for v in val)]
-    total, count = sum(p[0] for p in parts), sum(p[1] for p in parts)
-    assert (total, count) == (3.0, 5)  # the padded duplicate of "a" is not counted twice
+    parts = [source_sums(["src"] * len(rows), {"acc": [scores[x] for x in rows]}, keep)
+             for rows, keep in (v.shard() for v in val)]  # the per-rank half of validation's reduction
+    assert merge_source_sums(parts)["src"]["acc"] == [3.0, 5]  # the padded duplicate of "a" is not counted twice
     with pytest.raises(ValueError, match="validation set is empty"):
         ValidationSampler([])
 
-
-def _row(i, ids):
-    return PromptRow(i, "gsm8k", ({"role": "user", "content": "q"},), "math", str(i), {"i": i}, tuple(ids))
-
-
-def test_collate_and_repeat():
-    batch = collate_prompts([_row(3, [1, 2]), _row(5, [7])])
-    assert batch.prompt_ids == [[1, 2], [7]] and batch.indices == [3, 5]
-    assert batch.ground_truths == ["3", "5"] and batch.extra_infos == [{"i": 3}, {"i": 5}]
-    rep = repeat_prompts(batch, 3)
-    assert rep.indices == [3, 3, 3, 5, 5, 5] and rep.prompt_ids[3] == [7] and len(rep) == 6
-    with pytest.raises(ValueError, match="row 4 has no prompt_ids"):
-        collate_prompts([_row(4, [])])

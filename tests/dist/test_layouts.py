@@ -13,8 +13,7 @@ pytestmark = pytest.mark.dist
 
 
 def run_tool(nproc: int, layouts: str, *overrides: str):
-    cmd = [sys.executable, "-m", "torch.distributed.run", f"--nproc_per_node={nproc}", "--standalone",
-           os.path.join(ROOT, "tools", "check_layouts.py"),
+    cmd = [sys.executable, "-m", "torch.distributed.run", f"--nproc_per_node={nproc}", "--standalone", "-m", "tools.check_layouts",
            "--config", os.path.join(ROOT, "configs", "tiny_grpo.yaml"), "--layouts", layouts, *overrides]
     return subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT, timeout=600)
 

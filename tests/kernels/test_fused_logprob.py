@@ -6,8 +6,7 @@ on values and 3e-2 relative L2 error on gradients.
 """
 import pytest
 import torch
-
-from kernels.fused_logprob import HAS_TRITON, fused_logprob_entropy, reference_logprob_entropy
+from rlhf_mcore.kernels.fused_logprob import HAS_TRITON, fused_logprob_entropy, reference_logprob_entropy
 
 
 def problem(n=37, h=16, v=101, dtype=torch.float64, device="cpu", seed=0, scale=1.0):

@@ -16,8 +16,9 @@ WORKER = Path(__file__).with_name("tp_fused_logprob_worker.py")
 
 def launch(device: str) -> None:
     env = {**os.environ, "OMP_NUM_THREADS": "1", "TP_WORKER_DEVICE": device}
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2", str(WORKER)]
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=240, env=env)
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2", "-m",
+           "tests.kernels.tp_fused_logprob_worker"]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=240, env=env, cwd=WORKER.parents[2])
     out = proc.stdout + proc.stderr
     assert proc.returncode == 0, out[-4000:]
     assert out.count(f"TP2 fused_logprob_entropy OK ({device})") == 2, out[-4000:]

@@ -6,13 +6,10 @@ fused path and the full-logits reference, to 1e-5. Shards are uneven, and in one
 With TP_WORKER_DEVICE=cuda it runs the same checks with NCCL on one GPU per rank (the Triton path), to 1e-4.
 """
 import os
-import sys
 
 import torch
 import torch.distributed as dist
-
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
-from kernels.fused_logprob import fused_logprob_entropy, reference_logprob_entropy  # noqa: E402
+from rlhf_mcore.kernels.fused_logprob import fused_logprob_entropy, reference_logprob_entropy
 
 N, H, V, TEMPERATURE = 29, 12, 101, 0.8
 DEVICE = os.environ.get("TP_WORKER_DEVICE", "cpu")

@@ -5,8 +5,8 @@ import pytest
 import torch
 
 from rlhf_mcore.models.attention import bottom_right_causal_mask
-from rlhf_mcore.models.build import build_model, lm_output_weight
-from rlhf_mcore.models.layer_spec import choose_layer_spec, have_transformer_engine
+from rlhf_mcore.models.build import build_model, choose_layer_spec, have_transformer_engine
+from rlhf_mcore.models.heads import lm_output_weight
 from rlhf_mcore.models.registry import spec_for_hf_config
 from rlhf_mcore.models.transformer_config import load_hf_config, padded_vocab_size, to_transformer_config
 from tests.conftest import tiny_model_config
@@ -85,3 +85,17 @@ def test_heads_and_identical_init(mcore_ctx):
     assert lm_output_weight(tied_actor) is tied_actor.embedding.word_embeddings.weight
     with pytest.raises(ValueError, match="unknown model role 'policy'"):
         build_model("policy", load_hf_config(cfg.model), cfg.model, cfg.parallel, mcore_ctx)
+
+
+def test_building_keeps_the_callers_rng_state(mcore_ctx):
+    """Initialisation reseeds (fixed seeds per embedding / layer / head) only inside a forked RNG."""
+    cfg = tiny_model_config()
+    torch.manual_seed(123)
+    expected = torch.rand(4)
+    torch.manual_seed(123)
+    first = build_model("actor", load_hf_config(cfg.model), cfg.model, cfg.parallel, mcore_ctx)
+    assert torch.equal(torch.rand(4), expected)
+    torch.manual_seed(7)  # another caller state: the same weights
+    second = build_model("actor", load_hf_config(cfg.model), cfg.model, cfg.parallel, mcore_ctx)
+    assert all(torch.equal(a, b) for a, b in zip(first.state_dict().values(), second.state_dict().values())
+               if torch.is_tensor(a))

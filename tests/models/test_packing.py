@@ -9,9 +9,9 @@ from rlhf_mcore.data.packing import pack_rows
 from rlhf_mcore.models.build import build_model
 from rlhf_mcore.models.packed import PackedSeqs, packed_seq_params, sdpa_mask_attention
 from rlhf_mcore.models.transformer_config import load_hf_config
-from rlhf_mcore.optim import build_train_state, zero_grads
-from rlhf_mcore.role_losses import actor_loss, critic_loss
-from rlhf_mcore.schedule import forward_collect, run_schedule, split_micro_batches
+from rlhf_mcore.trainer.losses import actor_loss, critic_loss
+from rlhf_mcore.trainer.optim import build_train_state, zero_grads
+from rlhf_mcore.trainer.schedule import forward_collect, run_schedule, split_micro_batches
 from tests.conftest import tiny_model_config
 
 TOL = 1e-5

@@ -3,17 +3,13 @@
 The megatron side is checked against a real GPTModel at TP1/PP1 (single-process gloo): the converted
 state dict loads into it, its logits equal transformers' and its state dict converts back bitwise.
 """
-import sys
-from pathlib import Path
 
 import pytest
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tools"))
-from tiny_hf import CASES, VOCAB, diff_state_dicts, tiny_model  # noqa: E402
-
-from rlhf_mcore.models.build import lm_output_weight  # noqa: E402
-from rlhf_mcore.models.weights import hf_to_mcore, mcore_to_hf, model_dims  # noqa: E402
+from rlhf_mcore.models.heads import lm_output_weight
+from rlhf_mcore.models.weights import hf_to_mcore, mcore_to_hf, model_dims
+from tests.tools.tiny_hf import CASES, VOCAB, diff_state_dicts, tiny_model
 
 
 def hf_dict(model) -> dict:
@@ -29,7 +25,7 @@ def hf_tensors(model) -> dict:
 
 
 def build(role, cfg, ctx, full_sd):
-    from rlhf_mcore.checkpoint.convert_io import build_for_conversion, full_state_dict, load_full_state_dict
+    from rlhf_mcore.convert.mcore import build_for_conversion, full_state_dict, load_full_state_dict
 
     model = build_for_conversion(cfg, role, ctx, "fp32")
     load_full_state_dict(model, full_sd, 0, 1)

@@ -1,16 +1,12 @@
 """HF checkpoint directories (rlhf_mcore/models/hf_io.py): sharded writes that transformers reads back,
 atomic output directories, and errors that name the file."""
 import json
-import sys
-from pathlib import Path
 
 import pytest
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tools"))
-from tiny_hf import diff_state_dicts, tiny_model  # noqa: E402
-
-from rlhf_mcore.models import hf_io  # noqa: E402
+from rlhf_mcore.models import hf_io
+from tests.tools.tiny_hf import diff_state_dicts, tiny_model
 
 
 def test_sharded_save_is_read_back_by_us_and_by_transformers(tmp_path):

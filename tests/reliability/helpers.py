@@ -8,7 +8,7 @@ import sys
 import time
 from pathlib import Path
 
-from rlhf_mcore.config_load import load_config
+from rlhf_mcore.config.load import load_config
 from rlhf_mcore.data.io import write_prompt_parquet
 from rlhf_mcore.data.schema import make_row
 

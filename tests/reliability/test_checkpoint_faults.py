@@ -128,7 +128,7 @@ def test_metrics_are_truncated_to_the_resumed_step(tmp_path):
 def test_hf_export_refuses_non_finite_weights(mcore_ctx, tmp_path, capfd):
     from megatron.core import dist_checkpointing
 
-    from rlhf_mcore.checkpoint.export import export_actor_to_hf
+    from rlhf_mcore.convert.export import export_actor_to_hf
     from tests.checkpoint.helpers import build_tiny
     from tests.conftest import tiny_model_config
 

@@ -1,9 +1,9 @@
 """Each deliberate stop reaches the shell as its own exit code with one message, printed by rank 0 only."""
 import pytest
 
-import rlhf_mcore.trainer as trainer_mod
-from rlhf_mcore.guards import CollectiveTimeoutError, DivergedError, RewardHealthError, StartupError
+import rlhf_mcore.trainer.loop as trainer_mod
 from rlhf_mcore.train import run_training
+from rlhf_mcore.trainer.guards import CollectiveTimeoutError, DivergedError, RewardHealthError, StartupError
 from tests.reliability.helpers import tiny_cfg
 
 

@@ -1,7 +1,7 @@
 """Bad data, paths and reward files are found before any model is built: one line per problem."""
 import time
 
-from rlhf_mcore.preflight import preflight_errors
+from rlhf_mcore.trainer.preflight import preflight_errors
 from tests.reliability.helpers import ROOT, tiny_cfg, vowel_row, write_rows
 
 REWARD = f"{ROOT / 'data/tiny/reward.py'}:vowel_fraction"

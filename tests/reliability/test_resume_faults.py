@@ -2,7 +2,7 @@
 resumed run's metrics equal the straight run's; metrics.jsonl holds every step once. In process, one rank."""
 import os
 
-import rlhf_mcore.trainer as trainer_mod
+import rlhf_mcore.trainer.loop as trainer_mod
 from rlhf_mcore.checkpoint import list_checkpoints
 from rlhf_mcore.checkpoint.verify import checkpoint_problems
 from tests.reliability.helpers import TIMING_KEYS, metrics, tiny_cfg

@@ -5,8 +5,8 @@ import signal
 import subprocess
 import sys
 
-from rlhf_mcore.run_lock import LOCK_FILE, RunLock
 from rlhf_mcore.train import run_training
+from rlhf_mcore.trainer.lock import LOCK_FILE, RunLock
 from tests.reliability.helpers import ROOT, env, tiny_cfg
 
 
@@ -25,7 +25,7 @@ def test_second_run_on_a_live_directory_is_refused(tmp_path, mcore_ctx, capsys):
 
 
 def test_lock_of_a_killed_run_is_taken_over_with_a_warning(tmp_path, caplog):
-    code = f"from rlhf_mcore.run_lock import RunLock; RunLock({str(tmp_path)!r}).acquire(); import os; " \
+    code = f"from rlhf_mcore.trainer.lock import RunLock; RunLock({str(tmp_path)!r}).acquire(); import os; " \
            "print(os.getpid(), flush=True); os.kill(os.getpid(), 9)"
     proc = subprocess.run([sys.executable, "-c", code], env=env(), cwd=ROOT, capture_output=True, text=True)
     assert proc.returncode == -signal.SIGKILL

@@ -7,11 +7,11 @@ import sys
 
 import pytest
 
-import rlhf_mcore.trainer as trainer_mod
+import rlhf_mcore.trainer.loop as trainer_mod
 from rlhf_mcore.checkpoint import list_checkpoints
 from rlhf_mcore.checkpoint.verify import checkpoint_problems
-from rlhf_mcore.guards import DivergedError, RewardHealthError
-from rlhf_mcore.run_lock import LOCK_FILE
+from rlhf_mcore.trainer.guards import DivergedError, RewardHealthError
+from rlhf_mcore.trainer.lock import LOCK_FILE
 from tests.checkpoint.helpers import same, snapshot
 from tests.reliability.helpers import metrics, tiny_cfg
 

@@ -14,7 +14,8 @@ import traceback
 import torch
 
 from rlhf_mcore.config import Config, ModelConfig, ParallelConfig
-from rlhf_mcore.models.build import build_model, lm_output_weight
+from rlhf_mcore.models.build import build_model
+from rlhf_mcore.models.heads import lm_output_weight
 from rlhf_mcore.models.transformer_config import load_hf_config
 from rlhf_mcore.parallel import init_distributed
 from rlhf_mcore.rollout.base import RolloutEngine, build_rollout_engine

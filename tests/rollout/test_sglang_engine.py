@@ -93,7 +93,7 @@ def test_sglang_engine_matches_the_trainer_and_follows_weight_updates(mcore_ctx)
 def test_weight_refresh_in_buckets_with_one_flush(mcore_ctx):
     """update_weights sends every HF tensor exactly once, equal to the converter's, in buckets of at most
     weight_bucket_mb (a larger tensor alone), flushing the prefix cache only with the last bucket."""
-    from rlhf_mcore.checkpoint.convert_io import full_state_dict
+    from rlhf_mcore.convert.mcore import full_state_dict
     from rlhf_mcore.models.weights import mcore_to_hf
     from rlhf_mcore.rollout.sglang_engine import SGLangRolloutEngine
 
@@ -123,7 +123,7 @@ def test_weight_refresh_in_buckets_with_one_flush(mcore_ctx):
 
 def test_engine_arguments_follow_the_config():
     """Decode CUDA graphs cover the per-rank rollout batch unless set; the attention backend is the key's."""
-    from rlhf_mcore.config_load import load_config
+    from rlhf_mcore.config.load import load_config
     from rlhf_mcore.rollout.sglang_engine import engine_kwargs
     from tests.conftest import ROOT
 

@@ -6,7 +6,8 @@ import logging
 import pytest
 import torch
 
-from rlhf_mcore.models.build import build_model, lm_output_weight
+from rlhf_mcore.models.build import build_model
+from rlhf_mcore.models.heads import lm_output_weight
 from rlhf_mcore.models.transformer_config import load_hf_config
 from rlhf_mcore.rollout.native import NativeRolloutEngine
 from rlhf_mcore.rollout.static_decode import BUCKETS, StaticDecoder, bucket_for

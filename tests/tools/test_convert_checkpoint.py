@@ -6,8 +6,9 @@ import sys
 
 import pytest
 import torch
-from convert_checkpoint import run
-from tiny_hf import CASES, ROOT, VOCAB, diff_state_dicts, load_tensors, parse_verify_lines, save_tiny
+
+from tests.tools.tiny_hf import CASES, ROOT, VOCAB, diff_state_dicts, load_tensors, parse_verify_lines, save_tiny
+from tools.convert_checkpoint import run
 
 
 def export(work, ckpt: str, name: str, *extra) -> object:
@@ -96,7 +97,7 @@ def test_export_of_a_training_checkpoint_role_dir(tiny_work, mcore_ctx):
     """run/global_step_N/actor holds {"model": ..., "optimizer": ...}: export it with --hf-config."""
     from megatron.core import dist_checkpointing
 
-    from rlhf_mcore.checkpoint.convert_io import build_for_conversion, describe_checkpoint, load_converted
+    from rlhf_mcore.convert.mcore import build_for_conversion, describe_checkpoint, load_converted
 
     ckpt = tiny_work / "mcore" / "qwen2_1x1"
     hf_cfg, _, role, dtype = describe_checkpoint(ckpt)
@@ -142,17 +143,16 @@ def test_bad_inputs_raise_errors_that_name_the_file_or_field(tiny_work, tmp_path
 
 
 def test_cli_prints_the_error_and_exits_2(tmp_path):
-    proc = subprocess.run([sys.executable, str(ROOT / "tools" / "convert_checkpoint.py"), "hf-to-mcore",
+    proc = subprocess.run([sys.executable, "-m", "tools.convert_checkpoint", "hf-to-mcore",
                            "--hf-dir", str(tmp_path / "absent"), "--out", str(tmp_path / "o")],
-                          capture_output=True, text=True, timeout=120)
+                          capture_output=True, text=True, timeout=120, cwd=ROOT)
     assert proc.returncode == 2 and "error: " in proc.stderr and "absent/config.json: no config.json" in proc.stderr
 
 
 def test_loading_a_full_state_dict_checks_keys_and_shapes(mcore_ctx):
-    from tiny_hf import tiny_model
-
-    from rlhf_mcore.checkpoint.convert_io import build_for_conversion, load_full_state_dict
+    from rlhf_mcore.convert.mcore import build_for_conversion, load_full_state_dict
     from rlhf_mcore.models.weights import hf_to_mcore
+    from tests.tools.tiny_hf import tiny_model
 
     hf = tiny_model("mistral", False)
     cfg = dict(hf.config.to_dict(), architectures=["MistralForCausalLM"])
@@ -169,7 +169,7 @@ def test_loading_a_full_state_dict_checks_keys_and_shapes(mcore_ctx):
 def test_doctests():
     import doctest
 
-    import convert_checkpoint
+    from tools import convert_checkpoint
 
     result = doctest.testmod(convert_checkpoint)
     assert result.attempted > 0 and result.failed == 0

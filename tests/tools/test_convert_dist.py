@@ -8,8 +8,9 @@ import subprocess
 import sys
 
 import pytest
-from convert_checkpoint import run
-from tiny_hf import DIST_CASES, ROOT, diff_state_dicts, load_tensors, parse_verify_lines
+
+from tests.tools.tiny_hf import DIST_CASES, ROOT, diff_state_dicts, load_tensors, parse_verify_lines
+from tools.convert_checkpoint import run
 
 LAUNCHES = {"tp2_and_pp2": (2, ("2x1", "1x2")), "tp2xpp2": (4, ("2x2",))}
 
@@ -19,7 +20,7 @@ LAUNCHES = {"tp2_and_pp2": (2, ("2x1", "1x2")), "tp2xpp2": (4, ("2x2",))}
 def test_layouts_verify_and_round_trip(launch, tiny_work):
     nproc, layouts = LAUNCHES[launch]
     cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", str(nproc),
-           "--standalone", str(ROOT / "tests" / "tools" / "convert_worker.py"),
+           "--standalone", "-m", "tests.tools.convert_worker",
            "--work", str(tiny_work), "--layouts", ",".join(layouts), "--cases", ",".join(DIST_CASES)]
     env = dict(os.environ, OMP_NUM_THREADS="1")
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600, cwd=ROOT, env=env)

@@ -5,6 +5,8 @@ import os
 
 import pytest
 
+from tools import demo_summary
+
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
@@ -15,7 +17,6 @@ def load(relpath, name):
     return module
 
 
-demo_summary = load("tools/demo_summary.py", "demo_summary")
 partial_credit = load("examples/gsm8k_partial_credit.py", "gsm8k_partial_credit")
 
 

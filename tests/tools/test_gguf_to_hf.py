@@ -5,8 +5,9 @@ import os
 
 import pytest
 import torch
-from convert_checkpoint import run
-from gguf_to_hf import convert_gguf, ensure_smollm2, find_smollm2_gguf, main
+
+from tools.convert_checkpoint import run
+from tools.gguf_to_hf import convert_gguf, ensure_smollm2, find_smollm2_gguf, main
 
 PROMPT = [{"role": "user", "content": "Write a haiku about the sea."}]
 NEW_TOKENS = 16
@@ -72,7 +73,7 @@ def test_smollm2_is_a_plain_llama_checkpoint(smollm2_dir, monkeypatch):
 
 def greedy_megatron(model, prompt: torch.Tensor, num_tokens: int, eos: int) -> list[int]:
     """No-KV-cache greedy decoding through our megatron forward (TP1/PP1)."""
-    from rlhf_mcore.models.build import lm_output_weight
+    from rlhf_mcore.models.heads import lm_output_weight
 
     ids = prompt.clone()  # [1, T]
     vocab = model.vocab_size_unpadded
@@ -90,7 +91,7 @@ def greedy_megatron(model, prompt: torch.Tensor, num_tokens: int, eos: int) -> l
 def test_greedy_decoding_through_megatron_matches_transformers(smollm2_dir, mcore_ctx, tmp_path):
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from rlhf_mcore.checkpoint.convert_io import build_for_conversion, load_converted, read_converted
+    from rlhf_mcore.convert.mcore import build_for_conversion, load_converted, read_converted
 
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     assert run(["hf-to-mcore", "--hf-dir", str(smollm2_dir), "--out", str(tmp_path / "mc")]) == 0

@@ -1,14 +1,12 @@
 """tools/plot_metrics.py: curves from metrics.jsonl (training steps and validation points) into one PNG."""
-import importlib.util
 import json
 import os
 
 import pytest
 
+from tools import plot_metrics
+
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-spec = importlib.util.spec_from_file_location("plot_metrics", os.path.join(ROOT, "tools", "plot_metrics.py"))
-plot_metrics = importlib.util.module_from_spec(spec)
-spec.loader.exec_module(plot_metrics)
 
 
 def write_run(run_dir, num_steps=4):

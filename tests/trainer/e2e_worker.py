@@ -7,8 +7,8 @@ import sys
 import torch
 import torch.distributed as dist
 
-from rlhf_mcore.config_load import load_config
-from rlhf_mcore.trainer import train
+from rlhf_mcore.config.load import load_config
+from rlhf_mcore.trainer.loop import train
 
 
 def snapshot(roles) -> dict:
@@ -20,7 +20,7 @@ def main(out_path: str, config: str, *overrides: str) -> None:
     cfg = load_config(config, list(overrides), world_size=int(__import__("os").environ["WORLD_SIZE"]))
     before = {}
 
-    import rlhf_mcore.trainer as trainer_mod
+    import rlhf_mcore.trainer.loop as trainer_mod
 
     original = trainer_mod.start_run
 

@@ -5,8 +5,8 @@ import math
 import pytest
 
 from rlhf_mcore.algorithms import ADVANTAGES, POLICY_LOSSES
-from rlhf_mcore.config_load import load_config
-from rlhf_mcore.trainer import train
+from rlhf_mcore.config.load import load_config
+from rlhf_mcore.trainer.loop import train
 from tests.conftest import ROOT
 
 

@@ -6,7 +6,7 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
-from rlhf_mcore.phases import mean_over_dp
+from rlhf_mcore.trainer.phases import mean_over_dp
 
 ROWS, MEANS = (4, 2), (0.5, 2.0)  # per rank: rows and the mean KL over them
 

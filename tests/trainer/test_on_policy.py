@@ -5,9 +5,9 @@ import math
 import pytest
 import torch
 
-from rlhf_mcore import phases
-from rlhf_mcore.config_load import load_config
-from rlhf_mcore.trainer import train
+from rlhf_mcore.config.load import load_config
+from rlhf_mcore.trainer import phases
+from rlhf_mcore.trainer.loop import train
 from tests.conftest import ROOT
 
 

@@ -3,11 +3,11 @@ megatron model exactly as transformers does (score head at the last valid token)
 import torch
 from transformers import LlamaConfig, LlamaForSequenceClassification
 
-from rlhf_mcore.checkpoint.convert_io import load_full_state_dict
+from rlhf_mcore.convert.mcore import load_full_state_dict
 from rlhf_mcore.models.build import build_model
 from rlhf_mcore.models.weights import hf_to_mcore
-from rlhf_mcore.phases import reward_model_pass
-from rlhf_mcore.roles import Roles
+from rlhf_mcore.trainer.phases import reward_model_pass
+from rlhf_mcore.trainer.roles import Roles
 from tests.conftest import tiny_model_config
 
 

@@ -7,8 +7,8 @@ import torch
 
 from rlhf_mcore.data.schema import PromptRow
 from rlhf_mcore.rollout.types import RolloutBatch
-from rlhf_mcore.run_reward import Scorer
 from rlhf_mcore.tokenizer_bytes import ByteTokenizer
+from rlhf_mcore.trainer.scoring import Scorer
 from tests.conftest import tiny_model_config
 
 

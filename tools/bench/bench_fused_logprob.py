@@ -1,7 +1,7 @@
 """Benchmark fused chunked log-prob/entropy against full logits + log_softmax (forward + backward).
 
-    python tools/bench/bench_fused_logprob.py --out tools/bench/results     # GPU, the default problem
-    python tools/bench/bench_fused_logprob.py --device cpu --batch 2 --seq 64 --vocab 4096 --hidden 64
+    python -m tools.bench.bench_fused_logprob --out tools/bench/results     # GPU, the default problem
+    python -m tools.bench.bench_fused_logprob --device cpu --batch 2 --seq 64 --vocab 4096 --hidden 64
 
 Default problem: Qwen2.5-0.5B-like head, vocab 151936, hidden 896, 8 x 2048 tokens, bf16. Prints a table
 (milliseconds per forward+backward, peak memory above the inputs, error against the unfused result) and,
@@ -16,9 +16,7 @@ import time
 from pathlib import Path
 
 import torch
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # run from a plain checkout
-from kernels.fused_logprob import HAS_TRITON, fused_logprob_entropy  # noqa: E402
+from rlhf_mcore.kernels.fused_logprob import HAS_TRITON, fused_logprob_entropy
 
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
 

@@ -1,10 +1,10 @@
 """One GRPO step at a fixed shape, our trainer's real `train_step`, per rollout engine; plus a combine mode
 that puts ours and TRL's (tools/bench/bench_trl_grpo.py, same shape, same machine) in one JSON and table.
 
-    python tools/bench/bench_grpo_step.py --engine native --out results/      # one H200: ~1 min
-    python tools/bench/bench_grpo_step.py --engine sglang --out results/      # + SGLang start-up
-    python tools/bench/bench_grpo_step.py --combine results/ --out results/   # -> grpo_step_<preset>.json
-    python tools/bench/bench_grpo_step.py --tiny --engine native             # CPU dry run, seconds
+    python -m tools.bench.bench_grpo_step --engine native --out results/      # one H200: ~1 min
+    python -m tools.bench.bench_grpo_step --engine sglang --out results/      # + SGLang start-up
+    python -m tools.bench.bench_grpo_step --combine results/ --out results/   # -> grpo_step_<preset>.json
+    python -m tools.bench.bench_grpo_step --tiny --engine native             # CPU dry run, seconds
 
 Shape (issue 8): random Qwen2.5-0.5B shape, bf16, 64 prompts x 8 samples x 256 new tokens, 128-token
 prompts, one optimizer step per step (ppo_mini_batch_size = train_batch_size, one epoch: on-policy), no
@@ -18,7 +18,6 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
-import sys
 import tempfile
 import time
 import types
@@ -26,18 +25,17 @@ from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # run from a plain checkout
-from rlhf_mcore import trainer  # noqa: E402
-from rlhf_mcore.algorithms import KL_CONTROLLERS  # noqa: E402
-from rlhf_mcore.config import ActorConfig, Config, DataConfig, ModelConfig, OptimConfig, RolloutConfig, TrainerConfig  # noqa: E402
-from rlhf_mcore.config_validate import validate  # noqa: E402
-from rlhf_mcore.logs import MetricLogger, init_logger  # noqa: E402
-from rlhf_mcore.models.transformer_config import load_hf_config  # noqa: E402
-from rlhf_mcore.parallel import init_distributed  # noqa: E402
-from rlhf_mcore.roles import build_roles  # noqa: E402
-from rlhf_mcore.rollout.base import build_rollout_engine  # noqa: E402
-from rlhf_mcore.rollout.types import SamplingParams  # noqa: E402
-from rlhf_mcore.run import Run, engine_kwargs  # noqa: E402
+from rlhf_mcore.algorithms import KL_CONTROLLERS
+from rlhf_mcore.config import ActorConfig, Config, DataConfig, ModelConfig, OptimConfig, RolloutConfig, TrainerConfig
+from rlhf_mcore.config.validate import validate
+from rlhf_mcore.logs import MetricLogger, init_logger
+from rlhf_mcore.models.transformer_config import load_hf_config
+from rlhf_mcore.parallel import init_distributed
+from rlhf_mcore.rollout.base import build_rollout_engine
+from rlhf_mcore.rollout.types import SamplingParams
+from rlhf_mcore.trainer import loop as trainer
+from rlhf_mcore.trainer.roles import build_roles
+from rlhf_mcore.trainer.run import Run, engine_kwargs
 
 QWEN = dict(family="qwen2", num_layers=24, hidden_size=896, ffn_hidden_size=4864, num_attention_heads=14,
             num_query_groups=2, vocab_size=151936, tie_embeddings=True, dtype="bf16")

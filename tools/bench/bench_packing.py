@@ -1,7 +1,7 @@
 """Sequence packing vs padded micro-batches: padding fraction, log-prob and update time, peak memory.
 
-    python tools/bench/bench_packing.py --out tools/bench/results            # H200: both scenarios
-    python tools/bench/bench_packing.py --scenarios tiny --rows 16           # CPU dry run
+    python -m tools.bench.bench_packing --out tools/bench/results            # H200: both scenarios
+    python -m tools.bench.bench_packing --scenarios tiny --rows 16           # CPU dry run
 
 Scenarios (random weights of the named shape, bf16 on GPU):
 - `uniform`: Qwen2.5-0.5B dims, prompt lengths uniform in [64, 256], responses uniform in [32, 256];
@@ -20,25 +20,22 @@ import argparse
 import json
 import os
 import random
-import sys
 import time
 from functools import partial
 
 import torch
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from bench_train_step import PRESETS  # noqa: E402
-
-from rlhf_mcore.config import Config, ModelConfig, ParallelConfig  # noqa: E402
-from rlhf_mcore.data.packing import padding_stats, plan_bins  # noqa: E402
-from rlhf_mcore.logs import init_logger  # noqa: E402
-from rlhf_mcore.models.build import build_model  # noqa: E402
-from rlhf_mcore.models.packed import choose_packed_kernel  # noqa: E402
-from rlhf_mcore.models.transformer_config import load_hf_config  # noqa: E402
-from rlhf_mcore.optim import build_train_state, zero_grads  # noqa: E402
-from rlhf_mcore.parallel import init_distributed  # noqa: E402
-from rlhf_mcore.role_losses import actor_loss  # noqa: E402
-from rlhf_mcore.schedule import forward_collect, run_schedule, split_micro_batches  # noqa: E402
+from rlhf_mcore.config import Config, ModelConfig, ParallelConfig
+from rlhf_mcore.data.packing import padding_stats, plan_bins
+from rlhf_mcore.logs import init_logger
+from rlhf_mcore.models.build import build_model
+from rlhf_mcore.models.packed import choose_packed_kernel
+from rlhf_mcore.models.transformer_config import load_hf_config
+from rlhf_mcore.parallel import init_distributed
+from rlhf_mcore.trainer.losses import actor_loss
+from rlhf_mcore.trainer.optim import build_train_state, zero_grads
+from rlhf_mcore.trainer.schedule import forward_collect, run_schedule, split_micro_batches
+from tools.bench.bench_train_step import PRESETS
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 METRICS = os.path.join(HERE, "results", "gpu_grpo_smollm2_gsm8k_metrics.jsonl")

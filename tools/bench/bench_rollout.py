@@ -1,9 +1,9 @@
 """Decode throughput of the native rollout engine (KV-cache generation with the actor's megatron modules).
 
-    python tools/bench/bench_rollout.py                                   # tiny test model, this device
-    python tools/bench/bench_rollout.py --preset qwen2.5-0.5b --dtype bf16 --batch 1,16,64,256 --out results
-    torchrun --nproc_per_node 2 tools/bench/bench_rollout.py --preset llama3.2-1b --tp 2 --dtype bf16
-    python tools/bench/bench_rollout.py --hf-path /models/Qwen2.5-1.5B --dtype bf16   # architecture only
+    python -m tools.bench.bench_rollout                                   # tiny test model, this device
+    python -m tools.bench.bench_rollout --preset qwen2.5-0.5b --dtype bf16 --batch 1,16,64,256 --out results
+    torchrun --nproc_per_node 2 -m tools.bench.bench_rollout --preset llama3.2-1b --tp 2 --dtype bf16
+    python -m tools.bench.bench_rollout --hf-path /models/Qwen2.5-1.5B --dtype bf16   # architecture only
 
 Weights are random (only the architecture matters for speed); no stop tokens, so every row decodes exactly
 --new-tokens tokens. For each batch size it times a prefill-only call (max_new_tokens=1) and a full call;
@@ -14,19 +14,17 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
 import time
 from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # run from a plain checkout
-from rlhf_mcore.config import Config, ModelConfig, ParallelConfig  # noqa: E402
-from rlhf_mcore.models.build import build_model, count_parameters  # noqa: E402
-from rlhf_mcore.models.transformer_config import load_hf_config  # noqa: E402
-from rlhf_mcore.parallel import init_distributed  # noqa: E402
-from rlhf_mcore.rollout.native import NativeRolloutEngine  # noqa: E402
-from rlhf_mcore.rollout.types import SamplingParams  # noqa: E402
+from rlhf_mcore.config import Config, ModelConfig, ParallelConfig
+from rlhf_mcore.models.build import build_model, count_parameters
+from rlhf_mcore.models.transformer_config import load_hf_config
+from rlhf_mcore.parallel import init_distributed
+from rlhf_mcore.rollout.native import NativeRolloutEngine
+from rlhf_mcore.rollout.types import SamplingParams
 
 PRESETS = {  # ModelConfig fields of public architectures (hidden, layers, heads as published)
     "tiny": dict(num_layers=4, hidden_size=64, ffn_hidden_size=128, num_attention_heads=4, num_query_groups=2,

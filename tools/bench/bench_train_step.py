@@ -1,6 +1,6 @@
 """Actor forward + backward step time, tokens/s, MFU and peak memory per attention backend, in one run.
 
-    python tools/bench/bench_train_step.py --preset qwen2.5-0.5b --backends sdpa,local --seq-len 2048 \
+    python -m tools.bench.bench_train_step --preset qwen2.5-0.5b --backends sdpa,local --seq-len 2048 \
         --micro-batch 8 --out tools/bench/results
 
 The step is the real actor path: megatron's schedule, the PPO loss on fused vocab-parallel log-probs,
@@ -22,10 +22,10 @@ import torch
 from rlhf_mcore.config import Config, ModelConfig, ParallelConfig
 from rlhf_mcore.models.build import build_model
 from rlhf_mcore.models.transformer_config import load_hf_config
-from rlhf_mcore.optim import build_train_state, zero_grads
 from rlhf_mcore.parallel import init_distributed
-from rlhf_mcore.role_losses import actor_loss
-from rlhf_mcore.schedule import run_schedule, split_micro_batches
+from rlhf_mcore.trainer.losses import actor_loss
+from rlhf_mcore.trainer.optim import build_train_state, zero_grads
+from rlhf_mcore.trainer.schedule import run_schedule, split_micro_batches
 
 PRESETS = {
     "tiny": dict(num_layers=2, hidden_size=64, ffn_hidden_size=128, num_attention_heads=4, num_query_groups=2,

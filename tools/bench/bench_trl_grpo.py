@@ -1,7 +1,7 @@
 """TRL's GRPOTrainer at the shape of bench_grpo_step.py: the denominator of our step-time ratio.
 
-    python tools/bench/bench_trl_grpo.py --out results/     # one H200 (TRL, datasets carried as wheels)
-    python tools/bench/bench_trl_grpo.py --tiny              # CPU dry run
+    python -m tools.bench.bench_trl_grpo --out results/     # one H200 (TRL, datasets carried as wheels)
+    python -m tools.bench.bench_trl_grpo --tiny              # CPU dry run
 
 Random Qwen2.5-0.5B-shaped `Qwen2ForCausalLM` (transformers, bf16, SDPA), HF `generate` (no vLLM),
 beta=0 (no reference model), 64 prompts x 8 generations x 256 new tokens (min_new_tokens=256: no early

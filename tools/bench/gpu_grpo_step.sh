@@ -3,7 +3,7 @@
 #   part1: carries megatron-core, SGLang wheel part 1 and $TRL (TRL + datasets wheels): GPU tests of the graphed
 #          native decoder, our GRPO step with rollout.engine=native (+ A/B variants), TRL's GRPOTrainer
 #   part2: carries SGLang wheel part 2: our GRPO step with rollout.engine=sglang (+ the fp32 LM head variant)
-# Results land in $OUT; combine them here with bench_grpo_step.py --combine.
+# Results land in $OUT; combine them here with python -m tools.bench.bench_grpo_step --combine.
 # Wheel folders (relative to the directory the script runs in): MCORE, SGL1, SGL2, TRL. A call carries 64 MiB at
 # most, so when the code travels as a copy (a helper's worktree) move tokenizers, openai and pyzmq from SGLang's
 # part 1 to part 2, e.g. (2026-12-01, second session; megatron-core in w1/mcore, TRL wheels in w1/trl):
@@ -25,7 +25,7 @@ VARIANTS=${VARIANTS:-1}  # part1: A/B runs (eager decode + unfused SwiGLU; micro
 export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1 NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1
 install() { local dir=$1; shift; python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target "$dir" "$@"; }
 bench() { local name=$1; shift; echo "=== $name ($(date +%T))"
-  timeout 300 python3 tools/bench/bench_grpo_step.py "$@" 2>&1 | grep -Ev "rollout: +[0-9]+%" | tee "$OUT/$name.log" | tail -8; }
+  timeout 300 python3 -m tools.bench.bench_grpo_step "$@" 2>&1 | grep -Ev "rollout: +[0-9]+%" | tee "$OUT/$name.log" | tail -8; }
 if [[ $PART == part1 ]]; then
   mkdir -p /tmp/site /tmp/trlsite
   install /tmp/site "$MCORE"/megatron_core*.whl "$SGL1"/*.whl || exit 3
@@ -41,7 +41,7 @@ if [[ $PART == part1 ]]; then
     bench native_micro_batch_64 --engine native --micro-batch 64 --steps 1 --standalone 0 --out "$OUT/variants/mb64"
   fi
   echo "=== TRL ($(date +%T))"
-  PYTHONPATH=/tmp/trlsite timeout 300 python3 tools/bench/bench_trl_grpo.py --out "$OUT" 2>&1 | tr '\r' '\n' \
+  PYTHONPATH=/tmp/trlsite timeout 300 python3 -m tools.bench.bench_trl_grpo --out "$OUT" 2>&1 | tr '\r' '\n' \
       | grep -v "it/s\|s/it\]" | tee "$OUT/trl.log" | tail -6
   exit 0
 fi

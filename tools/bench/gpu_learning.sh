@@ -28,7 +28,7 @@ fi
 
 mkdir -p "$OUT"
 if [[ -n "${DRY:-}" ]]; then  # CPU: the package's GGUF, a few rows, a few tokens, fp32
-  GGUF=$($PY -c "import sys; sys.path.insert(0, 'tools'); from gguf_to_hf import find_smollm2_gguf as f; print(f())")
+  GGUF=$($PY -c "from tools.gguf_to_hf import find_smollm2_gguf as f; print(f())")
   SIZES=(--max-train 64 --max-test 4)
   EXTRA=(model.dtype=fp32 data.train_batch_size=2 rollout.n=2 rollout.max_response_length=8
          actor.ppo_mini_batch_size=2 actor.micro_batch_size_per_gpu=4 trainer.total_steps=1 reward.num_workers=1)
@@ -42,9 +42,9 @@ else
 fi
 W=/tmp/learning
 log "SmolLM2-135M-Instruct: GGUF -> HF -> megatron"
-$PY tools/gguf_to_hf.py --gguf $GGUF --out $W/hf --dtype bf16 --overwrite 2>&1 | tail -1
-$PY tools/convert_checkpoint.py hf-to-mcore --hf-dir $W/hf --out $W/mcore --dtype bf16 2>&1 | tail -1
-$PY tools/prepare_gsm8k.py --output-dir $W/gsm8k "${SIZES[@]}" || exit 5
+$PY -m tools.gguf_to_hf --gguf $GGUF --out $W/hf --dtype bf16 --overwrite 2>&1 | tail -1
+$PY -m tools.convert_checkpoint hf-to-mcore --hf-dir $W/hf --out $W/mcore --dtype bf16 2>&1 | tail -1
+$PY -m tools.prepare_gsm8k --output-dir $W/gsm8k "${SIZES[@]}" || exit 5
 log "GRPO on GSM8K: ${MINUTES} minutes (set-up and first validation included), then greedy validation"
 $PY -m rlhf_mcore.train --config configs/gsm8k_grpo_smollm2.yaml model.hf_path=$W/hf model.load=$W/mcore \
     data.train_files=$W/gsm8k/train.parquet data.val_files=$W/gsm8k/test.parquet trainer.output_dir=$W/grpo \
@@ -52,5 +52,5 @@ $PY -m rlhf_mcore.train --config configs/gsm8k_grpo_smollm2.yaml model.hf_path=$
     trainer.logger=[console,jsonl] "${EXTRA[@]}" "$@" 2>&1 | grep -v "Warning\|warnings.warn" | tee $OUT/grpo.log \
     | grep -v "rollout:"
 cp $W/grpo/metrics.jsonl $W/grpo/config.yaml $W/grpo/summary.json "$OUT"/
-$PY tools/plot_metrics.py $W/grpo --out "$OUT"/metrics.png
+$PY -m tools.plot_metrics $W/grpo --out "$OUT"/metrics.png
 grep "validation @" $OUT/grpo.log

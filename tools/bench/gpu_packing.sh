@@ -11,5 +11,5 @@ print(torch.__version__, torch.cuda.get_device_name(), inspect.signature(f))"
 echo "=== GPU tests of the packed path ($(date +%T))"
 python3 -m pytest -q -p no:cacheprovider -p no:warnings tests/models/test_packing.py 2>&1 | tail -3
 echo "=== bench_packing ($(date +%T))"
-python3 tools/bench/bench_packing.py --out $OUT "$@" 2>&1 | grep -v "Warning\|warnings.warn" | tee $OUT/bench_packing.log
+python3 -m tools.bench.bench_packing --out $OUT "$@" 2>&1 | grep -v "Warning\|warnings.warn" | tee $OUT/bench_packing.log
 echo "=== done ($(date +%T))"

@@ -21,16 +21,16 @@ if [[ $PART == part1 ]]; then
       trainer.resume=disable trainer.logger=[console] 2>&1 | grep -v Warn | tail -5
   if [[ $NGPU -ge 2 ]]; then
     log "layout check on 2 GPUs (fp32; TP2 with sequence parallelism)"
-    python3 -m torch.distributed.run --nproc_per_node 2 tools/check_layouts.py --config configs/tiny_grpo.yaml \
+    python3 -m torch.distributed.run --nproc_per_node 2 -m tools.check_layouts --config configs/tiny_grpo.yaml \
         --layouts 1x1,2x1,1x2 --sequence-parallel --tolerance 1e-4 2>&1 | grep -A6 "^layout"
   fi
   log "train step: SDPA vs stock local attention, 0.5B shape"
-  python3 tools/bench/bench_train_step.py --preset qwen2.5-0.5b --backends sdpa,local --seq-len 2048 \
+  python3 -m tools.bench.bench_train_step --preset qwen2.5-0.5b --backends sdpa,local --seq-len 2048 \
       --micro-batch 8 --out $OUT 2>&1 | grep -v Warn | tail -6
   log "fused log-prob kernel"
-  python3 tools/bench/bench_fused_logprob.py --out $OUT 2>&1 | tail -8
+  python3 -m tools.bench.bench_fused_logprob --out $OUT 2>&1 | tail -8
   log "native rollout decode"
-  python3 -m torch.distributed.run --nproc_per_node 1 tools/bench/bench_rollout.py --preset qwen2.5-0.5b \
+  python3 -m torch.distributed.run --nproc_per_node 1 -m tools.bench.bench_rollout --preset qwen2.5-0.5b \
       --dtype bf16 --batch 1,16,64,256 --out $OUT 2>&1 | grep -v Warn | tail -8
   log "GPU tests"
   python3 -m pytest -q -p no:cacheprovider tests -m gpu 2>&1 | tail -4
@@ -54,9 +54,9 @@ fi
 [[ -d /tmp/site/megatron ]] || { echo COLD_MACHINE; exit 9; }
 cat /tmp/smollm2.gguf.part1 .carry2/smollm2.gguf.part2 > /tmp/smollm2.gguf
 log "SmolLM2: GGUF -> HF -> megatron"
-python3 tools/gguf_to_hf.py --gguf /tmp/smollm2.gguf --out /tmp/smol-hf --dtype bf16 2>&1 | tail -1
-python3 tools/convert_checkpoint.py hf-to-mcore --hf-dir /tmp/smol-hf --out /tmp/smol-mcore --dtype bf16 2>&1 | tail -1
-python3 tools/prepare_gsm8k.py --input-dir .carry2 --output-dir /tmp/gsm8k 2>&1 | tail -2
+python3 -m tools.gguf_to_hf --gguf /tmp/smollm2.gguf --out /tmp/smol-hf --dtype bf16 2>&1 | tail -1
+python3 -m tools.convert_checkpoint hf-to-mcore --hf-dir /tmp/smol-hf --out /tmp/smol-mcore --dtype bf16 2>&1 | tail -1
+python3 -m tools.prepare_gsm8k --input-dir .carry2 --output-dir /tmp/gsm8k 2>&1 | tail -2
 log "GRPO on GSM8K, SmolLM2-135M-Instruct, ${MINUTES:-6} minutes"
 python3 -m rlhf_mcore.train --config configs/gsm8k_grpo_smollm2.yaml model.hf_path=/tmp/smol-hf \
     model.load=/tmp/smol-mcore data.train_files=/tmp/gsm8k/train.parquet data.val_files=/tmp/gsm8k/test.parquet \

@@ -10,19 +10,27 @@ from pathlib import Path
 
 import torch
 
-from rlhf_mcore.algorithms import KL_CONTROLLERS, estimator_needs
-from rlhf_mcore.config_load import dump_yaml
-from rlhf_mcore.guards import BadStepGuard, DiskFullError, DivergedError, RewardHealthGuard, RunStopped, StartupError
+from rlhf_mcore.algorithms.advantages import estimator_needs
+from rlhf_mcore.algorithms.kl import KL_CONTROLLERS
+from rlhf_mcore.config.load import dump_yaml
 from rlhf_mcore.logs import MetricLogger, init_logger
 from rlhf_mcore.models.transformer_config import load_hf_config
 from rlhf_mcore.parallel import init_distributed, torchrun_env
-from rlhf_mcore.phases import LossFns, build_loss_fns
-from rlhf_mcore.roles import Roles, build_roles
 from rlhf_mcore.rollout.base import build_rollout_engine
-from rlhf_mcore.run_data import build_samplers, load_run_tokenizer, stop_token_ids
-from rlhf_mcore.run_lock import RunDirLocked, RunLock
-from rlhf_mcore.run_reward import Scorer
-from rlhf_mcore.step_log import format_step_line
+from rlhf_mcore.trainer.guards import (
+    BadStepGuard,
+    DiskFullError,
+    DivergedError,
+    RewardHealthGuard,
+    RunStopped,
+    StartupError,
+)
+from rlhf_mcore.trainer.inputs import build_samplers, load_run_tokenizer, stop_token_ids
+from rlhf_mcore.trainer.lock import RunDirLocked, RunLock
+from rlhf_mcore.trainer.phases import LossFns, build_loss_fns
+from rlhf_mcore.trainer.roles import Roles, build_roles
+from rlhf_mcore.trainer.scoring import Scorer
+from rlhf_mcore.trainer.step_log import format_step_line
 
 log = logging.getLogger("rlhf_mcore")
 SUSPECT_SUFFIX = ".suspect"
@@ -76,17 +84,22 @@ class Run:
     def rows_per_mini(self, role: str) -> int:
         return getattr(self.cfg, role).ppo_mini_batch_size * self.cfg.rollout.n // self.ctx.dims.dp
 
+    @property
+    def console(self) -> bool:
+        """Rank 0 prints the step and validation lines when `trainer.logger` names `console`."""
+        return self.ctx.is_logging_rank and "console" in self.cfg.trainer.logger
+
     def log_step(self, step: int, metrics: dict) -> None:
         self.history.append(metrics)
-        if self.ctx.is_logging_rank:
+        if self.console:
             log.info(format_step_line(step, self.total_steps, metrics))
         self.metric_logger.write(step, metrics)
 
     def log_validation(self, step: int) -> dict:
-        from rlhf_mcore.run_validate import validate
+        from rlhf_mcore.trainer.validation import validate
 
         metrics = validate(self)
-        if self.ctx.is_logging_rank:
+        if self.console:
             log.info("validation @ step %d: %s", step, "  ".join(f"{k}={v:.4f}" for k, v in sorted(metrics.items())))
         self.metric_logger.write(step, metrics)
         self.history.append({"step": step, **metrics})
@@ -178,7 +191,7 @@ def _start_checks(cfg, ctx) -> tuple[RunLock | None, str | None]:
     ranks share the verdict, then pick (and verify) the checkpoint to resume from. Raises StartupError."""
     from rlhf_mcore.checkpoint import CheckpointError
     from rlhf_mcore.checkpoint.verify import pick_resume
-    from rlhf_mcore.preflight import preflight_errors
+    from rlhf_mcore.trainer.preflight import preflight_errors
 
     lock, errors = None, []
     if ctx.is_logging_rank:
@@ -288,7 +301,7 @@ def finish_run(run: Run, last: int) -> None:
     path = run.save(last, final=True) if cfg.trainer.save_freq != 0 and last > run.start_step else None
     export = None
     if cfg.trainer.export_hf and path is not None:
-        from rlhf_mcore.checkpoint.export import export_actor_to_hf
+        from rlhf_mcore.convert.export import export_actor_to_hf
 
         export = export_actor_to_hf(run, path)
     if run.ctx.is_logging_rank:

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import torch
 
-from rlhf_mcore.phases import gather_dp
+from rlhf_mcore.trainer.phases import gather_dp
 
 # (label, metric key, format) of the console line, in order; missing metrics print as "-".
 LINE_FIELDS = (

@@ -1,9 +1,9 @@
 """The experiment schema: nested dataclasses mirrored 1:1 by the YAML files in configs/.
 
 Single-section rules live in each section's `__post_init__` (as `_checks`, collected, never raised one by
-one); cross-section rules live in `rlhf_mcore.config_validate.validate`, and so does the one check of every
+one); cross-section rules live in `rlhf_mcore.config.validate.validate`, and so does the one check of every
 field that names a registry entry (`registry_fields`: the registry is the list of valid names). Loading,
-`a.b=value` overrides and error reporting live in `rlhf_mcore.config_load`.
+`a.b=value` overrides and error reporting live in `rlhf_mcore.config.load`.
 """
 from __future__ import annotations
 
@@ -196,7 +196,7 @@ class OptimConfig:
 
 @dataclass(**DC)
 class UpdateConfig:
-    """How a trained role is updated; actor and critic share it (the update schedule of `phases.update_role`)."""
+    """How a trained role is updated; actor and critic share it (the schedule of `trainer.phases.update_role`)."""
 
     optim: OptimConfig = field(default_factory=OptimConfig)
     ppo_mini_batch_size: int = 8  # prompts per optimizer step (x rollout.n samples)
@@ -321,7 +321,7 @@ class TrainerConfig:
     val_before_train: bool = False
     output_dir: str = "runs/default"
     seed: int = 1
-    logger: list[str] = field(default_factory=lambda: ["console", "jsonl", "tensorboard"])  # also: wandb
+    logger: list[str] = field(default_factory=lambda: ["console", "jsonl", "tensorboard"])  # +wandb; console=step line
     project_name: str = "rlhf_mcore"  # wandb project
     experiment_name: str = ""  # wandb run name ("" = the output_dir's name)
     resume: str = "auto"  # auto | disable | <path to global_step_N>

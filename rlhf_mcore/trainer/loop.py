@@ -5,14 +5,14 @@ from __future__ import annotations
 
 import time
 
-from rlhf_mcore import phases
 from rlhf_mcore.logs import timer
-from rlhf_mcore.metrics import reduce_outputs
-from rlhf_mcore.optim import lr_at
-from rlhf_mcore.role_losses import actor_loss
-from rlhf_mcore.rollout_memory import rollout_memory, sync_weights
-from rlhf_mcore.run import Run, finish_run, start_run
-from rlhf_mcore.step_log import step_metrics
+from rlhf_mcore.trainer import phases
+from rlhf_mcore.trainer.losses import actor_loss
+from rlhf_mcore.trainer.metrics import reduce_outputs
+from rlhf_mcore.trainer.optim import lr_at
+from rlhf_mcore.trainer.rollout_memory import rollout_memory, sync_weights
+from rlhf_mcore.trainer.run import Run, finish_run, start_run
+from rlhf_mcore.trainer.step_log import step_metrics
 
 
 def train_step(run: Run, step: int) -> dict:

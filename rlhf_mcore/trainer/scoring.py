@@ -12,9 +12,9 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 
-from rlhf_mcore.phases import decode_responses
-from rlhf_mcore.rewards import score_batch
+from rlhf_mcore.rewards.batch import score_batch
 from rlhf_mcore.rewards.penalties import FORMAT_CHECKS, format_penalties, overlong_penalties, post_answer_penalties
+from rlhf_mcore.trainer.phases import decode_responses
 
 COLUMNS = ("reward", "acc", "format")  # per-sample values reported per data_source
 

@@ -13,14 +13,15 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
-from rlhf_mcore.algorithms import ADVANTAGES, AdvantageInputs, apply_kl_penalty, estimator_needs
+from rlhf_mcore.algorithms.advantages import ADVANTAGES, AdvantageInputs, estimator_needs
+from rlhf_mcore.algorithms.kl import apply_kl_penalty
 from rlhf_mcore.data.packing import plan_dp_split
 from rlhf_mcore.logs import heartbeat, progress, timer
-from rlhf_mcore.optim import optimizer_step, zero_grads
-from rlhf_mcore.role_losses import actor_loss, critic_loss, reward_model_scores, rollout_mismatch
 from rlhf_mcore.rollout.types import RolloutBatch, SamplingParams
-from rlhf_mcore.schedule import forward_collect, run_schedule, split_micro_batches, take
-from rlhf_mcore.step_batch import StepBatch
+from rlhf_mcore.trainer.losses import actor_loss, critic_loss, reward_model_scores, rollout_mismatch
+from rlhf_mcore.trainer.optim import optimizer_step, zero_grads
+from rlhf_mcore.trainer.schedule import forward_collect, run_schedule, split_micro_batches, take
+from rlhf_mcore.trainer.step_batch import StepBatch
 
 
 def sampling_params(cfg, eos_ids: tuple[int, ...], step: int, validation: bool = False) -> SamplingParams:
@@ -112,7 +113,7 @@ class LossFns:
 
 
 def build_loss_fns(cfg, ctx, roles, update_loss: Callable = actor_loss) -> LossFns:
-    """`update_loss`: the actor's loss function for its update (`role_losses.actor_loss`)."""
+    """`update_loss`: the actor's loss function for its update (`losses.actor_loss`)."""
     critic = partial(critic_loss, cliprange_value=cfg.critic.cliprange_value) if roles.critic is not None else None
     return LossFns(actor=actor_loss_fn(cfg, ctx, roles.actor.module, loss=update_loss),
                    old_logp=actor_loss_fn(cfg, ctx, roles.actor.module, forward_only=True),
@@ -123,7 +124,7 @@ def is_on_policy(cfg, rows: int, rows_per_mini: int) -> bool:
     """One epoch over one mini-batch holding all `rows` samples, no KL in the reward, and an estimator that
     needs nothing from the old policy: the update's first forward sees exactly the weights that the
     old-log-prob pass would, so that pass is skipped and the update takes pi_old from its own forward
-    (detached; `role_losses.actor_loss`)."""
+    (detached; `losses.actor_loss`)."""
     return (cfg.actor.ppo_epochs == 1 and rows_per_mini >= rows and not cfg.algorithm.use_kl_in_reward
             and not needs_sum_pi_squared(cfg))
 

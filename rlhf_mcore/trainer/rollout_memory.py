@@ -11,7 +11,7 @@ import contextlib
 
 import torch
 
-from rlhf_mcore.optim import offload_for_rollout, reload_after_rollout
+from rlhf_mcore.trainer.optim import offload_for_rollout, reload_after_rollout
 
 
 def offload_during(run, offload: bool) -> None:

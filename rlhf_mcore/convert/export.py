@@ -1,7 +1,7 @@
 """Export the actor of a training checkpoint as a Hugging Face checkpoint (config.json, safetensors, tokenizer).
 
 `export_actor_to_hf(run, path)` is collective and cheap for the ranks: rank 0 starts one single-process,
-CPU-only conversion (`python -m rlhf_mcore.checkpoint.export ...`) while the others wait. That process
+CPU-only conversion (`python -m rlhf_mcore.convert.export ...`) while the others wait. That process
 builds the actor at TP1/PP1 (megatron reshards whatever layout the run used), loads `path/actor` and writes
 `run_dir/hf_export/global_step_N` with the converter's weight table (`rlhf_mcore.models.weights`).
 Running it apart keeps the training process groups untouched and the GPUs free (a full TP1 copy of the
@@ -22,8 +22,8 @@ from pathlib import Path
 
 import torch.distributed as dist
 
-from rlhf_mcore.guards import EXIT_DIVERGED, EXIT_STARTUP
 from rlhf_mcore.logs import heartbeat
+from rlhf_mcore.trainer.guards import EXIT_DIVERGED, EXIT_STARTUP
 
 log = logging.getLogger(__name__)
 EXPORT_DIR = "hf_export"
@@ -45,7 +45,7 @@ def export_actor_to_hf(run, path) -> str:
     if failed:
         raise RuntimeError(f"HF export of {path} failed (exit code {failed}); its output is in the log above. "
                            "Set trainer.export_hf=false to skip it, or convert later with "
-                           "`python -m rlhf_mcore.checkpoint.export --ckpt <global_step_N>/actor --out DIR`.")
+                           "`python -m rlhf_mcore.convert.export --ckpt <global_step_N>/actor --out DIR`.")
     return str(out)
 
 
@@ -53,7 +53,7 @@ def _convert_in_subprocess(model_cfg, ckpt: Path, out: Path) -> int:
     env = {k: v for k, v in os.environ.items() if k not in _RUN_ENV and not k.startswith("TORCHELASTIC_")}
     env["CUDA_VISIBLE_DEVICES"] = ""  # host memory only; leave the GPUs to the training ranks
     env["MASTER_ADDR"], env["MASTER_PORT"] = "127.0.0.1", str(_free_port())  # not the training job's port
-    cmd = [sys.executable, "-m", "rlhf_mcore.checkpoint.export", "--ckpt", str(ckpt), "--out", str(out),
+    cmd = [sys.executable, "-m", "rlhf_mcore.convert.export", "--ckpt", str(ckpt), "--out", str(out),
            "--model-config", json.dumps(dataclasses.asdict(model_cfg))]
     start = time.perf_counter()
     with heartbeat(f"HF export of {ckpt}"):
@@ -78,9 +78,9 @@ def hf_export_config(hf_cfg: dict, dtype: str) -> dict:
 
 def convert(ckpt: str, out: str, model_cfg) -> Path:
     """One process (world size 1): dist-checkpoint of an actor -> HF directory at `out` (replaced atomically)."""
-    from rlhf_mcore.checkpoint.convert_io import full_state_dict
     from rlhf_mcore.checkpoint.model_weights import load_model_weights
-    from rlhf_mcore.config import ParallelConfig
+    from rlhf_mcore.config.schema import ParallelConfig
+    from rlhf_mcore.convert.mcore import full_state_dict
     from rlhf_mcore.models.build import build_model
     from rlhf_mcore.models.hf_io import save_hf_checkpoint
     from rlhf_mcore.models.transformer_config import load_hf_config
@@ -114,11 +114,11 @@ def check_finite(state_dict: dict, source) -> None:
 
 
 def main(argv=None) -> int:
-    from rlhf_mcore.config import ModelConfig
-    from rlhf_mcore.config_load import load_config
+    from rlhf_mcore.config.load import load_config
+    from rlhf_mcore.config.schema import ModelConfig
     from rlhf_mcore.logs import init_logger
 
-    parser = argparse.ArgumentParser(prog="python -m rlhf_mcore.checkpoint.export",
+    parser = argparse.ArgumentParser(prog="python -m rlhf_mcore.convert.export",
                                      description=__doc__.split("\n\n")[0])
     parser.add_argument("--ckpt", required=True, help="an actor dist-checkpoint, e.g. runs/x/global_step_N/actor")
     parser.add_argument("--out", required=True, help="HF directory to write (replaced if it exists)")

@@ -11,17 +11,12 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from rlhf_mcore.algorithms import (
-    POLICY_LOSSES,
-    PolicyLossInputs,
-    agg_mode_for,
-    aggregate_loss,
-    compute_entropy_bonus,
-    compute_mismatch_weights,
-    compute_value_loss,
-    kl_penalty,
-)
+from rlhf_mcore.algorithms.aggregate import aggregate_loss
+from rlhf_mcore.algorithms.kl import kl_penalty
+from rlhf_mcore.algorithms.losses import POLICY_LOSSES, PolicyLossInputs, agg_mode_for, compute_entropy_bonus
+from rlhf_mcore.algorithms.mismatch import compute_mismatch_weights
 from rlhf_mcore.algorithms.stats import masked_mean
+from rlhf_mcore.algorithms.value import compute_value_loss
 from rlhf_mcore.data.packing import is_packed, to_rows
 from rlhf_mcore.models.logprobs import token_logprobs, token_sum_pi_squared
 

@@ -59,7 +59,7 @@ class BadStepGuard:
     >>> g.update(step=4, num_skipped=2)
     Traceback (most recent call last):
     ...
-    rlhf_mcore.guards.DivergedError: training stopped at step 4: 2 steps in a row had a non-finite loss or \
+    rlhf_mcore.trainer.guards.DivergedError: training stopped at step 4: 2 steps in a row had a non-finite loss or \
 grad norm, so their updates were skipped (trainer.max_bad_steps=2); the last step that applied all its updates \
 is step 2, and no checkpoint was written or deleted since. Lower actor.optim.lr (or critic.optim.lr), check the \
 reward scale, and resume from a checkpoint.
@@ -97,8 +97,8 @@ class RewardHealthGuard:
     >>> g.update(step=4, num_failed=4, num_calls=4)
     Traceback (most recent call last):
     ...
-    rlhf_mcore.guards.RewardHealthError: training stopped at step 4: more than 50% of the reward calls failed or \
-timed out in 2 steps in a row (reward.max_error_frac=0.5, reward.max_error_steps=2; 100% at this step). The \
+    rlhf_mcore.trainer.guards.RewardHealthError: training stopped at step 4: more than 50% of the reward calls failed \
+or timed out in 2 steps in a row (reward.max_error_frac=0.5, reward.max_error_steps=2; 100% at this step). The \
 warnings above show the first error of each step. Fix the reward function or its data, or raise reward.timeout_s.
     """
 

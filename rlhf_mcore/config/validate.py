@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 import os
 
-from rlhf_mcore.config import Config
+from rlhf_mcore.config.schema import Config
 from rlhf_mcore.registry import suggest
 
 REQUIRED_INLINE = ("num_layers", "hidden_size", "ffn_hidden_size", "num_attention_heads", "vocab_size")
@@ -28,7 +28,8 @@ def _model_shape(cfg: Config) -> tuple[dict | None, list[str]]:
                           "Point it at an HF model directory."]
         return {"layers": hf.get("num_hidden_layers"), "heads": hf.get("num_attention_heads"),
                 "groups": hf.get("num_key_value_heads") or hf.get("num_attention_heads"),
-                "positions": hf.get("max_position_embeddings"), "positions_key": f"{path}: max_position_embeddings"}, []
+                "positions": hf.get("max_position_embeddings"), "positions_key": f"{path}: max_position_embeddings",
+                "window": _sliding_window(hf), "window_key": f"{path}: sliding_window"}, []
     missing = [k for k in REQUIRED_INLINE if getattr(m, k) is None]
     if missing:
         return None, [f"model.{k}: required when model.hf_path is empty (got None). Set it, or set "
@@ -36,6 +37,17 @@ def _model_shape(cfg: Config) -> tuple[dict | None, list[str]]:
     return {"layers": m.num_layers, "heads": m.num_attention_heads,
             "groups": m.num_query_groups or m.num_attention_heads, "positions": m.max_position_embeddings,
             "positions_key": "model.max_position_embeddings"}, []
+
+
+def _sliding_window(hf: dict) -> int | None:
+    """The attention window of a family that honours `sliding_window` (Mistral; Qwen2 leaves it off), else None."""
+    from rlhf_mcore.models.registry import spec_for_hf_config
+
+    try:
+        windowed = spec_for_hf_config(hf).has_sliding_window
+    except ValueError:  # an unsupported architecture is reported when the model is built
+        return None
+    return hf.get("sliding_window") if windowed else None
 
 
 def _parallel_rules(cfg: Config, shape: dict, world_size: int | None) -> list[str]:
@@ -109,6 +121,10 @@ def _length_rules(cfg: Config, shape: dict | None) -> list[str]:
     if shape is not None and shape.get("positions") and shape["positions"] < seq:
         errs.append(f"{shape['positions_key']}: the model has {shape['positions']} positions, fewer than "
                     f"{where} = {seq} (got {shape['positions']}). Shorten the prompt or response lengths.")
+    if shape is not None and shape.get("window") and shape["window"] < seq:  # we attend over the whole sequence
+        errs.append(f"{shape['window_key']}: the model attends within {shape['window']} tokens, fewer than {where} "
+                    f"= {seq} (got {shape['window']}); this trainer has no sliding-window attention. Shorten the "
+                    "prompt or response lengths.")
     if (cfg.actor.use_dynamic_bsz or cfg.data.use_sequence_packing) and cfg.actor.max_tokens_per_gpu < seq:
         errs.append(f"actor.max_tokens_per_gpu: must hold one sequence of {where} = {seq} tokens "
                     f"(got {cfg.actor.max_tokens_per_gpu}). Set it to at least {seq}.")
@@ -133,7 +149,7 @@ def registry_fields(cfg: Config) -> list[tuple[str, object, tuple[str, ...], str
         MISMATCH_MODES,
         POLICY_LOSSES,
     )
-    from rlhf_mcore.models.layer_spec import LAYER_SPECS
+    from rlhf_mcore.models.build import LAYER_SPECS
     from rlhf_mcore.models.registry import MODEL_FAMILIES
     from rlhf_mcore.rewards.penalties import FORMAT_CHECKS
     from rlhf_mcore.rollout.base import ROLLOUT_ENGINES

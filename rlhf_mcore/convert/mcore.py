@@ -20,6 +20,7 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
+from rlhf_mcore.disk import publish_dir
 from rlhf_mcore.models.hf_io import copy_aux_files, read_hf_config, write_config
 from rlhf_mcore.models.roles import ROLES
 
@@ -32,7 +33,7 @@ _LAYER_KEY = re.compile(r"^decoder\.layers\.(\d+)\.")
 
 def build_for_conversion(hf_config: dict, role: str, ctx, dtype: str, source: str = "config.json"):
     """The model of `role` at this rank's layout, with the param-free SDPA local spec (our table's names)."""
-    from rlhf_mcore.config import ModelConfig, ParallelConfig
+    from rlhf_mcore.config.schema import ModelConfig, ParallelConfig
     from rlhf_mcore.models.build import build_model
 
     model_cfg = ModelConfig(dtype=dtype, attention_backend="sdpa")
@@ -128,11 +129,7 @@ def save_converted(model, out_dir: str | Path, hf_src_dir: str | Path, meta: dic
             write_config(tmp / HF_SUBDIR, read_hf_config(hf_src_dir))
             copy_aux_files(hf_src_dir, tmp / HF_SUBDIR)
             (tmp / META_FILE).write_text(json.dumps(meta, indent=2, sort_keys=True) + "\n")
-            old = out_dir.with_name(f".{out_dir.name}.old-{uuid.uuid4().hex[:8]}")
-            if out_dir.exists():
-                out_dir.rename(old)
-            tmp.rename(out_dir)
-            shutil.rmtree(old, ignore_errors=True)
+            publish_dir(tmp, out_dir)
     except BaseException:
         if rank0:
             shutil.rmtree(tmp, ignore_errors=True)

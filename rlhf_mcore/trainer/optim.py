@@ -29,7 +29,7 @@ class TrainState:
 def lr_at(step: int, optim_cfg, total_steps: int) -> float:
     """Linear warm-up, then constant or cosine decay to min_lr_ratio * lr.
 
-    >>> from rlhf_mcore.config import OptimConfig
+    >>> from rlhf_mcore.config.schema import OptimConfig
     >>> c = OptimConfig(lr=1.0, lr_warmup_steps=2, lr_schedule="cosine", min_lr_ratio=0.0)
     >>> [round(lr_at(s, c, 6), 3) for s in range(6)]
     [0.5, 1.0, 1.0, 0.854, 0.5, 0.146]

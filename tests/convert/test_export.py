@@ -7,8 +7,8 @@ import torch
 from safetensors.torch import load_file
 
 from rlhf_mcore.checkpoint import save_checkpoint
-from rlhf_mcore.checkpoint.convert_io import full_state_dict
-from rlhf_mcore.checkpoint.export import export_actor_to_hf
+from rlhf_mcore.convert.export import export_actor_to_hf
+from rlhf_mcore.convert.mcore import full_state_dict
 from rlhf_mcore.models.transformer_config import load_hf_config
 from rlhf_mcore.models.weights import mcore_to_hf
 from tests.checkpoint.helpers import build_state, perturb

@@ -8,10 +8,10 @@ import logging
 
 import torch
 
-from rlhf_mcore.algorithms import estimator_needs
+from rlhf_mcore.algorithms.advantages import estimator_needs
 from rlhf_mcore.models.build import build_model, count_parameters
 from rlhf_mcore.models.roles import ROLES
-from rlhf_mcore.optim import TrainState, build_train_state
+from rlhf_mcore.trainer.optim import TrainState, build_train_state
 
 log = logging.getLogger(__name__)
 

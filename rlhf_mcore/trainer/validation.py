@@ -9,8 +9,8 @@ import logging
 import torch
 
 from rlhf_mcore.logs import progress
-from rlhf_mcore.phases import decode_responses, sampling_params
-from rlhf_mcore.run_reward import gather_source_sums, merge_source_sums, source_means, source_sums
+from rlhf_mcore.trainer.phases import decode_responses, sampling_params
+from rlhf_mcore.trainer.scoring import gather_source_sums, merge_source_sums, source_means, source_sums
 
 log = logging.getLogger("rlhf_mcore")
 SAMPLE_QUESTION_CHARS = 300

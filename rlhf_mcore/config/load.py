@@ -12,7 +12,7 @@ from typing import Any
 
 import yaml
 
-from rlhf_mcore.config import Config
+from rlhf_mcore.config.schema import Config
 from rlhf_mcore.registry import suggest
 
 
@@ -150,7 +150,7 @@ def load_config(path: str | None = None, overrides: list[str] = (), world_size: 
                 check: bool = True) -> Config:
     """Read YAML, apply overrides, check every rule (only types and names with check=False); raise ConfigError
     listing all problems."""
-    from rlhf_mcore.config_validate import validate
+    from rlhf_mcore.config.validate import validate
 
     errors: list[str] = []
     data: dict = {}

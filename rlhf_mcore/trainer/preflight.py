@@ -1,6 +1,6 @@
 """Everything that can be checked before a model is built, checked at start-up on rank 0, one line per problem.
 
-`preflight_errors(cfg)` covers what the config rules (`config_validate`) cannot see from the YAML alone:
+`preflight_errors(cfg)` covers what the config rules (`config.validate`) cannot see from the YAML alone:
 paths that must exist, the data files (parquet, verl's schema, every row), every data_source against the
 reward registry, and one probe call of each reward per (data_source, ground-truth type) in a reward worker
 process with the call time-out. The custom reward file is imported there, in that worker, never in the trainer.
@@ -46,7 +46,7 @@ def _path_errors(cfg) -> list[str]:
 def _vocab_errors(cfg) -> list[str]:
     """The model's vocabulary must hold every id the tokenizer can produce."""
     from rlhf_mcore.models.transformer_config import load_hf_config
-    from rlhf_mcore.run_data import load_run_tokenizer
+    from rlhf_mcore.trainer.inputs import load_run_tokenizer
 
     try:
         tokenizer = load_run_tokenizer(cfg)
