@@ -29,7 +29,17 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # run from a plain checkout
 from rlhf_mcore import trainer  # noqa: E402
 from rlhf_mcore.algorithms import KL_CONTROLLERS  # noqa: E402
-from rlhf_mcore.config import ActorConfig, Config, DataConfig, ModelConfig, OptimConfig, RolloutConfig, TrainerConfig  # noqa: E402
+from rlhf_mcore.config import (  # noqa: E402
+    ActorConfig,
+    Config,
+    DataConfig,
+    ModelConfig,
+    NativeRolloutConfig,
+    OptimConfig,
+    RolloutConfig,
+    SGLangRolloutConfig,
+    TrainerConfig,
+)
 from rlhf_mcore.config_validate import validate  # noqa: E402
 from rlhf_mcore.logs import MetricLogger, init_logger  # noqa: E402
 from rlhf_mcore.models.transformer_config import load_hf_config  # noqa: E402
@@ -37,7 +47,7 @@ from rlhf_mcore.parallel import init_distributed  # noqa: E402
 from rlhf_mcore.roles import build_roles  # noqa: E402
 from rlhf_mcore.rollout.base import build_rollout_engine  # noqa: E402
 from rlhf_mcore.rollout.types import SamplingParams  # noqa: E402
-from rlhf_mcore.run import Run, engine_kwargs  # noqa: E402
+from rlhf_mcore.run import Run, engine_setup  # noqa: E402
 
 QWEN = dict(family="qwen2", num_layers=24, hidden_size=896, ffn_hidden_size=4864, num_attention_heads=14,
             num_query_groups=2, vocab_size=151936, tie_embeddings=True, dtype="bf16")
@@ -58,8 +68,8 @@ def parse_args(argv=None):
     p.add_argument("--micro-batch", type=int, default=32, help="actor.micro_batch_size_per_gpu")
     p.add_argument("--steps", type=int, default=3, help="timed steps (after --warmup)")
     p.add_argument("--warmup", type=int, default=1)
-    p.add_argument("--attention-backend", default="triton", help="rollout.attention_backend (sglang)")
-    p.add_argument("--cuda-graphs", type=int, default=1, help="rollout.cuda_graphs (native)")
+    p.add_argument("--attention-backend", default="triton", help="rollout.sglang.attention_backend")
+    p.add_argument("--cuda-graphs", type=int, default=1, help="rollout.native.cuda_graphs")
     p.add_argument("--profile", default="", help="write a torch.profiler table of one step to this file")
     p.add_argument("--combine", default="", help="directory of grpo_step_part_*.json to merge")
     p.add_argument("--out", default="", help="directory for the JSON result")
@@ -70,8 +80,9 @@ def build_config(args) -> Config:
     if args.tiny:
         args.prompts, args.n, args.prompt_len, args.new_tokens, args.micro_batch = 4, 2, 12, 8, 4
     rollout = RolloutConfig(engine=args.engine, n=args.n, max_response_length=args.new_tokens, temperature=1.0,
-                            attention_backend=args.attention_backend, cuda_graphs=bool(args.cuda_graphs),
-                            gpu_memory_utilization=0.5)
+                            native=NativeRolloutConfig(cuda_graphs=bool(args.cuda_graphs)),
+                            sglang=SGLangRolloutConfig(attention_backend=args.attention_backend,
+                                                       gpu_memory_utilization=0.5))
     actor = ActorConfig(optim=OptimConfig(lr=1e-6), ppo_mini_batch_size=args.prompts,
                         micro_batch_size_per_gpu=args.micro_batch)
     return Config(model=ModelConfig(**(TINY if args.tiny else QWEN)), rollout=rollout, actor=actor,
@@ -106,7 +117,7 @@ def build_run(cfg, ctx) -> Run:
     roles = build_roles(cfg, hf, ctx)
     tokenizer = types.SimpleNamespace(pad_id=0, decode=None)
     start = time.perf_counter()
-    engine = build_rollout_engine(cfg.rollout.engine, **engine_kwargs(cfg, roles, tokenizer, ctx))
+    engine = build_rollout_engine(cfg.rollout, engine_setup(cfg, roles, hf, tokenizer, ctx))
     run = Run(cfg=cfg, ctx=ctx, roles=roles, engine=engine, tokenizer=tokenizer, stop_ids=(),
               sampler=RandomPrompts(cfg.data.train_batch_size, cfg.data.max_prompt_length, hf["vocab_size"]),
               val_sampler=None, scorer=random_scores, kl_ctrl=KL_CONTROLLERS.get("fixed")(value=0.0),
@@ -175,7 +186,8 @@ def summarize(args, cfg, run, steps: list[dict], rollout: dict) -> dict:
         "engine_start_s": run.engine_start_s, "rollout": rollout,
         "shape": {"prompts": args.prompts, "n": args.n, "prompt_len": args.prompt_len, "new_tokens": args.new_tokens,
                   "micro_batch": args.micro_batch, "dtype": cfg.model.dtype, "tiny": args.tiny},
-        "config": {"attention_backend": cfg.rollout.attention_backend, "cuda_graphs": cfg.rollout.cuda_graphs},
+        "config": {"attention_backend": cfg.rollout.sglang.attention_backend,
+                   "cuda_graphs": cfg.rollout.native.cuda_graphs},
         "device": torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu",
     }
 
