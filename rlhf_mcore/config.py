@@ -194,7 +194,10 @@ class RolloutConfig:
             errs.append(f"{p}.top_k: must be -1 (off) or >= 1 (got {self.top_k}). Use -1 to turn it off.")
         errs += positive(f"{p}.val_temperature", self.val_temperature, allow_zero=True)
         errs += positive(f"{p}.micro_batch_size", self.micro_batch_size, allow_zero=True)
-        return errs + self.native._checks(f"{p}.native") + self.sglang._checks(f"{p}.sglang")
+        for f in dataclasses.fields(self):  # the engines' option sub-sections (rollout.native, rollout.sglang, ...)
+            if dataclasses.is_dataclass(getattr(self, f.name)):
+                errs += getattr(self, f.name)._checks(f"{p}.{f.name}")
+        return errs
 
 
 @dataclass(**DC)
