@@ -5,6 +5,7 @@ that puts ours and TRL's (tools/bench/bench_trl_grpo.py, same shape, same machin
     python tools/bench/bench_grpo_step.py --engine sglang --out results/      # + SGLang start-up
     python tools/bench/bench_grpo_step.py --combine results/ --out results/   # -> grpo_step_<preset>.json
     python tools/bench/bench_grpo_step.py --tiny --engine native             # CPU dry run, seconds
+    torchrun --nproc_per_node 2 tools/bench/bench_grpo_step.py --engine sglang --tp 2 --out results/  # layouts
 
 Shape (issue 8): random Qwen2.5-0.5B shape, bf16, 64 prompts x 8 samples x 256 new tokens, 128-token
 prompts, one optimizer step per step (ppo_mini_batch_size = train_batch_size, one epoch: on-policy), no
@@ -36,6 +37,7 @@ from rlhf_mcore.config import (  # noqa: E402
     ModelConfig,
     NativeRolloutConfig,
     OptimConfig,
+    ParallelConfig,
     RolloutConfig,
     SGLangRolloutConfig,
     TrainerConfig,
@@ -43,7 +45,7 @@ from rlhf_mcore.config import (  # noqa: E402
 from rlhf_mcore.config_validate import validate  # noqa: E402
 from rlhf_mcore.logs import MetricLogger, init_logger  # noqa: E402
 from rlhf_mcore.models.transformer_config import load_hf_config  # noqa: E402
-from rlhf_mcore.parallel import init_distributed  # noqa: E402
+from rlhf_mcore.parallel import init_distributed, torchrun_env  # noqa: E402
 from rlhf_mcore.roles import build_roles  # noqa: E402
 from rlhf_mcore.rollout.base import build_rollout_engine  # noqa: E402
 from rlhf_mcore.rollout.types import SamplingParams  # noqa: E402
@@ -61,7 +63,9 @@ def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--engine", default="native", choices=["native", "sglang"])
     p.add_argument("--tiny", action="store_true", help="tiny fp32 model, 4 prompts x 2 x 8 tokens (CPU dry run)")
-    p.add_argument("--prompts", type=int, default=64)
+    p.add_argument("--prompts", type=int, default=64, help="prompts per step, all DP ranks together")
+    p.add_argument("--tp", type=int, default=1, help="parallel.tp (launch tp*pp*dp ranks with torchrun)")
+    p.add_argument("--pp", type=int, default=1, help="parallel.pp")
     p.add_argument("--n", type=int, default=8)
     p.add_argument("--prompt-len", type=int, default=128)
     p.add_argument("--new-tokens", type=int, default=256)
@@ -86,18 +90,20 @@ def build_config(args) -> Config:
     actor = ActorConfig(optim=OptimConfig(lr=1e-6), ppo_mini_batch_size=args.prompts,
                         micro_batch_size_per_gpu=args.micro_batch)
     return Config(model=ModelConfig(**(TINY if args.tiny else QWEN)), rollout=rollout, actor=actor,
+                  parallel=ParallelConfig(tp=args.tp, pp=args.pp),
                   data=DataConfig(train_batch_size=args.prompts, max_prompt_length=args.prompt_len),
                   trainer=TrainerConfig(seed=1, logger=[], total_steps=1000))
 
 
 class RandomPrompts:
-    """The sampler: `num` prompts of `length` random token ids per step (seeded by step)."""
+    """The sampler: `num` prompts of `length` random token ids per step for one DP rank (seeded by step and
+    DP rank; DP rank 0 draws what a one-GPU run draws)."""
 
-    def __init__(self, num: int, length: int, vocab: int):
-        self.num, self.length, self.vocab, self.step = num, length, vocab, 0
+    def __init__(self, num: int, length: int, vocab: int, dp_rank: int = 0):
+        self.num, self.length, self.vocab, self.step, self.dp_rank = num, length, vocab, 0, dp_rank
 
     def next_batch(self):
-        g = torch.Generator().manual_seed(self.step)
+        g = torch.Generator().manual_seed(self.step + 1000 * self.dp_rank)
         self.step += 1
         ids = torch.randint(10, self.vocab, (self.num, self.length), generator=g).tolist()
         return [types.SimpleNamespace(prompt_ids=p) for p in ids]
@@ -119,7 +125,8 @@ def build_run(cfg, ctx) -> Run:
     start = time.perf_counter()
     engine = build_rollout_engine(cfg.rollout, engine_setup(cfg, roles, hf, tokenizer, ctx))
     run = Run(cfg=cfg, ctx=ctx, roles=roles, engine=engine, tokenizer=tokenizer, stop_ids=(),
-              sampler=RandomPrompts(cfg.data.train_batch_size, cfg.data.max_prompt_length, hf["vocab_size"]),
+              sampler=RandomPrompts(cfg.data.train_batch_size // ctx.dims.dp, cfg.data.max_prompt_length,
+                                    hf["vocab_size"], ctx.dp_rank),
               val_sampler=None, scorer=random_scores, kl_ctrl=KL_CONTROLLERS.get("fixed")(value=0.0),
               total_steps=1 << 30, run_dir=tempfile.mkdtemp(), metric_logger=MetricLogger("", [], False))
     run.engine_start_s = time.perf_counter() - start
@@ -184,6 +191,7 @@ def summarize(args, cfg, run, steps: list[dict], rollout: dict) -> dict:
                                               "rollout/mismatch_kl_k3")},
         "logprob_update_mfu": train_flops(hf, rows, seq, passes) / max(train_s, 1e-9) / (PEAK_TFLOPS * 1e12),
         "engine_start_s": run.engine_start_s, "rollout": rollout,
+        "weight_sync_gb": last.get("perf/weight_sync_gb"), "weight_reshard_gb": last.get("perf/weight_reshard_gb"),
         "shape": {"prompts": args.prompts, "n": args.n, "prompt_len": args.prompt_len, "new_tokens": args.new_tokens,
                   "micro_batch": args.micro_batch, "dtype": cfg.model.dtype, "tiny": args.tiny},
         "config": {"attention_backend": cfg.rollout.sglang.attention_backend,
@@ -204,9 +212,9 @@ def profile_step(run, step: int, path: str) -> None:
 
 
 def bench(args) -> dict:
-    init_logger(0)
+    init_logger(torchrun_env()[0])
     cfg = build_config(args)
-    ctx = init_distributed(1, 1, seed=cfg.trainer.seed)
+    ctx = init_distributed(args.tp, args.pp, seed=cfg.trainer.seed)
     run = build_run(cfg, ctx)
     steps = []
     for step in range(args.warmup + args.steps):
@@ -257,10 +265,15 @@ def main(argv=None) -> None:
     if args.combine:
         return combine(args.combine, args.out)
     result = bench(args)
+    if torchrun_env()[0] != 0:
+        return
+    world = torchrun_env()[2]
+    result["layout"] = {"tp": args.tp, "pp": args.pp, "dp": world // (args.tp * args.pp)}
     print_table([result])
     if args.out:
         Path(args.out).mkdir(parents=True, exist_ok=True)
-        path = Path(args.out) / f"grpo_step_part_{args.engine}{'_tiny' if args.tiny else ''}.json"
+        layout = f"_tp{args.tp}pp{args.pp}dp{world // (args.tp * args.pp)}" if world > 1 else ""
+        path = Path(args.out) / f"grpo_step_part_{args.engine}{layout}{'_tiny' if args.tiny else ''}.json"
         path.write_text(json.dumps(result, indent=2))
         print(f"wrote {path}")
 
