@@ -77,7 +77,7 @@ def fit_errors(utilization: float, num_params: int, bytes_per_param: int, device
     return [f"rollout.engine: sglang keeps the whole model on every GPU and needs {need / GiB:.1f} GiB "
             f"({num_params * bytes_per_param / GiB:.1f} GiB of weights for {num_params / 1e9:.2f}B parameters + "
             f"{kv_bytes / GiB:.1f} GiB KV cache of one sequence), more than rollout.sglang.gpu_memory_utilization="
-            f"{utilization:g} of this {device_bytes / GiB:.0f} GiB GPU (got sglang). {fix} rollout.engine=native "
+            f"{utilization:g} of this {device_bytes / GiB:.3g} GiB GPU (got sglang). {fix} rollout.engine=native "
             "(it decodes with the TP/PP-sharded actor)."]
 
 

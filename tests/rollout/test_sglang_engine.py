@@ -184,3 +184,21 @@ def test_sglang_engine_matches_the_trainer_and_follows_weight_updates(mcore_ctx)
     after, _ = mismatch()
     assert after < 0.05, after  # the engine now samples from the updated weights
     engine.shutdown()
+
+
+def test_start_up_check_asks_the_engine_whether_the_model_fits(monkeypatch):
+    """preflight (rank 0, before any model is built) stops an sglang run whose model cannot fit one GPU; the
+    native engine keeps no copy of its own. The GPU is faked: 1 MiB of memory."""
+    import types
+
+    from rlhf_mcore import preflight
+    from rlhf_mcore.config_load import load_config
+    from tests.conftest import ROOT
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
+    monkeypatch.setattr(torch.cuda, "get_device_properties", lambda i: types.SimpleNamespace(total_memory=2**20))
+    cfg = load_config(f"{ROOT}/configs/tiny_grpo.yaml", ["rollout.engine=sglang"])
+    (err,) = preflight._engine_memory_errors(cfg)
+    assert err.startswith("rollout.engine: sglang keeps the whole model on every GPU") and "of this 0.000977 GiB GPU" in err
+    assert preflight._engine_memory_errors(load_config(f"{ROOT}/configs/tiny_grpo.yaml")) == []
