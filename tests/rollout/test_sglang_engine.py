@@ -200,5 +200,6 @@ def test_start_up_check_asks_the_engine_whether_the_model_fits(monkeypatch):
     monkeypatch.setattr(torch.cuda, "get_device_properties", lambda i: types.SimpleNamespace(total_memory=2**20))
     cfg = load_config(f"{ROOT}/configs/tiny_grpo.yaml", ["rollout.engine=sglang"])
     (err,) = preflight._engine_memory_errors(cfg)
-    assert err.startswith("rollout.engine: sglang keeps the whole model on every GPU") and "of this 0.000977 GiB GPU" in err
+    assert err.startswith("rollout.engine: sglang keeps the whole model on every GPU")
+    assert "of this 0.000977 GiB GPU" in err
     assert preflight._engine_memory_errors(load_config(f"{ROOT}/configs/tiny_grpo.yaml")) == []
