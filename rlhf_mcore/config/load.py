@@ -12,7 +12,7 @@ from typing import Any
 
 import yaml
 
-from rlhf_mcore.config.schema import Config
+from rlhf_mcore.config.schema import MOVED_KEYS, Config
 from rlhf_mcore.registry import suggest
 
 
@@ -90,6 +90,19 @@ def _number(key: str, value: Any, tp):
     return int(number)
 
 
+def _unknown_key(dotted: str, key: str, value: Any, types_: dict, where: str) -> str:
+    """The error for a key the schema lacks: where it moved to, or the closest valid key.
+
+    >>> _unknown_key("rollout.cuda_graphs", "cuda_graphs", False, {}, "here")
+    "rollout.cuda_graphs: unknown key, moved to rollout.native.cuda_graphs (got False). Did you mean \
+'rollout.native.cuda_graphs'? Set that key instead."
+    """
+    if dotted in MOVED_KEYS:
+        new = MOVED_KEYS[dotted]
+        return f"{dotted}: unknown key, moved to {new} (got {value!r}). Did you mean '{new}'? Set that key instead."
+    return f"{dotted}: unknown key (got {value!r}).{suggest(key, types_)} Valid keys {where}: {', '.join(types_)}."
+
+
 def _build(cls, data: dict, prefix: str, errors: list[str]):
     """Instantiate dataclass `cls` from a nested dict, collecting errors instead of raising."""
     types_ = _field_types(cls)
@@ -97,8 +110,7 @@ def _build(cls, data: dict, prefix: str, errors: list[str]):
     for key, value in data.items():
         dotted = f"{prefix}{key}"
         if key not in types_:
-            errors.append(f"{dotted}: unknown key (got {value!r}).{suggest(key, types_)} "
-                          f"Valid keys here: {', '.join(types_)}.")
+            errors.append(_unknown_key(dotted, key, value, types_, "here"))
             continue
         tp = types_[key]
         if dataclasses.is_dataclass(tp):
@@ -121,8 +133,7 @@ def _set_dotted(data: dict, dotted: str, value: str, errors: list[str]) -> None:
         types_ = _field_types(cls)
         if part not in types_:
             where = ".".join(parts[:i]) or "top level"
-            errors.append(f"{dotted}: unknown key (got {value!r}).{suggest(part, types_)} "
-                          f"Valid keys under {where}: {', '.join(types_)}.")
+            errors.append(_unknown_key(dotted, part, value, types_, f"under {where}"))
             return
         if i == len(parts) - 1:
             if dataclasses.is_dataclass(types_[part]):

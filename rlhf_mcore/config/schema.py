@@ -135,8 +135,49 @@ class DataConfig:
 
 
 @dataclass(**DC)
+class NativeRolloutConfig:
+    """rollout.native: the actor's own megatron modules decode (`rlhf_mcore.rollout.native`)."""
+
+    cuda_graphs: bool = True  # CUDA-graphed decode at tp=pp=1 on a GPU (else eager, logged)
+    keep_graphs: bool = True  # keep the static KV cache and graphs between steps (false frees them)
+    compile_decode: bool = True  # torch.compile the graphed decode step (a compile error falls back, logged)
+
+    def _checks(self, p: str) -> list[str]:
+        return []
+
+
+@dataclass(**DC)
+class SGLangRolloutConfig:
+    """rollout.sglang: one embedded SGLang engine per GPU (`rlhf_mcore.rollout.sglang_engine`)."""
+
+    gpu_memory_utilization: float = 0.5  # fraction of GPU memory for the engine's weights + KV cache
+    attention_backend: str = "triton"  # triton | flashinfer
+    cuda_graph_max_bs: int = 0  # largest decode batch with a CUDA graph (0 = the per-GPU rollout batch)
+    weight_bucket_mb: int = 512  # weight refresh in buckets of this many MiB
+    compile_cache_dir: str = ""  # JIT caches (tvm-ffi, Triton, flashinfer) here ("" = their defaults)
+    fp32_lm_head: bool = False  # logits from an fp32 LM head (closer to the trainer's; slower decode)
+
+    def _checks(self, p: str) -> list[str]:
+        errs = choice(f"{p}.attention_backend", self.attention_backend, ("triton", "flashinfer"))
+        errs += positive(f"{p}.cuda_graph_max_bs", self.cuda_graph_max_bs, allow_zero=True)
+        errs += positive(f"{p}.weight_bucket_mb", self.weight_bucket_mb)
+        return errs + in_range(f"{p}.gpu_memory_utilization", self.gpu_memory_utilization, 0.0, 1.0, lo_open=True)
+
+
+# Keys that moved into a sub-section: loading the old name is an error that names the new one.
+MOVED_KEYS = {
+    "rollout.cuda_graphs": "rollout.native.cuda_graphs",
+    "rollout.keep_graphs": "rollout.native.keep_graphs",
+    "rollout.compile_decode": "rollout.native.compile_decode",
+    **{f"rollout.{k}": f"rollout.sglang.{k}" for k in ("gpu_memory_utilization", "attention_backend",
+                                                         "cuda_graph_max_bs", "weight_bucket_mb", "compile_cache_dir",
+                                                         "fp32_lm_head")},
+}
+
+
+@dataclass(**DC)
 class RolloutConfig:
-    engine: str = "native"  # native (megatron modules) | sglang (embedded engine, GPU)
+    engine: str = "native"  # rlhf_mcore.rollout.ROLLOUT_ENGINES; its options: rollout.<engine>.*
     n: int = 1  # samples per prompt
     max_response_length: int = 256
     temperature: float = 1.0
@@ -145,15 +186,8 @@ class RolloutConfig:
     stop: list[str] = field(default_factory=list)
     val_temperature: float = 0.0  # 0 = greedy
     micro_batch_size: int = 0  # sequences decoded together per rank (0 = all)
-    cuda_graphs: bool = True  # native: CUDA-graphed decode at tp=pp=1 on a GPU (else eager, logged)
-    keep_graphs: bool = True  # native: keep the static KV cache and graphs between steps (false frees them)
-    compile_decode: bool = True  # native: torch.compile the graphed decode step (a compile error falls back, logged)
-    gpu_memory_utilization: float = 0.5  # sglang: fraction of GPU memory for weights + KV cache
-    attention_backend: str = "triton"  # sglang: triton | flashinfer
-    cuda_graph_max_bs: int = 0  # sglang: largest decode batch with a CUDA graph (0 = the per-rank rollout batch)
-    weight_bucket_mb: int = 512  # sglang: weight refresh in buckets of this many MiB
-    compile_cache_dir: str = ""  # sglang: JIT caches (tvm-ffi, Triton, flashinfer) here ("" = their defaults)
-    fp32_lm_head: bool = False  # sglang: logits from an fp32 LM head (closer to the trainer's; slower decode)
+    native: NativeRolloutConfig = field(default_factory=NativeRolloutConfig)  # options of rollout.engine=native
+    sglang: SGLangRolloutConfig = field(default_factory=SGLangRolloutConfig)  # options of rollout.engine=sglang
 
     def _checks(self, p: str) -> list[str]:
         errs = positive(f"{p}.n", self.n) + positive(f"{p}.max_response_length", self.max_response_length)
@@ -162,12 +196,11 @@ class RolloutConfig:
             errs.append(f"{p}.top_p: must be in (0, 1] (got {self.top_p}). Use 1.0 to turn nucleus sampling off.")
         if self.top_k == 0 or self.top_k < -1:
             errs.append(f"{p}.top_k: must be -1 (off) or >= 1 (got {self.top_k}). Use -1 to turn it off.")
-        errs += choice(f"{p}.attention_backend", self.attention_backend, ("triton", "flashinfer"))
-        errs += positive(f"{p}.cuda_graph_max_bs", self.cuda_graph_max_bs, allow_zero=True)
-        errs += positive(f"{p}.weight_bucket_mb", self.weight_bucket_mb)
         errs += positive(f"{p}.val_temperature", self.val_temperature, allow_zero=True)
         errs += positive(f"{p}.micro_batch_size", self.micro_batch_size, allow_zero=True)
-        errs += in_range(f"{p}.gpu_memory_utilization", self.gpu_memory_utilization, 0.0, 1.0, lo_open=True)
+        for f in dataclasses.fields(self):  # the engines' option sub-sections (rollout.native, rollout.sglang, ...)
+            if dataclasses.is_dataclass(getattr(self, f.name)):
+                errs += getattr(self, f.name)._checks(f"{p}.{f.name}")
         return errs
 
 

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import json
 import logging
-import re
 import shutil
 import uuid
 from pathlib import Path
@@ -21,6 +20,7 @@ import torch
 import torch.distributed as dist
 
 from rlhf_mcore.disk import publish_dir
+from rlhf_mcore.models.full_weights import global_key as _global_key
 from rlhf_mcore.models.hf_io import copy_aux_files, read_hf_config, write_config
 from rlhf_mcore.models.roles import ROLES
 
@@ -28,7 +28,6 @@ log = logging.getLogger(__name__)
 
 HF_SUBDIR = "hf"
 META_FILE = "conversion.json"
-_LAYER_KEY = re.compile(r"^decoder\.layers\.(\d+)\.")
 
 
 def build_for_conversion(hf_config: dict, role: str, ctx, dtype: str, source: str = "config.json"):
@@ -45,15 +44,6 @@ def _fresh_head(model) -> bool:
     """The model's role may start without its head (a critic from an LM): the head keeps its init."""
     spec = ROLES.get(getattr(model, "role", ""))
     return spec is not None and spec.fresh_head
-
-
-def _global_key(model, key: str) -> str:
-    """Local pipeline-stage key -> key in the full model (layer indices are per stage)."""
-    match = _LAYER_KEY.match(key)
-    if match is None:
-        return key
-    layer = model.decoder.layers[int(match.group(1))]
-    return f"decoder.layers.{layer.layer_number - 1}." + key[match.end():]
 
 
 def _tp_slice(full: torch.Tensor, param, key: str, tp_rank: int, tp_size: int) -> torch.Tensor:

@@ -12,7 +12,7 @@ then decode one token per step for the whole batch until every row has finished.
 - PP: each forward runs the stages in turn (hidden [s, b, h] sent stage to stage); the last stage samples
   and broadcasts tokens, log-probs and finished flags, so every rank of a replica returns the same batch.
   Micro-batches are not interleaved across stages (one stage computes at a time).
-- CUDA graphs (`rollout.cuda_graphs`, on by default): at tp = pp = 1 on a GPU the engine decodes with
+- CUDA graphs (`rollout.native.cuda_graphs`, on by default): at tp = pp = 1 on a GPU the engine decodes with
   `static_decode.StaticDecoder` instead (static KV cache, one captured graph per batch-size bucket,
   sampling and log-probs inside the graph, no host sync per step unless stop tokens / strings can end
   rows). Elsewhere it keeps this eager path and logs why once.
@@ -28,6 +28,7 @@ from typing import Optional
 import torch
 
 from rlhf_mcore.logs import progress
+from rlhf_mcore.models.full_weights import unwrap_model
 from rlhf_mcore.rollout import comm, kv_cache
 from rlhf_mcore.rollout.base import ROLLOUT_ENGINES
 from rlhf_mcore.rollout.responses import Response, ResponseBuffer, assemble_batch
@@ -37,18 +38,6 @@ from rlhf_mcore.rollout.stopping import Decode, is_stop_token, stop_string_hits,
 from rlhf_mcore.rollout.types import RolloutBatch, SamplingParams
 
 log = logging.getLogger(__name__)
-
-
-def unwrap_model(model):
-    """The GPTModel inside DDP / Float16Module wrappers (a single chunk: no virtual pipeline)."""
-    if isinstance(model, (list, tuple)):
-        if len(model) != 1:
-            raise ValueError(f"native rollout: expected one model chunk (got {len(model)}). Virtual pipeline "
-                             "parallelism is not supported by the native engine.")
-        model = model[0]
-    while hasattr(model, "module"):
-        model = model.module
-    return model
 
 
 @contextlib.contextmanager
@@ -72,7 +61,7 @@ def check_request(prompts: list[list[int]], params: SamplingParams) -> None:
         raise ValueError(f"rollout prompts: prompt(s) {empty[:5]} have no tokens. Filter empty prompts out.")
 
 
-@ROLLOUT_ENGINES.register("native")
+@ROLLOUT_ENGINES.register("native", section="native")
 class NativeRolloutEngine:
     """generate() with the actor's megatron modules; see `rlhf_mcore.rollout.base` for the contract."""
 
@@ -93,9 +82,16 @@ class NativeRolloutEngine:
         self.keep_graphs = keep_graphs  # release_memory() keeps the static cache and graphs
         self.static = self._static_decoder(cuda_graphs, compile_decode)
 
+    @classmethod
+    def build(cls, options, setup) -> "NativeRolloutEngine":
+        """From rollout.native (`options`) and the run's `EngineSetup`."""
+        return cls(setup.model, setup.ctx, setup.pad_id, setup.decode, micro_batch_size=setup.micro_batch_size,
+                   cuda_graphs=options.cuda_graphs, keep_graphs=options.keep_graphs,
+                   compile_decode=options.compile_decode)
+
     def _static_decoder(self, cuda_graphs: bool, compile_decode: bool) -> Optional[StaticDecoder]:
         if not cuda_graphs:
-            log.info("native rollout: CUDA graphs off (rollout.cuda_graphs=false); decoding eagerly")
+            log.info("native rollout: CUDA graphs off (rollout.native.cuda_graphs=false); decoding eagerly")
             return None
         blockers = graph_blockers(self.model, self.ctx)
         if self.ctx.device.type != "cuda":
@@ -152,6 +148,12 @@ class NativeRolloutEngine:
 
     def shutdown(self) -> None:
         """Nothing to stop: the engine runs in this process on the actor's modules."""
+
+    @staticmethod
+    def memory_errors(options, num_params: int, bytes_per_param: int, device_bytes: int,
+                      kv_bytes: int) -> list[str]:
+        """None: the engine keeps no copy of the model (it decodes with the actor's TP/PP shard)."""
+        return []
 
     @staticmethod
     def layout_errors(parallel) -> list[str]:

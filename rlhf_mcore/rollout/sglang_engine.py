@@ -1,10 +1,17 @@
-"""The embedded SGLang engine (GPU): `rollout.engine=sglang`.
+"""The embedded SGLang engine (GPU): `rollout.engine=sglang`, options in `rollout.sglang.*`.
 
-Each rank (one DP replica per GPU: parallel.tp = parallel.pp = 1) owns an `sglang.Engine` whose scheduler
-runs in a child process on the same GPU. The engine starts from the actor's own weights (written once as
-an HF directory through the converter's weight table) and receives them again after every update with
-`update_weights_from_tensor` (CUDA tensors, no copy to disk). Between rollouts its weights and KV cache are
-released (SGLang's memory saver), so training gets the memory back.
+Every GPU owns an `sglang.Engine` holding the whole model (inference TP = 1), its scheduler in a child
+process on the same GPU, at any training layout (TP x PP x DP):
+
+- rollout: a DP replica's rows (its prompts x n) are split over all its TP x PP ranks, each engine
+  generates its share, and every rank of the replica gets all the replica's rows back in order
+  (`rollout.replicas`); so every GPU rolls out;
+- weights: the engine starts from the actor's own weights (gathered over TP, broadcast over PP by
+  `models.full_weights`, written once as an HF directory) and receives them again after every update with
+  `update_weights_from_tensor` (CUDA tensors, no copy to disk), converted and sent in buckets of
+  rollout.sglang.weight_bucket_mb as they are gathered;
+- memory: between rollouts its weights and KV cache are released (SGLang's memory saver), so training
+  gets the memory back.
 
 What differs from the native engine, by design of SGLang:
 - its CUDA kernels (triton attention, CUDA graphs) give log-probs that differ slightly from the trainer's;
@@ -24,8 +31,9 @@ from typing import Iterable, Iterator, Optional
 
 import torch
 
-from rlhf_mcore.rollout.base import ROLLOUT_ENGINES
-from rlhf_mcore.rollout.native import unwrap_model
+from rlhf_mcore.models.full_weights import FullWeights, hf_weights, unwrap_model
+from rlhf_mcore.rollout.base import ROLLOUT_ENGINES, EngineSetup
+from rlhf_mcore.rollout.replicas import generate_shared
 from rlhf_mcore.rollout.responses import Response, assemble_batch
 from rlhf_mcore.rollout.stopping import Decode, ends_with_stop_string
 from rlhf_mcore.rollout.types import RolloutBatch, SamplingParams
@@ -33,7 +41,10 @@ from rlhf_mcore.rollout.types import RolloutBatch, SamplingParams
 log = logging.getLogger(__name__)
 
 
-def check_supported(ctx) -> None:
+GiB = 2**30
+
+
+def check_supported() -> None:
     if not torch.cuda.is_available():
         raise ValueError("rollout.engine: sglang needs a CUDA GPU (got sglang on a machine without CUDA). "
                          "Use rollout.engine=native.")
@@ -42,22 +53,37 @@ def check_supported(ctx) -> None:
     except ImportError as e:
         raise ValueError(f"rollout.engine: sglang is not importable ({e}). Install the gpu extra "
                          "(pip install 'rlhf-mcore[gpu]') or use rollout.engine=native.") from None
-    errors = SGLangRolloutEngine.layout_errors(ctx.dims)
-    if errors:
-        raise ValueError(errors[0])
 
 
-def actor_hf_state(actor, hf_cfg: dict) -> dict[str, torch.Tensor]:
-    """The actor's current weights under HF names (the converter's weight table), on the actor's device."""
-    from rlhf_mcore.convert.mcore import full_state_dict
-    from rlhf_mcore.models.weights import mcore_to_hf
+def fit_errors(utilization: float, num_params: int, bytes_per_param: int, device_bytes: int,
+               kv_bytes: int) -> list[str]:
+    """An error when one GPU cannot hold the whole model plus the KV cache of one full sequence within
+    `utilization` of its memory (every GPU keeps its own copy: inference TP = 1).
 
-    with torch.no_grad():
-        return mcore_to_hf(full_state_dict(actor), hf_cfg, role="actor")
+    >>> fit_errors(0.5, 7 * 10**9, 2, 80 * GiB, GiB)
+    []
+    >>> print(fit_errors(0.5, 40 * 10**9, 2, 80 * GiB, GiB)[0])  # doctest: +NORMALIZE_WHITESPACE
+    rollout.engine: sglang keeps the whole model on every GPU and needs 75.5 GiB (74.5 GiB of weights for
+    40.00B parameters + 1.0 GiB KV cache of one sequence), more than rollout.sglang.gpu_memory_utilization=0.5
+    of this 80 GiB GPU (got sglang). Raise rollout.sglang.gpu_memory_utilization to at least 0.95, or use
+    rollout.engine=native (it decodes with the TP/PP-sharded actor).
+    """
+    need = num_params * bytes_per_param + kv_bytes
+    if need <= utilization * device_bytes:
+        return []
+    least = need / device_bytes
+    fix = (f"Raise rollout.sglang.gpu_memory_utilization to at least {-(-least * 100 // 1) / 100:.2f}, or use"
+           if least <= 0.95 else "The model does not fit one GPU for inference: use")
+    return [f"rollout.engine: sglang keeps the whole model on every GPU and needs {need / GiB:.1f} GiB "
+            f"({num_params * bytes_per_param / GiB:.1f} GiB of weights for {num_params / 1e9:.2f}B parameters + "
+            f"{kv_bytes / GiB:.1f} GiB KV cache of one sequence), more than rollout.sglang.gpu_memory_utilization="
+            f"{utilization:g} of this {device_bytes / GiB:.3g} GiB GPU (got sglang). {fix} rollout.engine=native "
+            "(it decodes with the TP/PP-sharded actor)."]
 
 
-def write_hf_dir(state: dict[str, torch.Tensor], hf_cfg: dict, dtype: torch.dtype) -> str:
-    """A throw-away HF directory (config.json + model.safetensors) the engine loads at start-up."""
+def write_hf_dir(named: Iterable[tuple[str, torch.Tensor]], hf_cfg: dict, dtype: torch.dtype) -> str:
+    """A throw-away HF directory (config.json + model.safetensors) the engine loads at start-up; the
+    tensors are copied to the host one at a time as `named` yields them."""
     from safetensors.torch import save_file
 
     path = tempfile.mkdtemp(prefix="rlhf_mcore_sglang_")
@@ -65,7 +91,7 @@ def write_hf_dir(state: dict[str, torch.Tensor], hf_cfg: dict, dtype: torch.dtyp
     config["torch_dtype"] = "bfloat16" if dtype == torch.bfloat16 else "float32"
     with open(os.path.join(path, "config.json"), "w") as f:
         json.dump(config, f)
-    save_file({k: v.detach().to("cpu", dtype).contiguous() for k, v in state.items()},
+    save_file({k: v.detach().to("cpu", dtype).contiguous() for k, v in named},
               os.path.join(path, "model.safetensors"))
     return path
 
@@ -91,27 +117,28 @@ def sglang_sampling(params: SamplingParams) -> dict:
             "ignore_eos": not params.stop_token_ids}
 
 
-def per_rank_rows(cfg, dp: int) -> int:
-    """Sequences one rank decodes at once: its share of the step's prompts x n (or rollout.micro_batch_size).
+def per_gpu_rows(replica_rows: int, gpus_per_replica: int, micro_batch_size: int) -> int:
+    """Sequences one GPU decodes at once: its share of its replica's rows (or rollout.micro_batch_size).
 
-    >>> from types import SimpleNamespace as N
-    >>> per_rank_rows(N(data=N(train_batch_size=64), rollout=N(n=8, micro_batch_size=0)), dp=2)
-    256
+    >>> per_gpu_rows(replica_rows=256, gpus_per_replica=2, micro_batch_size=0)
+    128
     """
-    rows = -(-cfg.data.train_batch_size // dp) * cfg.rollout.n
-    return min(rows, cfg.rollout.micro_batch_size) if cfg.rollout.micro_batch_size else rows
+    rows = -(-replica_rows // gpus_per_replica)
+    return min(rows, micro_batch_size) if micro_batch_size else rows
 
 
-def engine_kwargs(cfg, dtype: torch.dtype, dp_rank: int, dp: int, gpu: int) -> dict:
-    """sglang.Engine arguments: decode CUDA graphs up to the per-rank rollout batch (sglang 0.5.17 stops
+def engine_kwargs(options, setup: EngineSetup, dtype: torch.dtype, gpu: int) -> dict:
+    """sglang.Engine arguments: decode CUDA graphs up to the per-GPU rollout batch (sglang 0.5.17 stops
     at 256 by default and decodes larger batches eagerly, 2.8x slower at 512), the configured attention
     backend, memory saver for release/resume between rollouts, one seed per rank, no tokenizer."""
-    r = cfg.rollout
+    ctx = setup.ctx
+    rows = per_gpu_rows(setup.replica_rows, ctx.dims.tp * ctx.dims.pp, setup.micro_batch_size)
     return dict(skip_tokenizer_init=True, dtype="bfloat16" if dtype == torch.bfloat16 else "float32",
-                attention_backend=r.attention_backend, enable_memory_saver=True,
-                mem_fraction_static=r.gpu_memory_utilization, base_gpu_id=gpu,
-                cuda_graph_max_bs_decode=r.cuda_graph_max_bs or per_rank_rows(cfg, dp),
-                random_seed=cfg.trainer.seed + dp_rank, log_level="error", enable_fp32_lm_head=r.fp32_lm_head)
+                attention_backend=options.attention_backend, enable_memory_saver=True,
+                mem_fraction_static=options.gpu_memory_utilization, base_gpu_id=gpu,
+                cuda_graph_max_bs_decode=options.cuda_graph_max_bs or rows,
+                random_seed=setup.seed + ctx.rank, log_level="error",
+                enable_fp32_lm_head=options.fp32_lm_head)
 
 
 def set_compile_cache(directory: str) -> None:
@@ -152,57 +179,68 @@ def to_response(out: dict) -> Response:
                     "stop" if reason == "stop" else "length")
 
 
-@ROLLOUT_ENGINES.register("sglang")
+@ROLLOUT_ENGINES.register("sglang", section="sglang")
 class SGLangRolloutEngine:
-    def __init__(self, model, ctx, pad_id: int, decode: Optional[Decode] = None, cfg=None):
-        check_supported(ctx)
+    """One embedded engine per GPU (any training layout); see the module doc and `rollout.base`."""
+
+    def __init__(self, setup: EngineSetup, bucket_bytes: int, server, weights: Optional[FullWeights] = None):
+        """`server`: the engine behind the thin calls below (an `sglang.Engine` on a GPU; a stand-in in tests).
+        `weights`: the actor's full weights at this layout (built here, collectively, when not given)."""
+        self.ctx, self.pad_id, self.decode = setup.ctx, setup.pad_id, setup.decode
+        self.hf_cfg, self.bucket_bytes, self.engine = setup.hf_config, bucket_bytes, server
+        self.weights = weights or FullWeights(setup.model, setup.ctx)
+
+    @classmethod
+    def build(cls, options, setup: EngineSetup) -> "SGLangRolloutEngine":
+        check_supported()
         import sglang
 
-        from rlhf_mcore.models.transformer_config import load_hf_config
-
-        self.ctx, self.pad_id, self.decode = ctx, pad_id, decode
-        self.hf_cfg = load_hf_config(cfg.model)
-        self.bucket_bytes = cfg.rollout.weight_bucket_mb * 2**20
-        actor = unwrap_model(model)
-        dtype = actor.config.params_dtype
+        dtype = unwrap_model(setup.model).config.params_dtype
         start = time.perf_counter()
-        self.model_dir = write_hf_dir(actor_hf_state(actor, self.hf_cfg), self.hf_cfg, dtype)
-        set_compile_cache(cfg.rollout.compile_cache_dir)
-        kwargs = engine_kwargs(cfg, dtype, ctx.dp_rank, ctx.dims.dp, torch.cuda.current_device())
-        self.engine = sglang.Engine(model_path=self.model_dir, **kwargs)
-        self.startup_s = time.perf_counter() - start
+        weights = FullWeights(setup.model, setup.ctx)
+        model_dir = write_hf_dir(hf_weights(weights, setup.hf_config), setup.hf_config, dtype)
+        set_compile_cache(options.compile_cache_dir)
+        kwargs = engine_kwargs(options, setup, dtype, torch.cuda.current_device())
+        server = sglang.Engine(model_path=model_dir, **kwargs)
+        engine = cls(setup, options.weight_bucket_mb * 2**20, server, weights)
         log.info("rollout engine: embedded SGLang %s on GPU %d (%s attention, decode CUDA graphs up to batch %d, "
-                 "memory saver) started in %.1f s (JIT compile + graph capture; rollout.compile_cache_dir=%r)",
+                 "memory saver) started in %.1f s (JIT compile + graph capture; rollout.sglang.compile_cache_dir=%r)",
                  sglang.__version__, torch.cuda.current_device(), kwargs["attention_backend"],
-                 kwargs["cuda_graph_max_bs_decode"], self.startup_s, cfg.rollout.compile_cache_dir)
+                 kwargs["cuda_graph_max_bs_decode"], time.perf_counter() - start, options.compile_cache_dir)
+        return engine
 
     def generate(self, prompts: list[list[int]], params: SamplingParams, show_progress: bool = False) -> RolloutBatch:
         rows = [p for p in prompts for _ in range(params.n)]
         if not rows:
             return assemble_batch([], [], self.pad_id, self.ctx.device)
-        outs = self.engine.generate(input_ids=rows, sampling_params=sglang_sampling(params), return_logprob=True)
-        responses = [cut_at_stop_string(to_response(o), params.stop_strings, self.decode) for o in outs]
+        sampling = sglang_sampling(params)
+
+        def generate_rows(mine: list[list[int]]) -> list[Response]:
+            outs = self.engine.generate(input_ids=mine, sampling_params=sampling, return_logprob=True)
+            return [cut_at_stop_string(to_response(o), params.stop_strings, self.decode) for o in outs]
+
+        responses = generate_shared(rows, generate_rows, self.ctx.pgs.mp)  # every GPU of the replica
         return assemble_batch(rows, responses, self.pad_id, self.ctx.device)
 
-    def update_weights(self, actor_model) -> None:
-        """The actor's weights (CUDA tensors handed over by IPC, no host copy), converted to HF names and
-        sent in buckets of rollout.weight_bucket_mb as they are made (at most two buckets of converted
-        copies exist at once); the prefix cache is flushed once, with the last bucket."""
-        from rlhf_mcore.convert.mcore import full_state_dict
-        from rlhf_mcore.models.weights import iter_mcore_to_hf
-
+    def update_weights(self, actor_model) -> dict[str, float]:
+        """The actor's full weights on every GPU (TP gather, PP broadcast), converted to HF names and sent
+        in buckets of rollout.sglang.weight_bucket_mb as they are made; each bucket is dropped once sent (the
+        extra memory is one bucket plus the tensor being converted); the prefix cache is flushed once at the
+        end. Returns the bytes handed to the engine and received over TP/PP on this rank, in GB."""
+        if unwrap_model(actor_model) is not self.weights.model:
+            self.weights = FullWeights(actor_model, self.ctx)
+        received, sent = self.weights.bytes_received, 0
         with torch.no_grad():
-            named = iter_mcore_to_hf(full_state_dict(unwrap_model(actor_model)), self.hf_cfg, role="actor")
-            pending = None
-            for bucket in weight_buckets(named, self.bucket_bytes):
-                if pending is not None:
-                    self._send(pending, flush_cache=False)
-                pending = bucket
-            if pending is not None:
-                self._send(pending, flush_cache=True)
+            for bucket in weight_buckets(hf_weights(self.weights, self.hf_cfg), self.bucket_bytes):
+                self._send(bucket)
+                sent += sum(t.numel() * t.element_size() for _, t in bucket)
+                bucket.clear()
+        self.engine.flush_cache()
+        return {"perf/weight_sync_gb": sent / 1e9,
+                "perf/weight_reshard_gb": (self.weights.bytes_received - received) / 1e9}
 
-    def _send(self, bucket: list, flush_cache: bool) -> None:
-        ok, message = self.engine.update_weights_from_tensor(bucket, flush_cache=flush_cache)
+    def _send(self, bucket: list) -> None:
+        ok, message = self.engine.update_weights_from_tensor(bucket, flush_cache=False)
         if not ok:
             raise RuntimeError(f"sglang update_weights_from_tensor failed: {message}")
 
@@ -217,8 +255,10 @@ class SGLangRolloutEngine:
 
     @staticmethod
     def layout_errors(parallel) -> list[str]:
-        """`parallel`: the config section or the run's ParallelDims (both have tp and pp)."""
-        if parallel.tp > 1 or parallel.pp > 1:
-            return [f"rollout.engine: sglang runs one engine per GPU and needs parallel.tp=1 and parallel.pp=1 "
-                    f"(got tp={parallel.tp}, pp={parallel.pp}). Use rollout.engine=native for TP/PP layouts."]
+        """Every TP / PP / DP layout: each GPU holds the whole model for inference (see memory_errors)."""
         return []
+
+    @staticmethod
+    def memory_errors(options, num_params: int, bytes_per_param: int, device_bytes: int,
+                      kv_bytes: int) -> list[str]:
+        return fit_errors(options.gpu_memory_utilization, num_params, bytes_per_param, device_bytes, kv_bytes)

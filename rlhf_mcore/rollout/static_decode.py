@@ -5,7 +5,7 @@ batch-size bucket as a CUDA graph and replayed for every token (gpt-fast `genera
 It runs the actor's own parameters (embedding, norms, QKV / output projections, MLP, final norm):
 - a decode step computes each layer with the pure functions of `decode_layer` (megatron's arithmetic,
   RoPE from a cos / sin table), optionally compiled by `torch.compile` (`compile_backend`, from
-  `rollout.compile_decode`; a compile or capture error falls back to the eager functions, logged);
+  `rollout.native.compile_decode`; a compile or capture error falls back to the eager functions, logged);
 - the cache holds rotated keys [L, B, G, T, D] at absolute slots (RoPE of slot t, exactly what the eager
   engine and megatron apply), written with `index_copy_` at a device-resident position;
 - a decode query attends to every slot with an additive mask (slot <= position and not left padding,

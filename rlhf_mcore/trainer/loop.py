@@ -42,9 +42,10 @@ def train_step(run: Run, step: int) -> dict:
                                       lr_at(step, cfg.actor.optim, run.total_steps),
                                       phases.micro_batching(cfg, cfg.actor))
     with timer("sync_weights", timings):
-        sync_weights(run)
-    metrics = step_metrics(batch, reduce_outputs(reports, ctx), {**reward_metrics, **adv_metrics, **mismatch_metrics},
-                           timings, ctx, max_response_length=cfg.rollout.max_response_length)
+        sync_metrics = sync_weights(run)
+    extra = {**reward_metrics, **adv_metrics, **mismatch_metrics, **sync_metrics}
+    metrics = step_metrics(batch, reduce_outputs(reports, ctx), extra, timings, ctx,
+                           max_response_length=cfg.rollout.max_response_length)
     if reward_kl is not None:  # KL in the reward: the controller adapts its coefficient to the measured KL
         run.kl_ctrl.update(float(reward_kl), cfg.data.train_batch_size * cfg.rollout.n)
     return metrics

@@ -1,9 +1,10 @@
 """Everything that can be checked before a model is built, checked at start-up on rank 0, one line per problem.
 
 `preflight_errors(cfg)` covers what the config rules (`config.validate`) cannot see from the YAML alone:
-paths that must exist, the data files (parquet, verl's schema, every row), every data_source against the
-reward registry, and one probe call of each reward per (data_source, ground-truth type) in a reward worker
-process with the call time-out. The custom reward file is imported there, in that worker, never in the trainer.
+paths that must exist, whether the rollout engine's own copy of the model fits one GPU, the data files
+(parquet, verl's schema, every row), every data_source against the reward registry, and one probe call of
+each reward per (data_source, ground-truth type) in a reward worker process with the call time-out. The
+custom reward file is imported there, in that worker, never in the trainer.
 """
 from __future__ import annotations
 
@@ -59,6 +60,24 @@ def _vocab_errors(cfg) -> list[str]:
         return [f"{key}: below the tokenizer's {tokenizer.vocab_size} ids (got {vocab}). Set it to at least "
                 f"{tokenizer.vocab_size}."]
     return []
+
+
+def _engine_memory_errors(cfg) -> list[str]:
+    """The rollout engine's own copy of the model must fit one GPU (asked of the engine; none on CPU)."""
+    import torch
+
+    from rlhf_mcore.models.full_weights import kv_bytes_per_token, num_params
+    from rlhf_mcore.models.transformer_config import load_hf_config
+    from rlhf_mcore.rollout.base import ROLLOUT_ENGINES, engine_options
+
+    if not torch.cuda.is_available():
+        return []
+    hf = load_hf_config(cfg.model)
+    nbytes = 2 if cfg.model.dtype == "bf16" else 4
+    seq = cfg.data.max_prompt_length + cfg.rollout.max_response_length
+    device = torch.cuda.get_device_properties(torch.cuda.current_device()).total_memory
+    return ROLLOUT_ENGINES.get(cfg.rollout.engine).memory_errors(
+        engine_options(cfg.rollout), num_params(hf), nbytes, device, kv_bytes_per_token(hf, nbytes) * seq)
 
 
 def _rows(key: str, path: str) -> tuple[list, list[str]]:
@@ -132,6 +151,8 @@ def preflight_errors(cfg) -> list[str]:
     errs = _path_errors(cfg)
     if not errs:
         errs += _vocab_errors(cfg)
+    if not errs:
+        errs += _engine_memory_errors(cfg)
     probes = []
     for key in ("train_files", "val_files"):
         for path in filter(None, getattr(cfg.data, key).split(",")):

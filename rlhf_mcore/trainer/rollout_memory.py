@@ -32,7 +32,8 @@ def rollout_memory(run):
         offload_during(run, False)
 
 
-def sync_weights(run) -> None:
-    """Give the engine its memory back and the actor's current weights (before the next generate)."""
+def sync_weights(run) -> dict[str, float]:
+    """Give the engine its memory back and the actor's current weights (before the next generate); the
+    engine's own metrics of the refresh (bytes moved; none for an engine that shares the actor's weights)."""
     run.engine.resume_memory()
-    run.engine.update_weights(run.roles.actor.model[0])
+    return run.engine.update_weights(run.roles.actor.model[0]) or {}

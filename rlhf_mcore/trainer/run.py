@@ -16,7 +16,7 @@ from rlhf_mcore.config.load import dump_yaml
 from rlhf_mcore.logs import MetricLogger, init_logger
 from rlhf_mcore.models.transformer_config import load_hf_config
 from rlhf_mcore.parallel import init_distributed, torchrun_env
-from rlhf_mcore.rollout.base import build_rollout_engine
+from rlhf_mcore.rollout.base import EngineSetup, build_rollout_engine
 from rlhf_mcore.trainer.guards import (
     BadStepGuard,
     DiskFullError,
@@ -251,8 +251,9 @@ def _build_run(cfg, ctx, lock: RunLock | None, resume_path: str | None) -> Run:
             f.write(dump_yaml(cfg))
     start_step = int(read_meta(resume_path)["step"]) if resume_path else 0
     tokenizer = load_run_tokenizer(cfg)
-    roles = build_roles(cfg, load_hf_config(cfg.model), ctx)
-    engine = build_rollout_engine(cfg.rollout.engine, **engine_kwargs(cfg, roles, tokenizer, ctx))
+    hf_config = load_hf_config(cfg.model)
+    roles = build_roles(cfg, hf_config, ctx)
+    engine = build_rollout_engine(cfg.rollout, engine_setup(cfg, roles, hf_config, tokenizer, ctx))
     sampler, val_sampler = build_samplers(cfg, tokenizer, ctx)
     a = cfg.algorithm
     kl_args = {"value": a.kl_coef} if a.kl_ctrl_type == "fixed" else \
@@ -284,15 +285,12 @@ def start_message(start: int, total: int, run_dir: str) -> str:
     return f"run: {total} steps; output in {run_dir}"
 
 
-def engine_kwargs(cfg, roles: Roles, tokenizer, ctx) -> dict:
-    kwargs = dict(model=roles.actor.model[0], ctx=ctx, pad_id=tokenizer.pad_id, decode=tokenizer.decode)
-    if cfg.rollout.engine == "native":
-        r = cfg.rollout
-        kwargs.update(micro_batch_size=r.micro_batch_size, cuda_graphs=r.cuda_graphs, keep_graphs=r.keep_graphs,
-                      compile_decode=r.compile_decode)
-    else:
-        kwargs["cfg"] = cfg
-    return kwargs
+def engine_setup(cfg, roles: Roles, hf_config: dict, tokenizer, ctx) -> EngineSetup:
+    """What every rollout engine is built from, besides its own rollout.<engine> options."""
+    replica_prompts = -(-cfg.data.train_batch_size // ctx.dims.dp)
+    return EngineSetup(model=roles.actor.model[0], hf_config=hf_config, ctx=ctx, pad_id=tokenizer.pad_id,
+                       decode=tokenizer.decode, micro_batch_size=cfg.rollout.micro_batch_size,
+                       replica_rows=replica_prompts * cfg.rollout.n, seed=cfg.trainer.seed)
 
 
 def finish_run(run: Run, last: int) -> None:

@@ -78,7 +78,11 @@ def test_unknown_yaml_key_is_an_error(tmp_path):
     ("model.family=gpt2", "model.family: unknown family (got 'gpt2')."),
     ("parallel.sequence_parallel=true", "parallel.sequence_parallel: needs tp > 1 (got true with tp=1)."),
     ("parallel.tp=2 parallel.sequence_parallel=true", "parallel.sequence_parallel: the native rollout engine"),
-    ("parallel.tp=2 rollout.engine=sglang", "rollout.engine: sglang runs one engine per GPU and needs parallel.tp=1"),
+    ("rollout.cuda_graphs=false", "rollout.cuda_graphs: unknown key, moved to rollout.native.cuda_graphs (got "
+     "'false'). Did you mean 'rollout.native.cuda_graphs'?"),
+    ("rollout.attention_backend=fa3",
+     "rollout.attention_backend: unknown key, moved to rollout.sglang.attention_backend"),
+    ("rollout.sglang.attention_backend=fa3", "rollout.sglang.attention_backend: must be one of triton, flashinfer"),
     ("data.use_sequence_packing=true model.attention_backend=local",
      "model.attention_backend: megatron's local attention cannot run packed sequences (got local"),
     ("rollout", "rollout: an override must look like a.b=value"),
@@ -180,3 +184,17 @@ def test_cli_validate_only_prints_resolved_config_or_errors():
     assert bad.returncode == 2
     assert "rollout.n: expected int" in bad.stderr and "actor.optim.lrr: unknown key" in bad.stderr
     assert "Traceback" not in bad.stderr
+
+
+def test_moved_keys_name_their_new_place(tmp_path):
+    """Engine options moved into rollout.<engine>.*: the old name, in a YAML or an override, says where to."""
+    from rlhf_mcore.config import MOVED_KEYS
+
+    assert set(MOVED_KEYS.values()) <= set(all_keys()) and not set(MOVED_KEYS) & set(all_keys())
+    path = tmp_path / "old.yaml"
+    path.write_text("rollout:\n  keep_graphs: false\n  weight_bucket_mb: 64\n")
+    assert errors_of([], path=str(path)) == [
+        "rollout.keep_graphs: unknown key, moved to rollout.native.keep_graphs (got False). Did you mean "
+        "'rollout.native.keep_graphs'? Set that key instead.",
+        "rollout.weight_bucket_mb: unknown key, moved to rollout.sglang.weight_bucket_mb (got 64). Did you mean "
+        "'rollout.sglang.weight_bucket_mb'? Set that key instead."]

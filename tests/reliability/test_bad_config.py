@@ -16,7 +16,7 @@ BAD = [  # (override, the key the one error line must name)
     ("algorithm.target_kl=0", "algorithm.target_kl"), ("algorithm.kl_horizon=0", "algorithm.kl_horizon"),
     ("actor.entropy_coeff=-5", "actor.entropy_coeff"), ("actor.kl_loss_coef=-1", "actor.kl_loss_coef"),
     ("actor.rollout_correction_threshold=0", "actor.rollout_correction_threshold"),
-    ("rollout.gpu_memory_utilization=5", "rollout.gpu_memory_utilization"),
+    ("rollout.sglang.gpu_memory_utilization=5", "rollout.sglang.gpu_memory_utilization"),
     ("rollout.val_temperature=-1", "rollout.val_temperature"),
     ("rollout.micro_batch_size=-1", "rollout.micro_batch_size"),
     ("reward.overlong_buffer=16", "reward.overlong_buffer"), ("reward.overlong_buffer=-1", "reward.overlong_buffer"),

@@ -13,12 +13,12 @@ import traceback
 
 import torch
 
-from rlhf_mcore.config import Config, ModelConfig, ParallelConfig
+from rlhf_mcore.config import Config, ModelConfig, ParallelConfig, RolloutConfig
 from rlhf_mcore.models.build import build_model
 from rlhf_mcore.models.heads import lm_output_weight
 from rlhf_mcore.models.transformer_config import load_hf_config
 from rlhf_mcore.parallel import init_distributed
-from rlhf_mcore.rollout.base import RolloutEngine, build_rollout_engine
+from rlhf_mcore.rollout.base import EngineSetup, RolloutEngine, build_rollout_engine
 from rlhf_mcore.rollout.sampling import mask_padded_vocab
 from rlhf_mcore.rollout.types import SamplingParams
 
@@ -44,8 +44,11 @@ def build(tp: int, pp: int):
     return model, ctx
 
 
-def engine(model, ctx, **kwargs):
-    return build_rollout_engine("native", model=model, ctx=ctx, pad_id=PAD, decode=decode, **kwargs)
+def engine(model, ctx, micro_batch_size: int = 0):
+    """Built as the trainer builds it: the registry, rollout.native's options and an EngineSetup."""
+    setup = EngineSetup(model=model, hf_config={}, ctx=ctx, pad_id=PAD, decode=decode,
+                        micro_batch_size=micro_batch_size, replica_rows=0, seed=SEED)
+    return build_rollout_engine(RolloutConfig(engine="native"), setup)
 
 
 def as_dict(batch) -> dict:
@@ -179,7 +182,7 @@ def check_modes_memory_registry(model, ctx, out):
         except ValueError:
             pass
     try:
-        build_rollout_engine("nativ")
+        build_rollout_engine(RolloutConfig(engine="nativ"), setup=None)
         raise AssertionError("unknown engine must raise")
     except ValueError as e:
         assert "Did you mean 'native'" in str(e)

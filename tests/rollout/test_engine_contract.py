@@ -6,7 +6,8 @@ import pytest
 
 from rlhf_mcore.rollout.base import ROLLOUT_ENGINES, RolloutEngine
 
-MEMBERS = ("generate", "update_weights", "release_memory", "resume_memory", "shutdown", "layout_errors")
+MEMBERS = ("build", "generate", "update_weights", "release_memory", "resume_memory", "shutdown", "layout_errors",
+           "memory_errors")
 
 
 @pytest.mark.parametrize("name", ROLLOUT_ENGINES.names())
@@ -26,6 +27,18 @@ def test_engines_declare_their_layouts():
     assert native.layout_errors(layout(tp=2, pp=2)) == []
     (err,) = native.layout_errors(layout(tp=2, sp=True))
     assert err.startswith("parallel.sequence_parallel: the native rollout engine cannot decode with it")
-    assert sglang.layout_errors(layout(sp=True)) == []
-    (err,) = sglang.layout_errors(layout(pp=2))
-    assert err.startswith("rollout.engine: sglang runs one engine per GPU") and "(got tp=1, pp=2)" in err
+    for parallel in (layout(sp=True), layout(pp=2), layout(tp=2, pp=2)):  # one engine per GPU, any layout
+        assert sglang.layout_errors(parallel) == []
+
+
+@pytest.mark.parametrize("name", ROLLOUT_ENGINES.names())
+def test_engine_declares_its_config_section(name):
+    """Each engine's options are one sub-section rollout.<section>, a dataclass of the schema."""
+    import dataclasses
+
+    from rlhf_mcore.config import RolloutConfig
+    from rlhf_mcore.rollout.base import engine_options
+
+    section = ROLLOUT_ENGINES.traits(name).section
+    assert dataclasses.is_dataclass(getattr(RolloutConfig(), section))
+    assert engine_options(RolloutConfig(engine=name)) is not None

@@ -1,24 +1,55 @@
 """The embedded SGLang engine: what can be checked without a GPU (the weights it starts from are the
-actor's, reproduced by transformers; response post-processing; clear errors), and on a GPU the engine
-itself against the native engine."""
+actor's, reproduced by transformers; the weight refresh and generation around a stand-in server; response
+post-processing; the fit check; clear errors), and on a GPU the engine itself against the trainer.
+The split over TP x PP ranks and the TP/PP weight gather run at 2-4 ranks in tests/rollout/test_engine_layouts.py."""
 import json
 
 import pytest
 import torch
-from transformers import AutoModelForCausalLM
+from transformers import AutoConfig, AutoModelForCausalLM
 
+from rlhf_mcore.config import SGLangRolloutConfig
 from rlhf_mcore.models.build import build_model
+from rlhf_mcore.models.full_weights import FullWeights, hf_weights, num_params
 from rlhf_mcore.models.logprobs import full_logits
 from rlhf_mcore.models.transformer_config import load_hf_config
+from rlhf_mcore.rollout.base import EngineSetup
 from rlhf_mcore.rollout.responses import Response
 from rlhf_mcore.rollout.sglang_engine import (
-    actor_hf_state,
+    SGLangRolloutEngine,
     check_supported,
     cut_at_stop_string,
     to_response,
     write_hf_dir,
 )
+from rlhf_mcore.rollout.types import SamplingParams
 from tests.conftest import tiny_model_config
+
+
+def setup_for(actor, hf, ctx, **overrides) -> EngineSetup:
+    fields = dict(model=actor, hf_config=hf, ctx=ctx, pad_id=0, decode=None, micro_batch_size=0, replica_rows=16,
+                  seed=1)
+    return EngineSetup(**{**fields, **overrides})
+
+
+class StandIn:
+    """What the engine calls on an sglang.Engine, recorded (generate answers `prompt[-1] + 1` twice)."""
+
+    def __init__(self):
+        self.calls, self.flushes, self.prompts = [], 0, []
+
+    def update_weights_from_tensor(self, named, flush_cache):
+        self.calls.append(([(n, t.clone()) for n, t in named], flush_cache))
+        return True, "Success"
+
+    def flush_cache(self):
+        self.flushes += 1
+
+    def generate(self, input_ids, sampling_params, return_logprob):
+        self.prompts.append(input_ids)
+        return [{"output_ids": [p[-1] + 1, p[-1] + 2], "meta_info": {
+            "finish_reason": {"type": "length"}, "output_token_logprobs": [(-0.5, 0, None), (-0.25, 0, None)]}}
+            for p in input_ids]
 
 
 def test_engine_starts_from_the_actors_weights(mcore_ctx, tmp_path):
@@ -26,7 +57,7 @@ def test_engine_starts_from_the_actors_weights(mcore_ctx, tmp_path):
     cfg = tiny_model_config(tie_embeddings=True)
     hf = load_hf_config(cfg.model)
     actor = build_model("actor", hf, cfg.model, cfg.parallel, mcore_ctx)
-    path = write_hf_dir(actor_hf_state(actor, hf), hf, torch.float32)
+    path = write_hf_dir(hf_weights(FullWeights(actor, mcore_ctx), hf), hf, torch.float32)
     assert json.load(open(f"{path}/config.json"))["architectures"] == ["LlamaForCausalLM"]
     tokens = torch.randint(0, 250, (2, 11), generator=torch.Generator().manual_seed(3))
     ours = full_logits(actor, actor(tokens, torch.arange(11).expand(2, 11), None), mcore_ctx.pgs.tp)
@@ -47,26 +78,93 @@ def test_responses_from_engine_outputs():
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="CPU-only error path")
-def test_needs_a_gpu(mcore_ctx):
+def test_needs_a_gpu():
     with pytest.raises(ValueError, match="rollout.engine: sglang needs a CUDA GPU"):
-        check_supported(mcore_ctx)
+        check_supported()
+
+
+def test_weight_refresh_in_buckets_with_one_flush(mcore_ctx):
+    """update_weights sends every HF tensor exactly once, equal to the converter's, in buckets of at most
+    weight_bucket_mb (a larger tensor alone), then flushes the prefix cache once; it reports the bytes."""
+    from rlhf_mcore.convert.mcore import full_state_dict
+    from rlhf_mcore.models.weights import mcore_to_hf
+
+    cfg = tiny_model_config(tie_embeddings=True)
+    hf = load_hf_config(cfg.model)
+    actor = build_model("actor", hf, cfg.model, cfg.parallel, mcore_ctx)
+    engine = SGLangRolloutEngine(setup_for(actor, hf, mcore_ctx), 40_000, StandIn())
+    metrics = engine.update_weights(actor)
+    want = mcore_to_hf(full_state_dict(actor), hf, role="actor")
+    sent = [pair for named, _ in engine.engine.calls for pair in named]
+    assert [n for n, _ in sent] == list(want) and all(torch.equal(t, want[n]) for n, t in sent)
+    assert [flush for _, flush in engine.engine.calls] == [False] * len(engine.engine.calls)
+    assert engine.engine.flushes == 1 and len(engine.engine.calls) > 2
+    for named, _ in engine.engine.calls:
+        size = sum(t.numel() * t.element_size() for _, t in named)
+        assert size <= engine.bucket_bytes or len(named) == 1
+    assert metrics == {"perf/weight_sync_gb": sum(t.numel() * 4 for t in want.values()) / 1e9,
+                       "perf/weight_reshard_gb": 0.0}
+
+
+def test_generate_expands_samples_and_cuts_stop_strings(mcore_ctx):
+    """One rank: every row (prompt x n) goes to the server once, in order; stop strings cut after generation."""
+    cfg = tiny_model_config()
+    hf = load_hf_config(cfg.model)
+    actor = build_model("actor", hf, cfg.model, cfg.parallel, mcore_ctx)
+    decode = lambda ids: "".join(chr(96 + i) for i in ids)  # noqa: E731
+    engine = SGLangRolloutEngine(setup_for(actor, hf, mcore_ctx, decode=decode), 1 << 20, StandIn())
+    batch = engine.generate([[1, 2], [5]], SamplingParams(n=2, max_new_tokens=2, stop_strings=("f",)))
+    assert engine.engine.prompts == [[[1, 2], [1, 2], [5], [5]]]
+    assert batch.tokens.tolist() == [[1, 2, 3, 4], [1, 2, 3, 4], [5, 6, 0, 0], [5, 6, 0, 0]]
+    assert batch.finish_reasons == ["length", "length", "stop", "stop"]
+    assert batch.response_lengths.tolist() == [2, 2, 1, 1]
+
+
+def test_engine_arguments_follow_the_options(mcore_ctx):
+    """Decode CUDA graphs cover this GPU's share of its replica's rows unless set; the backend is the key's."""
+    from rlhf_mcore.rollout.sglang_engine import engine_kwargs
+
+    setup = setup_for(None, {}, mcore_ctx, replica_rows=256, seed=7)
+    kw = engine_kwargs(SGLangRolloutConfig(attention_backend="flashinfer"), setup, torch.bfloat16, gpu=1)
+    assert kw["cuda_graph_max_bs_decode"] == 256 and kw["attention_backend"] == "flashinfer"
+    assert kw["base_gpu_id"] == 1 and kw["random_seed"] == 7 + mcore_ctx.rank and kw["dtype"] == "bfloat16"
+    small = setup_for(None, {}, mcore_ctx, micro_batch_size=4)
+    assert engine_kwargs(SGLangRolloutConfig(), small, torch.float32, 0)["cuda_graph_max_bs_decode"] == 4
+    assert engine_kwargs(SGLangRolloutConfig(cuda_graph_max_bs=96), small, torch.float32, 0)[
+        "cuda_graph_max_bs_decode"] == 96
+    assert kw["enable_fp32_lm_head"] is False
+    assert engine_kwargs(SGLangRolloutConfig(fp32_lm_head=True), small, torch.bfloat16, 0)["enable_fp32_lm_head"]
+
+
+def test_fit_check_counts_the_models_parameters():
+    """num_params is the HF model's parameter count (transformers builds it); a model that cannot fit one
+    GPU for inference gets one error with the estimate and the fix, before anything is built."""
+    hf = {"architectures": ["Qwen2ForCausalLM"], "model_type": "qwen2", "num_hidden_layers": 2, "hidden_size": 64,
+          "intermediate_size": 96, "num_attention_heads": 4, "num_key_value_heads": 2, "vocab_size": 300,
+          "tie_word_embeddings": False, "max_position_embeddings": 128}
+    theirs = AutoModelForCausalLM.from_config(AutoConfig.for_model(**hf))
+    assert num_params(hf) == sum(p.numel() for p in theirs.parameters())
+    options = SGLangRolloutConfig(gpu_memory_utilization=0.5)
+    assert SGLangRolloutEngine.memory_errors(options, 10**9, 2, 4 * 2**30, 0) == []
+    (err,) = SGLangRolloutEngine.memory_errors(options, 10**9, 2, 2**30, 2**28)
+    assert err.startswith("rollout.engine: sglang keeps the whole model on every GPU and needs 2.1 GiB")
+    assert "The model does not fit one GPU for inference: use rollout.engine=native" in err
+    (err,) = SGLangRolloutEngine.memory_errors(options, 10**9, 2, 3 * 2**30, 0)
+    assert "Raise rollout.sglang.gpu_memory_utilization to at least 0.63" in err
 
 
 @pytest.mark.gpu
 def test_sglang_engine_matches_the_trainer_and_follows_weight_updates(mcore_ctx):
     """Engine log-probs agree with the trainer's recomputation (bf16 kernels differ: mean |diff| < 0.02),
     and after update_weights the engine samples from the new weights."""
-    import dataclasses
-
     from rlhf_mcore.models.logprobs import token_logprobs
-    from rlhf_mcore.rollout.sglang_engine import SGLangRolloutEngine
-    from rlhf_mcore.rollout.types import SamplingParams
 
     cfg = tiny_model_config(hidden_size=256, ffn_hidden_size=512, num_attention_heads=4, num_query_groups=2,
                             vocab_size=258, dtype="bf16")
-    cfg = dataclasses.replace(cfg, rollout=dataclasses.replace(cfg.rollout, gpu_memory_utilization=0.3))
-    actor = build_model("actor", load_hf_config(cfg.model), cfg.model, cfg.parallel, mcore_ctx)
-    engine = SGLangRolloutEngine(actor, mcore_ctx, pad_id=257, cfg=cfg)
+    hf = load_hf_config(cfg.model)
+    actor = build_model("actor", hf, cfg.model, cfg.parallel, mcore_ctx)
+    engine = SGLangRolloutEngine.build(SGLangRolloutConfig(gpu_memory_utilization=0.3),
+                                       setup_for(actor, hf, mcore_ctx, pad_id=257))
     prompts = torch.randint(0, 256, (8, 12), generator=torch.Generator().manual_seed(0)).tolist()
     params = SamplingParams(n=2, max_new_tokens=24, temperature=1.0, stop_token_ids=(256,))
 
@@ -90,52 +188,20 @@ def test_sglang_engine_matches_the_trainer_and_follows_weight_updates(mcore_ctx)
     engine.shutdown()
 
 
-def test_weight_refresh_in_buckets_with_one_flush(mcore_ctx):
-    """update_weights sends every HF tensor exactly once, equal to the converter's, in buckets of at most
-    weight_bucket_mb (a larger tensor alone), flushing the prefix cache only with the last bucket."""
-    from rlhf_mcore.convert.mcore import full_state_dict
-    from rlhf_mcore.models.weights import mcore_to_hf
-    from rlhf_mcore.rollout.sglang_engine import SGLangRolloutEngine
+def test_start_up_check_asks_the_engine_whether_the_model_fits(monkeypatch):
+    """preflight (rank 0, before any model is built) stops an sglang run whose model cannot fit one GPU; the
+    native engine keeps no copy of its own. The GPU is faked: 1 MiB of memory."""
+    import types
 
-    class Recorder:
-        def __init__(self):
-            self.calls = []
-
-        def update_weights_from_tensor(self, named, flush_cache):
-            self.calls.append(([(n, t.clone()) for n, t in named], flush_cache))
-            return True, "Success"
-
-    cfg = tiny_model_config(tie_embeddings=True)
-    hf = load_hf_config(cfg.model)
-    actor = build_model("actor", hf, cfg.model, cfg.parallel, mcore_ctx)
-    engine = object.__new__(SGLangRolloutEngine)  # no sglang.Engine: the sending logic only
-    engine.hf_cfg, engine.bucket_bytes, engine.engine = hf, 40_000, Recorder()
-    engine.update_weights(actor)
-    want = mcore_to_hf(full_state_dict(actor), hf, role="actor")
-    sent = [pair for named, _ in engine.engine.calls for pair in named]
-    assert [n for n, _ in sent] == list(want) and all(torch.equal(t, want[n]) for n, t in sent)
-    assert [flush for _, flush in engine.engine.calls] == [False] * (len(engine.engine.calls) - 1) + [True]
-    assert len(engine.engine.calls) > 2
-    for named, _ in engine.engine.calls:
-        size = sum(t.numel() * t.element_size() for _, t in named)
-        assert size <= engine.bucket_bytes or len(named) == 1
-
-
-def test_engine_arguments_follow_the_config():
-    """Decode CUDA graphs cover the per-rank rollout batch unless set; the attention backend is the key's."""
     from rlhf_mcore.config.load import load_config
-    from rlhf_mcore.rollout.sglang_engine import engine_kwargs
+    from rlhf_mcore.trainer import preflight
     from tests.conftest import ROOT
 
-    cfg = load_config(f"{ROOT}/configs/tiny_grpo.yaml", ["data.train_batch_size=64", "rollout.n=8",
-                                                         "rollout.attention_backend=flashinfer"])
-    kw = engine_kwargs(cfg, torch.bfloat16, dp_rank=1, dp=2, gpu=1)
-    assert kw["cuda_graph_max_bs_decode"] == 256 and kw["attention_backend"] == "flashinfer"
-    assert kw["base_gpu_id"] == 1 and kw["random_seed"] == cfg.trainer.seed + 1 and kw["dtype"] == "bfloat16"
-    cfg = load_config(f"{ROOT}/configs/tiny_grpo.yaml", ["rollout.cuda_graph_max_bs=96", "rollout.micro_batch_size=4"])
-    assert engine_kwargs(cfg, torch.float32, 0, 1, 0)["cuda_graph_max_bs_decode"] == 96
-    assert kw["enable_fp32_lm_head"] is False
-    cfg = load_config(f"{ROOT}/configs/tiny_grpo.yaml", ["rollout.fp32_lm_head=true"])
-    assert engine_kwargs(cfg, torch.bfloat16, 0, 1, 0)["enable_fp32_lm_head"] is True
-    with pytest.raises(ValueError, match="rollout.attention_backend: must be one of triton, flashinfer"):
-        load_config(f"{ROOT}/configs/tiny_grpo.yaml", ["rollout.attention_backend=fa3"])
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
+    monkeypatch.setattr(torch.cuda, "get_device_properties", lambda i: types.SimpleNamespace(total_memory=2**20))
+    cfg = load_config(f"{ROOT}/configs/tiny_grpo.yaml", ["rollout.engine=sglang"])
+    (err,) = preflight._engine_memory_errors(cfg)
+    assert err.startswith("rollout.engine: sglang keeps the whole model on every GPU")
+    assert "of this 0.000977 GiB GPU" in err
+    assert preflight._engine_memory_errors(load_config(f"{ROOT}/configs/tiny_grpo.yaml")) == []

@@ -5,6 +5,7 @@ that puts ours and TRL's (tools/bench/bench_trl_grpo.py, same shape, same machin
     python -m tools.bench.bench_grpo_step --engine sglang --out results/      # + SGLang start-up
     python -m tools.bench.bench_grpo_step --combine results/ --out results/   # -> grpo_step_<preset>.json
     python -m tools.bench.bench_grpo_step --tiny --engine native             # CPU dry run, seconds
+    torchrun --nproc_per_node 2 -m tools.bench.bench_grpo_step --engine sglang --tp 2 --out results/  # layouts
 
 Shape (issue 8): random Qwen2.5-0.5B shape, bf16, 64 prompts x 8 samples x 256 new tokens, 128-token
 prompts, one optimizer step per step (ppo_mini_batch_size = train_batch_size, one epoch: on-policy), no
@@ -26,16 +27,27 @@ from pathlib import Path
 import torch
 
 from rlhf_mcore.algorithms import KL_CONTROLLERS
-from rlhf_mcore.config import ActorConfig, Config, DataConfig, ModelConfig, OptimConfig, RolloutConfig, TrainerConfig
+from rlhf_mcore.config import (
+    ActorConfig,
+    Config,
+    DataConfig,
+    ModelConfig,
+    NativeRolloutConfig,
+    OptimConfig,
+    ParallelConfig,
+    RolloutConfig,
+    SGLangRolloutConfig,
+    TrainerConfig,
+)
 from rlhf_mcore.config.validate import validate
 from rlhf_mcore.logs import MetricLogger, init_logger
 from rlhf_mcore.models.transformer_config import load_hf_config
-from rlhf_mcore.parallel import init_distributed
+from rlhf_mcore.parallel import init_distributed, torchrun_env
 from rlhf_mcore.rollout.base import build_rollout_engine
 from rlhf_mcore.rollout.types import SamplingParams
 from rlhf_mcore.trainer import loop as trainer
 from rlhf_mcore.trainer.roles import build_roles
-from rlhf_mcore.trainer.run import Run, engine_kwargs
+from rlhf_mcore.trainer.run import Run, engine_setup
 
 QWEN = dict(family="qwen2", num_layers=24, hidden_size=896, ffn_hidden_size=4864, num_attention_heads=14,
             num_query_groups=2, vocab_size=151936, tie_embeddings=True, dtype="bf16")
@@ -49,7 +61,9 @@ def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--engine", default="native", choices=["native", "sglang"])
     p.add_argument("--tiny", action="store_true", help="tiny fp32 model, 4 prompts x 2 x 8 tokens (CPU dry run)")
-    p.add_argument("--prompts", type=int, default=64)
+    p.add_argument("--prompts", type=int, default=64, help="prompts per step, all DP ranks together")
+    p.add_argument("--tp", type=int, default=1, help="parallel.tp (launch tp*pp*dp ranks with torchrun)")
+    p.add_argument("--pp", type=int, default=1, help="parallel.pp")
     p.add_argument("--n", type=int, default=8)
     p.add_argument("--prompt-len", type=int, default=128)
     p.add_argument("--new-tokens", type=int, default=256)
@@ -57,10 +71,10 @@ def parse_args(argv=None):
                    help="actor.micro_batch_size_per_gpu (64: 46%% MFU on an H200, 32: 43%%)")
     p.add_argument("--steps", type=int, default=3, help="timed steps (after --warmup)")
     p.add_argument("--warmup", type=int, default=1)
-    p.add_argument("--attention-backend", default="triton", help="rollout.attention_backend (sglang)")
-    p.add_argument("--cuda-graphs", type=int, default=1, help="rollout.cuda_graphs (native)")
-    p.add_argument("--compile-decode", type=int, default=1, help="rollout.compile_decode (native)")
-    p.add_argument("--fp32-lm-head", type=int, default=0, help="rollout.fp32_lm_head (sglang)")
+    p.add_argument("--attention-backend", default="triton", help="rollout.sglang.attention_backend")
+    p.add_argument("--cuda-graphs", type=int, default=1, help="rollout.native.cuda_graphs")
+    p.add_argument("--compile-decode", type=int, default=1, help="rollout.native.compile_decode")
+    p.add_argument("--fp32-lm-head", type=int, default=0, help="rollout.sglang.fp32_lm_head")
     p.add_argument("--swiglu-fusion", type=int, default=1,
                    help="0: turn megatron's compiled SwiGLU (bias_activation_fusion, on by default on a GPU) off")
     p.add_argument("--standalone", type=int, default=1, help="0: skip the standalone rollout timing")
@@ -75,24 +89,28 @@ def build_config(args) -> Config:
     if args.tiny:
         args.prompts, args.n, args.prompt_len, args.new_tokens, args.micro_batch = 4, 2, 12, 8, 4
     rollout = RolloutConfig(engine=args.engine, n=args.n, max_response_length=args.new_tokens, temperature=1.0,
-                            attention_backend=args.attention_backend, cuda_graphs=bool(args.cuda_graphs),
-                            compile_decode=bool(args.compile_decode), fp32_lm_head=bool(args.fp32_lm_head),
-                            gpu_memory_utilization=0.5)
+                            native=NativeRolloutConfig(cuda_graphs=bool(args.cuda_graphs),
+                                                       compile_decode=bool(args.compile_decode)),
+                            sglang=SGLangRolloutConfig(attention_backend=args.attention_backend,
+                                                       fp32_lm_head=bool(args.fp32_lm_head),
+                                                       gpu_memory_utilization=0.5))
     actor = ActorConfig(optim=OptimConfig(lr=1e-6), ppo_mini_batch_size=args.prompts,
                         micro_batch_size_per_gpu=args.micro_batch)
     return Config(model=ModelConfig(**(TINY if args.tiny else QWEN)), rollout=rollout, actor=actor,
+                  parallel=ParallelConfig(tp=args.tp, pp=args.pp),
                   data=DataConfig(train_batch_size=args.prompts, max_prompt_length=args.prompt_len),
                   trainer=TrainerConfig(seed=1, logger=[], total_steps=1000))
 
 
 class RandomPrompts:
-    """The sampler: `num` prompts of `length` random token ids per step (seeded by step)."""
+    """The sampler: `num` prompts of `length` random token ids per step for one DP rank (seeded by step and
+    DP rank; DP rank 0 draws what a one-GPU run draws)."""
 
-    def __init__(self, num: int, length: int, vocab: int):
-        self.num, self.length, self.vocab, self.step = num, length, vocab, 0
+    def __init__(self, num: int, length: int, vocab: int, dp_rank: int = 0):
+        self.num, self.length, self.vocab, self.step, self.dp_rank = num, length, vocab, 0, dp_rank
 
     def next_batch(self):
-        g = torch.Generator().manual_seed(self.step)
+        g = torch.Generator().manual_seed(self.step + 1000 * self.dp_rank)
         self.step += 1
         ids = torch.randint(10, self.vocab, (self.num, self.length), generator=g).tolist()
         return [types.SimpleNamespace(prompt_ids=p) for p in ids]
@@ -114,9 +132,10 @@ def build_run(cfg, ctx, args) -> Run:
         roles.actor.model[0].config.bias_activation_fusion = False
     tokenizer = types.SimpleNamespace(pad_id=0, decode=None)
     start = time.perf_counter()
-    engine = build_rollout_engine(cfg.rollout.engine, **engine_kwargs(cfg, roles, tokenizer, ctx))
+    engine = build_rollout_engine(cfg.rollout, engine_setup(cfg, roles, hf, tokenizer, ctx))
     run = Run(cfg=cfg, ctx=ctx, roles=roles, engine=engine, tokenizer=tokenizer, stop_ids=(),
-              sampler=RandomPrompts(cfg.data.train_batch_size, cfg.data.max_prompt_length, hf["vocab_size"]),
+              sampler=RandomPrompts(cfg.data.train_batch_size // ctx.dims.dp, cfg.data.max_prompt_length,
+                                    hf["vocab_size"], ctx.dp_rank),
               val_sampler=None, scorer=random_scores, kl_ctrl=KL_CONTROLLERS.get("fixed")(value=0.0),
               total_steps=1 << 30, run_dir=tempfile.mkdtemp(), metric_logger=MetricLogger("", [], False))
     run.engine_start_s = time.perf_counter() - start
@@ -206,11 +225,12 @@ def summarize(args, cfg, run, steps: list[dict], rollout: dict) -> dict:
                                               "rollout/mismatch_kl_k3")},
         "logprob_update_mfu": train_flops(hf, rows, seq, passes) / max(train_s, 1e-9) / (PEAK_TFLOPS * 1e12),
         "engine_start_s": run.engine_start_s, "rollout": rollout,
+        "weight_sync_gb": last.get("perf/weight_sync_gb"), "weight_reshard_gb": last.get("perf/weight_reshard_gb"),
         "shape": {"prompts": args.prompts, "n": args.n, "prompt_len": args.prompt_len, "new_tokens": args.new_tokens,
                   "micro_batch": args.micro_batch, "dtype": cfg.model.dtype, "tiny": args.tiny},
-        "config": {"attention_backend": cfg.rollout.attention_backend, "cuda_graphs": cfg.rollout.cuda_graphs,
-                   "compile_decode": cfg.rollout.compile_decode, "fp32_lm_head": cfg.rollout.fp32_lm_head,
-                   "swiglu_fusion": bool(args.swiglu_fusion)},
+        "config": {"attention_backend": cfg.rollout.sglang.attention_backend,
+                   "cuda_graphs": cfg.rollout.native.cuda_graphs, "compile_decode": cfg.rollout.native.compile_decode,
+                   "fp32_lm_head": cfg.rollout.sglang.fp32_lm_head, "swiglu_fusion": bool(args.swiglu_fusion)},
         "device": torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu",
     }
 
@@ -227,9 +247,9 @@ def profile_step(run, step: int, path: str) -> None:
 
 
 def bench(args) -> dict:
-    init_logger(0)
+    init_logger(torchrun_env()[0])
     cfg = build_config(args)
-    ctx = init_distributed(1, 1, seed=cfg.trainer.seed)
+    ctx = init_distributed(args.tp, args.pp, seed=cfg.trainer.seed)
     run = build_run(cfg, ctx, args)
     steps = []
     for step in range(args.warmup + args.steps):
@@ -282,12 +302,17 @@ def main(argv=None) -> None:
     if args.combine:
         return combine(args.combine, args.out)
     result = bench(args)
+    if torchrun_env()[0] != 0:
+        return
+    world = torchrun_env()[2]
+    result["layout"] = {"tp": args.tp, "pp": args.pp, "dp": world // (args.tp * args.pp)}
     print_table([result])
     if result["rollout"].get("weight_refresh_s") is not None:
         print(f"weight refresh alone (update_weights, engine resumed): {result['rollout']['weight_refresh_s']:.4f} s")
     if args.out:
         Path(args.out).mkdir(parents=True, exist_ok=True)
-        path = Path(args.out) / f"grpo_step_part_{args.engine}{'_tiny' if args.tiny else ''}.json"
+        layout = f"_tp{args.tp}pp{args.pp}dp{world // (args.tp * args.pp)}" if world > 1 else ""
+        path = Path(args.out) / f"grpo_step_part_{args.engine}{layout}{'_tiny' if args.tiny else ''}.json"
         path.write_text(json.dumps(result, indent=2))
         print(f"wrote {path}")
 

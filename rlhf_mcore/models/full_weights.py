@@ -1,0 +1,169 @@
+"""The actor's full weights on every rank, from any TP/PP training layout: what a rollout engine that keeps
+its own copy of the model (one per GPU) consumes after each update.
+
+`FullWeights(model, ctx)` is a read-only mapping from full-model megatron keys (the TP1/PP1 names of
+`models.weights`) to full tensors. Reading one entry is collective over the model-parallel group (every
+TP and PP rank of the replica reads the same keys in the same order):
+
+- the stage that holds the tensor gathers its TP shards (`tp_join`, megatron's partition layout);
+- it broadcasts the full tensor to the other pipeline stages.
+
+Nothing is cached, so a consumer that converts and sends tensors as it reads them (`hf_weights`, then
+buckets) holds one bucket plus the tensor being converted. At TP = PP = 1 an entry is the parameter
+itself (no copy). `bytes_received` counts what came over the TP and PP groups on this rank.
+"""
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping
+from typing import Iterator
+
+import torch
+import torch.distributed as dist
+
+_LAYER_KEY = re.compile(r"^decoder\.layers\.(\d+)\.")
+GATE_UP = "mlp.linear_fc1.weight"  # SwiGLU: each TP rank holds [gate_r; up_r]
+
+
+def unwrap_model(model):
+    """The GPTModel inside DDP / Float16Module wrappers (a single chunk: no virtual pipeline)."""
+    if isinstance(model, (list, tuple)):
+        if len(model) != 1:
+            raise ValueError(f"rollout: expected one model chunk (got {len(model)}). Virtual pipeline "
+                             "parallelism is not supported by the rollout engines.")
+        model = model[0]
+    while hasattr(model, "module"):
+        model = model.module
+    return model
+
+
+def global_key(model, key: str) -> str:
+    """Local pipeline-stage key -> key in the full model (layer indices are per stage)."""
+    match = _LAYER_KEY.match(key)
+    if match is None:
+        return key
+    layer = model.decoder.layers[int(match.group(1))]
+    return f"decoder.layers.{layer.layer_number - 1}." + key[match.end():]
+
+
+def tp_join(shards: list[torch.Tensor], partition_dim: int, key: str) -> torch.Tensor:
+    """The full tensor from its TP shards in rank order (inverse of megatron's split).
+
+    >>> full = torch.arange(8.).reshape(4, 2)  # gate rows 0-1, up rows 2-3
+    >>> tp_join([full[[0, 2]], full[[1, 3]]], 0, "decoder.layers.0.mlp.linear_fc1.weight").equal(full)
+    True
+    """
+    if len(shards) == 1:
+        return shards[0]
+    if key.endswith(GATE_UP):
+        halves = [s.chunk(2, dim=0) for s in shards]
+        return torch.cat([h[0] for h in halves] + [h[1] for h in halves], dim=0)
+    return torch.cat(shards, dim=partition_dim)
+
+
+def _listing(model) -> dict[str, tuple]:
+    """This rank's parameters: full key -> (local key, local shape, dtype, TP partition dim or -1)."""
+    out = {}
+    for key, param in model.named_parameters():
+        dim = param.partition_dim if getattr(param, "tensor_model_parallel", False) else -1
+        out.setdefault(global_key(model, key), (key, tuple(param.shape), param.dtype, dim))
+    return out
+
+
+def plan_from_listings(listings: list[dict[str, tuple]], tp: int) -> dict[str, tuple]:
+    """Full key -> (owner stage, full shape, dtype, partition dim), from each stage's listing in stage order
+    (a key on several stages, e.g. a tied output copy, belongs to the first). Keys in model order.
+
+    >>> plan_from_listings([{"a": ("a", (2, 3), torch.float32, 1)}, {"b": ("b", (4,), torch.float32, -1)}], tp=2)
+    {'a': (0, (2, 6), torch.float32, 1), 'b': (1, (4,), torch.float32, -1)}
+    """
+    plan = {}
+    for stage, listing in enumerate(listings):
+        for key, (_, shape, dtype, dim) in listing.items():
+            if key not in plan:
+                full = tuple(n * tp if i == dim else n for i, n in enumerate(shape))
+                plan[key] = (stage, full, dtype, dim)
+    return plan
+
+
+class FullWeights(Mapping):
+    """Full-model key -> full tensor on this rank's device; every read is collective (module doc)."""
+
+    def __init__(self, model, ctx):
+        self.model, self.ctx = unwrap_model(model), ctx
+        self.params = dict(self.model.named_parameters())
+        listing = _listing(self.model)
+        self.local = {key: entry[0] for key, entry in listing.items()}
+        listings = [listing]
+        if ctx.dims.pp > 1:
+            listings = [None] * ctx.dims.pp
+            dist.all_gather_object(listings, listing, group=ctx.pgs.pp)
+        self.plan = plan_from_listings(listings, ctx.dims.tp)
+        self.bytes_received = 0
+
+    def __len__(self) -> int:
+        return len(self.plan)
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self.plan)
+
+    def __contains__(self, key) -> bool:  # Mapping's default would read (and gather) the entry
+        return key in self.plan
+
+    @torch.no_grad()
+    def __getitem__(self, key: str) -> torch.Tensor:
+        stage, shape, dtype, dim = self.plan[key]
+        ctx = self.ctx
+        if ctx.pp_rank == stage:
+            full = self._tp_gather(self.params[self.local[key]].detach(), dim, key)
+        else:
+            full = torch.empty(shape, dtype=dtype, device=ctx.device)
+        if ctx.dims.pp > 1:
+            dist.broadcast(full, src=dist.get_process_group_ranks(ctx.pgs.pp)[stage], group=ctx.pgs.pp)
+            if ctx.pp_rank != stage:
+                self.bytes_received += full.numel() * full.element_size()
+        return full
+
+    def _tp_gather(self, local: torch.Tensor, dim: int, key: str) -> torch.Tensor:
+        tp = self.ctx.dims.tp
+        if tp == 1 or dim < 0:
+            return local
+        shards = [torch.empty_like(local) for _ in range(tp)]
+        dist.all_gather(shards, local.contiguous(), group=self.ctx.pgs.tp)
+        self.bytes_received += (tp - 1) * local.numel() * local.element_size()
+        return tp_join(shards, dim, key)
+
+
+def hf_weights(full: Mapping, hf_config: dict) -> Iterator[tuple[str, torch.Tensor]]:
+    """The actor's weights under HF names, one tensor at a time (collective when `full` is `FullWeights`)."""
+    from rlhf_mcore.models.weights import iter_mcore_to_hf
+
+    return iter_mcore_to_hf(full, hf_config, role="actor", source="actor weights")
+
+
+def num_params(hf_config: dict) -> int:
+    """Parameters of the actor as an HF model (the converter's weight table; no vocab padding)."""
+    from rlhf_mcore.models.weights import model_dims, rules_for
+
+    dims = model_dims(hf_config, "config.json")
+    total = 0
+    for rule in rules_for(hf_config, "actor", "config.json"):
+        for shape in rule.shapes:
+            size = 1
+            for symbol in shape:
+                size *= dims[symbol]
+            total += size
+    return total
+
+
+def kv_bytes_per_token(hf_config: dict, bytes_per_value: int) -> int:
+    """KV cache bytes one token takes over all layers (keys and values).
+
+    >>> kv_bytes_per_token({"num_hidden_layers": 24, "hidden_size": 896, "num_attention_heads": 14,
+    ...                     "num_key_value_heads": 2}, 2)
+    12288
+    """
+    heads = hf_config["num_attention_heads"]
+    head_dim = hf_config.get("head_dim") or hf_config["hidden_size"] // heads
+    groups = hf_config.get("num_key_value_heads") or heads
+    return 2 * hf_config["num_hidden_layers"] * groups * head_dim * bytes_per_value
