@@ -11,11 +11,13 @@ from rlhf_mcore.config.schema import (
     CriticConfig,
     DataConfig,
     ModelConfig,
+    NativeRolloutConfig,
     OptimConfig,
     ParallelConfig,
     RefConfig,
     RewardConfig,
     RolloutConfig,
+    SGLangRolloutConfig,
     TrainerConfig,
     UpdateConfig,
 )
@@ -23,6 +25,6 @@ from rlhf_mcore.config.validate import validate
 
 __all__ = [
     "ActorConfig", "AlgorithmConfig", "Config", "ConfigError", "CriticConfig", "DataConfig", "ModelConfig",
-    "OptimConfig", "ParallelConfig", "RefConfig", "RewardConfig", "RolloutConfig", "TrainerConfig", "UpdateConfig",
-    "all_keys", "dump_yaml", "load_config", "validate",
+    "NativeRolloutConfig", "OptimConfig", "ParallelConfig", "RefConfig", "RewardConfig", "RolloutConfig",
+    "SGLangRolloutConfig", "TrainerConfig", "UpdateConfig", "all_keys", "dump_yaml", "load_config", "validate",
 ]

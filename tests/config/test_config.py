@@ -188,7 +188,7 @@ def test_cli_validate_only_prints_resolved_config_or_errors():
 
 def test_moved_keys_name_their_new_place(tmp_path):
     """Engine options moved into rollout.<engine>.*: the old name, in a YAML or an override, says where to."""
-    from rlhf_mcore.config import MOVED_KEYS
+    from rlhf_mcore.config.schema import MOVED_KEYS
 
     assert set(MOVED_KEYS.values()) <= set(all_keys()) and not set(MOVED_KEYS) & set(all_keys())
     path = tmp_path / "old.yaml"
