@@ -109,12 +109,12 @@ def _length_rules(cfg: Config, shape: dict | None) -> list[str]:
     if shape is not None and shape.get("positions") and shape["positions"] < seq:
         errs.append(f"{shape['positions_key']}: the model has {shape['positions']} positions, fewer than "
                     f"{where} = {seq} (got {shape['positions']}). Shorten the prompt or response lengths.")
-    if (cfg.actor.use_dynamic_bsz or cfg.data.use_sequence_packing) and cfg.actor.max_tokens_per_gpu < seq:
+    if (cfg.actor.use_dynamic_bsz or cfg.data.use_sequence_packing) and 0 < cfg.actor.max_tokens_per_gpu < seq:
         errs.append(f"actor.max_tokens_per_gpu: must hold one sequence of {where} = {seq} tokens "
-                    f"(got {cfg.actor.max_tokens_per_gpu}). Set it to at least {seq}.")
-    if cfg.critic.use_dynamic_bsz and "critic" in _trained_roles(cfg) and cfg.critic.max_tokens_per_gpu < seq:
+                    f"(got {cfg.actor.max_tokens_per_gpu}). Set it to at least {seq} (or 0: auto).")
+    if cfg.critic.use_dynamic_bsz and "critic" in _trained_roles(cfg) and 0 < cfg.critic.max_tokens_per_gpu < seq:
         errs.append(f"critic.max_tokens_per_gpu: must hold one sequence of {where} = {seq} tokens "
-                    f"(got {cfg.critic.max_tokens_per_gpu}). Set it to at least {seq}.")
+                    f"(got {cfg.critic.max_tokens_per_gpu}). Set it to at least {seq} (or 0: auto).")
     if cfg.reward.overlong_buffer >= cfg.rollout.max_response_length:
         errs.append(f"reward.overlong_buffer: must be below rollout.max_response_length="
                     f"{cfg.rollout.max_response_length} (got {cfg.reward.overlong_buffer}). Use a smaller buffer.")
