@@ -26,6 +26,7 @@ import argparse
 import json
 import os
 import random
+import statistics
 import sys
 import time
 from dataclasses import dataclass
@@ -110,7 +111,7 @@ def make_batch(lengths: list[tuple[int, int]], seq: int, vocab: int, device, see
 
 
 def timed(fn, repeats: int) -> float:
-    """Median seconds of `repeats` calls after one warm-up call."""
+    """Median seconds of `repeats` calls after one warm-up call (use an odd count: of 2 it is their mean)."""
     times = []
     for i in range(repeats + 1):
         if torch.cuda.is_available():
@@ -121,7 +122,7 @@ def timed(fn, repeats: int) -> float:
             torch.cuda.synchronize()
         if i:
             times.append(time.perf_counter() - start)
-    return sorted(times)[len(times) // 2]
+    return statistics.median(times)
 
 
 def peak_gib(reset: bool = False) -> float:
@@ -223,7 +224,7 @@ def main(argv=None) -> None:
     parser.add_argument("--rows", type=int, default=0, help="rows (sequences) per measured batch (0: the scenario's)")
     parser.add_argument("--budgets", default="0,8192",
                         help="packed token budgets (actor.max_tokens_per_gpu; 0 = auto, the default)")
-    parser.add_argument("--repeats", type=int, default=2)
+    parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--dtype", default="bf16" if torch.cuda.is_available() else "fp32")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--out", default="")

