@@ -135,7 +135,22 @@ def peak_gib(reset: bool = False) -> float:
     return peak
 
 
-def measure(state, fn, batch, split: dict, mini: int, pp_group, repeats: int) -> tuple[dict, torch.Tensor]:
+def profile_passes(passes: dict, path: str) -> None:
+    """torch.profiler tables (top ops by self GPU and by self CPU time) of one call of each pass, to `path`."""
+    from torch.profiler import ProfilerActivity, profile
+
+    with open(path, "w") as f:
+        for name, fn in passes.items():
+            with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+                fn()
+                torch.cuda.synchronize() if torch.cuda.is_available() else None
+            table = prof.key_averages()
+            for key in ("self_device_time_total", "self_cpu_time_total"):
+                f.write(f"== {name}, by {key}\n{table.table(sort_by=key, row_limit=14, max_name_column_width=60)}\n")
+
+
+def measure(state, fn, batch, split: dict, mini: int, pp_group, repeats: int,
+            profile_path: str = "") -> tuple[dict, torch.Tensor]:
     """Both passes, each timed from the un-split batch (packing, or trimming, is part of the cost): log-probs
     over the whole batch, the update over each mini-batch of `mini` rows; each pass's peak memory."""
     seq, num = batch["tokens"].size(1), batch["tokens"].size(0)
@@ -157,6 +172,8 @@ def measure(state, fn, batch, split: dict, mini: int, pp_group, repeats: int) ->
            "update_s": timed(update, repeats), "peak_update_gib": peak_gib()}
     row["total_s"] = row["logprob_s"] + row["update_s"]
     row["peak_gib"] = max(row["peak_logprob_gib"], row["peak_update_gib"])
+    if profile_path and torch.cuda.is_available():
+        profile_passes({"log-prob": logprobs, "update": update}, profile_path)
     return row, logp
 
 
@@ -184,7 +201,8 @@ def run_scenario(name: str, args, ctx) -> dict:
     totals = [p + r for p, r in lengths]
     rows, ref = [], None
     for mode, split, stats in modes_of(totals, sc.micro, args.budgets):
-        row, logp = measure(state, fn, batch, split, sc.mini, ctx.pgs.pp, args.repeats)
+        where = os.path.join(args.out, f"profile_{name}_{mode.replace(' ', '_')}.txt") if name in args.profile else ""
+        row, logp = measure(state, fn, batch, split, sc.mini, ctx.pgs.pp, args.repeats, where)
         row.update(mode=mode, **stats)
         ref = logp if ref is None else ref
         row["logp_max_abs_diff"] = float(((logp - ref) * batch["response_mask"]).abs().max())
@@ -225,6 +243,7 @@ def main(argv=None) -> None:
     parser.add_argument("--budgets", default="0,8192",
                         help="packed token budgets (actor.max_tokens_per_gpu; 0 = auto, the default)")
     parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--profile", default="", help="scenarios whose passes are also profiled (files in --out)")
     parser.add_argument("--dtype", default="bf16" if torch.cuda.is_available() else "fp32")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--out", default="")
