@@ -11,6 +11,8 @@ per micro-batch, each trimmed to its longest row; the update runs per mini-batch
   GSM8K preset (512 rows = 64 prompts x 8; results/gsm8k_rollout_lengths.json, made by
   tools/bench/gsm8k_rollout_lengths.py with the real model and tokenizer), mini-batches of 128 rows, 32 per
   micro-batch.
+- `gsm8k_real_ppo`: the same rows' first 64 in configs/gsm8k_ppo_smollm2.yaml's batches (64 rows, mini-batches
+  of 32, 16 rows per micro-batch).
 - `gsm8k`: the same shape with lengths drawn from the recorded GPU run's length statistics (clipped normals
   with the mean, std, min and max of results/gpu_grpo_smollm2_gsm8k_metrics.jsonl), as measured before.
 Packed modes: `auto` (actor.max_tokens_per_gpu=0: micro_batch_size_per_gpu x the batch's longest row,
@@ -92,6 +94,7 @@ class Scenario:
 SCENARIOS = {
     "uniform": Scenario("qwen2.5-0.5b", uniform_lengths, 8, 512, 320, 320),
     "gsm8k_real": Scenario("smollm2-135m", real_lengths, 32, 512, 512, 128),
+    "gsm8k_real_ppo": Scenario("smollm2-135m", real_lengths, 16, 512, 64, 32),  # gsm8k_ppo_smollm2's batches
     "gsm8k": Scenario("smollm2-135m", gsm8k_lengths, 32, 512, 512, 128),
     "tiny": Scenario("tiny", lambda rows, rng: uniform_lengths(rows, rng, (4, 16), (2, 16)), 4, 32, 32, 16),
 }
