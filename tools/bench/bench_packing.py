@@ -8,9 +8,9 @@ per micro-batch, each trimmed to its longest row; the update runs per mini-batch
 - `uniform`: Qwen2.5-0.5B dims, prompt lengths uniform in [64, 256], responses uniform in [32, 256], one
   mini-batch of configs/qwen2.5-0.5b_gsm8k_grpo.yaml (64 prompts x 5 = 320 rows, 8 rows per micro-batch).
 - `gsm8k_real`: SmolLM2-135M dims, the (prompt, response) lengths of a real rollout batch of the SmolLM2
-  GSM8K preset (512 rows = 64 prompts x 8; results/gsm8k_rollout_lengths.json, made by
-  tools/bench/gsm8k_rollout_lengths.py with the real model and tokenizer), mini-batches of 128 rows, 32 per
-  micro-batch.
+  GSM8K preset (every row of results/gsm8k_rollout_lengths.json, made by tools/bench/gsm8k_rollout_lengths.py
+  with the real model and tokenizer: 192 rows = 24 prompts x 8 there; the preset's step is 64 x 8),
+  mini-batches of 128 rows, 32 per micro-batch.
 - `gsm8k_real_ppo`: the same rows' first 64 in configs/gsm8k_ppo_smollm2.yaml's batches (64 rows, mini-batches
   of 32, 16 rows per micro-batch).
 - `gsm8k`: the same shape with lengths drawn from the recorded GPU run's length statistics (clipped normals
@@ -191,7 +191,7 @@ def modes_of(totals: list[int], micro: int, budgets: list[int]) -> list[tuple[st
     return modes
 
 
-def run_scenario(name: str, args, ctx) -> dict:
+def run_scenario(name: str, args, ctx, done: list[dict]) -> dict:
     sc = SCENARIOS[name]
     cfg = Config(model=ModelConfig(dtype=args.dtype, attention_backend="sdpa", **PRESETS[sc.preset]),
                  parallel=ParallelConfig())
@@ -210,6 +210,8 @@ def run_scenario(name: str, args, ctx) -> dict:
         ref = logp if ref is None else ref
         row["logp_max_abs_diff"] = float(((logp - ref) * batch["response_mask"]).abs().max())
         rows.append(row)
+        if args.out:  # after each mode, so a run cut short keeps what it measured
+            write_json(args, done + [{"scenario": name, "partial": True, "modes": rows}])
     base = rows[0]
     ideal = base["computed_tokens"] / base["real_tokens"]
     for row in rows:
@@ -256,10 +258,10 @@ def main(argv=None) -> None:
     ctx = init_distributed(1, 1, seed=1)
     results = []
     for name in args.scenarios.split(","):
-        results.append(run_scenario(name, args, ctx))
+        results.append(run_scenario(name, args, ctx, results))
         print_table(results[-1])
         torch.cuda.empty_cache() if torch.cuda.is_available() else None
-        if args.out:  # after each scenario, so a run cut short keeps what it measured
+        if args.out:
             write_json(args, results)
 
 

@@ -14,5 +14,6 @@ if [[ -z "${SKIP_TESTS:-}" ]]; then
   python3 -m pytest -q -p no:cacheprovider -p no:warnings tests/models/test_packing.py -k "kernel" 2>&1 | tail -3
 fi
 echo "=== bench_packing ($(date +%T))"
-python3 tools/bench/bench_packing.py --out $OUT "$@" 2>&1 | grep -v "Warning\|warnings.warn" | tee $OUT/bench_packing.log
+python3 tools/bench/bench_packing.py --out $OUT "$@" 2>&1 | grep --line-buffered -v "Warning\|warnings.warn" \
+    | tee $OUT/bench_packing.log
 echo "=== done ($(date +%T))"
