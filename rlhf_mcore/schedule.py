@@ -44,15 +44,16 @@ def split_micro_batches(batch: Batch, micro_batch_size: int = 0, max_tokens: int
     `pack` or `dynamic` and max_tokens=0 the budget is automatic (`packing.token_budget`: micro_batch_size
     rows of this batch's longest row, the largest padded micro-batch)."""
     num = batch["tokens"].size(0)
-    if pack or dynamic:
-        max_tokens = token_budget(batch["lengths"].tolist(), micro_batch_size, max_tokens, multiple)
+    lengths = batch["lengths"].tolist() if pack or dynamic else None
+    if lengths is not None:
+        max_tokens = token_budget(lengths, micro_batch_size, max_tokens, multiple)
     if pack:
-        return split_packed(batch, max_tokens, multiple)
+        return split_packed(batch, max_tokens, multiple, lengths)
     batch = {**batch, "row_index": torch.arange(num, device=batch["tokens"].device)}
     if not max_tokens:
         return [trim(take(batch, slice(i, i + micro_batch_size)), multiple) for i in range(0, num, micro_batch_size)]
     groups, current, longest = [], [], 0
-    for i, length in enumerate(batch["lengths"].tolist()):
+    for i, length in enumerate(lengths if lengths is not None else batch["lengths"].tolist()):
         if current and (len(current) + 1) * max(longest, length) > max_tokens:
             groups.append(current)
             current, longest = [], 0

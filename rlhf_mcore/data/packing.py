@@ -130,9 +130,10 @@ def pack_rows(batch: Batch, rows: list[int], lengths: list[int], multiple: int =
     return out
 
 
-def split_packed(batch: Batch, max_tokens: int, multiple: int = 1) -> list[Batch]:
-    """Balanced packed micro-batches of a step batch under the token budget (max_tokens > 0)."""
-    lengths = batch["lengths"].tolist()
+def split_packed(batch: Batch, max_tokens: int, multiple: int = 1, lengths: list[int] | None = None) -> list[Batch]:
+    """Balanced packed micro-batches of a step batch under the token budget (max_tokens > 0); `lengths`:
+    batch["lengths"] on the host, if the caller has it already (saves a device sync)."""
+    lengths = batch["lengths"].tolist() if lengths is None else lengths
     return [pack_rows(batch, rows, lengths, multiple) for rows in plan_bins(lengths, max_tokens)]
 
 
