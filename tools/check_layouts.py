@@ -4,7 +4,8 @@
 
 Layouts are TPxPP; DP fills the rest of the world. With --packing on every layout runs packed micro-batches
 (data.use_sequence_packing), with --packing both each layout runs padded and then packed, all compared
-against the first (padded) one. At each layout the same batch goes through the
+against the first (padded) one. Micro-batches are the trainer's (`phases.micro_batching`): packed ones under
+--max-tokens, or the config's budget (0 = auto, `packing.token_budget`). At each layout the same batch goes through the
 actor (forward-only log-probs, then a PPO forward + backward + optimizer step) and the critic (value
 loss forward + backward + step). Per layout it prints loss, grad norm and the max abs difference of
 per-token log-probs / values (before and after the step) against the first layout, and exits 1 when a
@@ -27,7 +28,7 @@ from rlhf_mcore.parallel import destroy_distributed, init_distributed, reset_mod
 from rlhf_mcore.trainer.losses import actor_loss, critic_loss
 from rlhf_mcore.trainer.metrics import reduce_outputs
 from rlhf_mcore.trainer.optim import build_train_state, optimizer_step, zero_grads
-from rlhf_mcore.trainer.phases import gather_dp, seq_multiple
+from rlhf_mcore.trainer.phases import gather_dp, micro_batching
 from rlhf_mcore.trainer.schedule import forward_collect, run_schedule, split_micro_batches, to_device
 
 
@@ -85,12 +86,13 @@ def check_layout(cfg, layout: tuple[int, int, bool], seed: int, num: int, seq: i
     hf = load_hf_config(cfg.model)
     batch = to_device(dp_shard(synthetic_batch(num, seq, hf["vocab_size"], seed), ctx), ctx.device)
     result = {"layout": f"tp{tp} pp{pp} dp{ctx.dims.dp}{' sp' if sp else ''}{' packed' if packed else ''}"}
+    cfg = dataclasses.replace(cfg, data=dataclasses.replace(cfg.data, use_sequence_packing=packed))
+    if max_tokens:
+        cfg = dataclasses.replace(cfg, actor=dataclasses.replace(cfg.actor, max_tokens_per_gpu=max_tokens))
     for role, section, fn, key in (("actor", cfg.actor, actor_loss, "logp"),
                                    ("critic", cfg.critic, critic_loss, "values")):
-        split = dict(max_tokens=max_tokens, pack=True) if packed else \
-            dict(micro_batch_size=section.micro_batch_size_per_gpu)
         loss, norm, before, after = run_role(role, cfg, hf, ctx, batch, section, fn, key,
-                                             {**split, "multiple": seq_multiple(cfg)})
+                                             micro_batching(cfg, section))  # the trainer's micro-batches
         result.update({f"{role}_loss": loss, f"{role}_grad_norm": norm, f"{role}_before": before,
                        f"{role}_after": after})
     return result
@@ -125,7 +127,9 @@ def main(argv=None) -> int:
     parser.add_argument("--sequence-parallel", action="store_true", help="sequence parallelism where tp > 1")
     parser.add_argument("--packing", choices=("off", "on", "both"), default="off",
                         help="packed micro-batches (sequence packing): off, on, or both at every layout")
-    parser.add_argument("--max-tokens", type=int, default=64, help="token budget of a packed micro-batch")
+    parser.add_argument("--max-tokens", type=int, default=0,
+                        help="token budget of a packed micro-batch (0: the config's actor.max_tokens_per_gpu, "
+                             "whose 0 is auto: micro_batch_size_per_gpu x the longest row)")
     parser.add_argument("overrides", nargs="*")
     args = parser.parse_args(argv)
     rank, _, world = torchrun_env()

@@ -126,7 +126,8 @@ class DataConfig:
     filter_overlong_prompts: bool = True
     shuffle: bool = True
     use_sequence_packing: bool = False  # micro-batches = rows packed back to back, no padding, up to
-    #                                     actor.max_tokens_per_gpu tokens (every model pass, every role)
+    #                                     actor.max_tokens_per_gpu tokens (every model pass, every role;
+    #                                     0 = auto: micro_batch_size_per_gpu x the longest row, padded's memory)
 
     def _checks(self, p: str) -> list[str]:
         return positive(f"{p}.train_batch_size", self.train_batch_size) + positive(
@@ -236,14 +237,16 @@ class UpdateConfig:
     ppo_epochs: int = 1
     micro_batch_size_per_gpu: int = 2  # samples per forward/backward
     use_dynamic_bsz: bool = False  # pack micro-batches up to max_tokens_per_gpu instead
-    max_tokens_per_gpu: int = 8192
+    max_tokens_per_gpu: int = 0  # token budget of a micro-batch (use_dynamic_bsz, data.use_sequence_packing);
+    #                              0 = auto: micro_batch_size_per_gpu x the batch's longest row, the tokens of
+    #                              the largest padded micro-batch, so peak memory stays at the padded one's
 
     def _update_checks(self, p: str) -> list[str]:
         errs = self.optim._checks(f"{p}.optim")
         errs += positive(f"{p}.ppo_mini_batch_size", self.ppo_mini_batch_size)
         errs += positive(f"{p}.micro_batch_size_per_gpu", self.micro_batch_size_per_gpu)
         errs += positive(f"{p}.ppo_epochs", self.ppo_epochs)
-        return errs + positive(f"{p}.max_tokens_per_gpu", self.max_tokens_per_gpu)
+        return errs + positive(f"{p}.max_tokens_per_gpu", self.max_tokens_per_gpu, allow_zero=True)
 
 
 @dataclass(**DC)

@@ -125,12 +125,12 @@ def _length_rules(cfg: Config, shape: dict | None) -> list[str]:
         errs.append(f"{shape['window_key']}: the model attends within {shape['window']} tokens, fewer than {where} "
                     f"= {seq} (got {shape['window']}); this trainer has no sliding-window attention. Shorten the "
                     "prompt or response lengths.")
-    if (cfg.actor.use_dynamic_bsz or cfg.data.use_sequence_packing) and cfg.actor.max_tokens_per_gpu < seq:
+    if (cfg.actor.use_dynamic_bsz or cfg.data.use_sequence_packing) and 0 < cfg.actor.max_tokens_per_gpu < seq:
         errs.append(f"actor.max_tokens_per_gpu: must hold one sequence of {where} = {seq} tokens "
-                    f"(got {cfg.actor.max_tokens_per_gpu}). Set it to at least {seq}.")
-    if cfg.critic.use_dynamic_bsz and "critic" in _trained_roles(cfg) and cfg.critic.max_tokens_per_gpu < seq:
+                    f"(got {cfg.actor.max_tokens_per_gpu}). Set it to at least {seq} (or 0: auto).")
+    if cfg.critic.use_dynamic_bsz and "critic" in _trained_roles(cfg) and 0 < cfg.critic.max_tokens_per_gpu < seq:
         errs.append(f"critic.max_tokens_per_gpu: must hold one sequence of {where} = {seq} tokens "
-                    f"(got {cfg.critic.max_tokens_per_gpu}). Set it to at least {seq}.")
+                    f"(got {cfg.critic.max_tokens_per_gpu}). Set it to at least {seq} (or 0: auto).")
     if cfg.reward.overlong_buffer >= cfg.rollout.max_response_length:
         errs.append(f"reward.overlong_buffer: must be below rollout.max_response_length="
                     f"{cfg.rollout.max_response_length} (got {cfg.reward.overlong_buffer}). Use a smaller buffer.")

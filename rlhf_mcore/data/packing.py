@@ -13,7 +13,9 @@ outputs [1, T] go back to that layout with `to_rows`, so the loss maths never se
 
 Rows go to micro-batches by `plan_bins`: the fewest bins under the token budget, each filled longest row
 first into the lightest bin (balanced micro-batches); `plan_dp_split` gives DP ranks equal row counts and
-balanced token counts the same way.
+balanced token counts the same way. The budget (`token_budget`) is `max_tokens_per_gpu` when set, else the
+token slots of the largest padded micro-batch of the same rows (rows x the longest row), so that a packed
+micro-batch never holds more tokens, nor more activations, than a padded one would.
 """
 from __future__ import annotations
 
@@ -49,6 +51,24 @@ def _fill(lengths: list[int], num_bins: int, capacity: int, max_rows: int) -> li
         if not placed:
             return None
     return [sorted(b) for b in bins if b]
+
+
+def token_budget(lengths: list[int], micro_batch_size: int, max_tokens: int = 0, multiple: int = 1) -> int:
+    """Tokens per packed micro-batch: `max_tokens` when set (> 0), else auto: `micro_batch_size` rows of the
+    longest row (rounded up to `multiple`), the token slots of the largest padded micro-batch these rows make.
+
+    >>> token_budget([300, 512, 90], micro_batch_size=8)  # 8 padded rows of 512
+    4096
+    >>> token_budget([300, 511, 90], micro_batch_size=8, multiple=4)
+    4096
+    >>> token_budget([300, 512, 90], micro_batch_size=8, max_tokens=8192)
+    8192
+    """
+    if max_tokens > 0:
+        return max_tokens
+    if micro_batch_size <= 0:
+        raise ValueError(f"token_budget: an automatic budget needs micro_batch_size > 0 (got {micro_batch_size})")
+    return micro_batch_size * round_up(max(lengths, default=1), multiple)
 
 
 def plan_bins(lengths: list[int], max_tokens: int) -> list[list[int]]:
@@ -110,9 +130,10 @@ def pack_rows(batch: Batch, rows: list[int], lengths: list[int], multiple: int =
     return out
 
 
-def split_packed(batch: Batch, max_tokens: int, multiple: int = 1) -> list[Batch]:
-    """Balanced packed micro-batches of a step batch under the token budget."""
-    lengths = batch["lengths"].tolist()
+def split_packed(batch: Batch, max_tokens: int, multiple: int = 1, lengths: list[int] | None = None) -> list[Batch]:
+    """Balanced packed micro-batches of a step batch under the token budget (max_tokens > 0); `lengths`:
+    batch["lengths"] on the host, if the caller has it already (saves a device sync)."""
+    lengths = batch["lengths"].tolist() if lengths is None else lengths
     return [pack_rows(batch, rows, lengths, multiple) for rows in plan_bins(lengths, max_tokens)]
 
 

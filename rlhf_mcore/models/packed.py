@@ -5,9 +5,10 @@ back. The model needs two things for it to equal the padded computation:
 - RoPE positions restarting at every sequence: `enable_position_rope` hooks the model's rotary module so
   its [max_seqlen, 1, 1, d] table is read at the per-token positions ([T, 1, 1, d]), once per forward;
 - attention that never crosses a boundary: `packed_attention`, one of PACKED_KERNELS:
-  - `varlen`: torch.nn.attention.varlen.varlen_attn (flash-attention varlen; CUDA, bf16/fp16), no padding;
-  - `flash`: the same aten flash-attention varlen kernels, called directly with is_causal (for torch
-    releases whose public varlen_attn rejects causal attention here);
+  - `varlen`: torch.nn.attention.varlen.varlen_attn (flash-attention varlen; CUDA, bf16/fp16), no padding,
+    grouped-query k/v as they are;
+  - `flash`: the same aten flash-attention varlen kernels, called directly with is_causal, k/v repeated to
+    the query heads (for torch releases whose public varlen_attn rejects causal or grouped-query attention);
   - `sdpa_mask`: SDPA with a block-diagonal causal [T, T] mask built once per micro-batch (CPU, fp32, and
     the fallback): exact, but it computes and masks the whole [T, T] score matrix.
   On CUDA the first of varlen / flash that matches sdpa_mask on a small probe (forward and gradients) runs.
@@ -113,11 +114,10 @@ def varlen_attention(q, k, v, params: PackedSeqs, scale: float) -> torch.Tensor:
         kwargs["scale"] = scale
     elif scale != 1.0 / math.sqrt(q.size(-1)):
         q = q * (scale * math.sqrt(q.size(-1)))
-    if k.size(1) != q.size(1):
-        if "enable_gqa" in names:
-            kwargs["enable_gqa"] = True
-        else:
-            k, v = (t.repeat_interleave(q.size(1) // t.size(1), dim=1) for t in (k, v))
+    if k.size(1) != q.size(1) and "enable_gqa" in names:
+        kwargs["enable_gqa"] = True
+    # Otherwise GQA goes in as is: the flash kernels read k/v heads per query group (no [T, np, hn] copies of
+    # k and v kept for backward); a torch whose varlen_attn rejects that fails the probe, and `flash` runs.
     cu, longest = params.cu_seqlens_q, params.max_seqlen_q
     return fn(q, k, v, cu, cu, longest, longest, **kwargs)
 

@@ -81,11 +81,13 @@ def seq_multiple(cfg) -> int:
 def micro_batching(cfg, section) -> dict:
     """split_micro_batches arguments for a role's section (actor or critic; forward passes use the actor's):
     token-budget micro-batches under the section's max_tokens_per_gpu (its use_dynamic_bsz), packed ones
-    (`data.use_sequence_packing`) under actor.max_tokens_per_gpu, or fixed-size ones."""
+    (`data.use_sequence_packing`) under actor.max_tokens_per_gpu, or fixed-size ones. A budget of 0 is
+    automatic: the section's micro_batch_size_per_gpu rows of the batch's longest row (`packing.token_budget`),
+    so packed micro-batches hold no more tokens than the largest padded one."""
     pack = cfg.data.use_sequence_packing
     budget = section.max_tokens_per_gpu if section.use_dynamic_bsz else cfg.actor.max_tokens_per_gpu if pack else 0
     return dict(micro_batch_size=section.micro_batch_size_per_gpu, max_tokens=budget, multiple=seq_multiple(cfg),
-                pack=pack)
+                pack=pack, dynamic=section.use_dynamic_bsz)
 
 
 def needs_sum_pi_squared(cfg) -> bool:

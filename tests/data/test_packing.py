@@ -1,9 +1,13 @@
 """Packing plans and the packed layout (pure tensor code, no model)."""
 import random
 
+import pytest
 import torch
 
-from rlhf_mcore.data.packing import pack_rows, padding_stats, plan_bins, plan_dp_split, to_rows
+from rlhf_mcore.config import ActorConfig, Config, DataConfig
+from rlhf_mcore.data.packing import pack_rows, padding_stats, plan_bins, plan_dp_split, to_rows, token_budget
+from rlhf_mcore.trainer.phases import micro_batching
+from rlhf_mcore.trainer.schedule import split_micro_batches
 
 
 def test_bins_respect_budget_cover_rows_and_balance():
@@ -55,3 +59,48 @@ def test_padding_fraction_of_a_plan():
     padded = padding_stats(lengths, [[0, 1], [2, 3]])
     assert padded["computed_tokens"] == 24 and abs(padded["padding_fraction"] - 1 / 3) < 1e-12
     assert padding_stats(lengths, plan_bins(lengths, 16), packed=True)["padding_fraction"] == 0.0
+
+
+def _ragged(lengths: list[int]) -> dict:
+    seq = max(lengths)
+    lens = torch.tensor(lengths)
+    valid = torch.arange(seq).unsqueeze(0) < lens.unsqueeze(1)
+    return {"tokens": (torch.arange(seq) + 1).repeat(len(lengths), 1) * valid, "lengths": lens}
+
+
+def _slots(mbs: list[dict]) -> list[int]:
+    """Token slots each micro-batch computes (rows x width; a packed one is one row)."""
+    return [mb["tokens"].numel() for mb in mbs]
+
+
+@pytest.mark.parametrize("multiple", [1, 4])
+def test_auto_budget_packs_no_more_tokens_than_the_largest_padded_micro_batch(multiple):
+    rng = random.Random(2)
+    batch = _ragged([rng.randint(96, 500) for _ in range(64)])
+    padded = split_micro_batches(batch, micro_batch_size=8, multiple=multiple)
+    packed = split_micro_batches(batch, micro_batch_size=8, multiple=multiple, pack=True)  # max_tokens=0: auto
+    longest = -(-max(batch["lengths"].tolist()) // multiple) * multiple
+    assert max(_slots(packed)) <= 8 * longest == max(_slots(padded))
+    assert sum(_slots(packed)) < sum(_slots(padded)) and len(packed) < len(padded)
+    assert sorted(int(i) for mb in packed for i in mb["row_index"]) == list(range(64))
+
+
+def test_token_budget_rule():
+    assert token_budget([300, 512, 90], 8) == 8 * 512
+    assert token_budget([300, 510, 90], 8, multiple=4) == 8 * 512
+    assert token_budget([300, 512, 90], 8, max_tokens=2048) == 2048  # an explicit budget wins
+    with pytest.raises(ValueError, match="micro_batch_size > 0"):
+        token_budget([3], 0)
+
+
+def test_auto_budget_for_dynamic_batch_size():
+    batch = _ragged([40, 10, 10, 10, 10, 10, 10, 10, 10])  # padded, 2 rows: the largest micro-batch is 2 x 40
+    groups = split_micro_batches(batch, micro_batch_size=2, dynamic=True)
+    assert max(_slots(groups)) <= 80 and [mb["tokens"].size(0) for mb in groups] == [2, 7]
+
+
+def test_micro_batching_passes_the_auto_budget():
+    cfg = Config(data=DataConfig(use_sequence_packing=True), actor=ActorConfig(micro_batch_size_per_gpu=3))
+    split = micro_batching(cfg, cfg.actor)
+    assert split["max_tokens"] == 0 and split["pack"] and split["micro_batch_size"] == 3
+    assert max(_slots(split_micro_batches(_ragged([7, 5, 3, 3, 2]), **split))) <= 3 * 7

@@ -65,3 +65,11 @@ def test_packed_sequence_parallel_seq_mean_loss():
                    "actor.loss_agg_mode=seq-mean-token-mean", "actor.policy_loss=gspo", "actor.entropy_coeff=0.01")
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
     assert "tp2 pp1 dp1 sp packed" in out.stdout and "PASS" in out.stdout
+
+
+def test_packed_auto_budget_two_ranks():
+    """The default budget (actor.max_tokens_per_gpu=0: micro_batch_size_per_gpu x the longest row) at DP2 and
+    PP2 gives the padded numbers."""
+    out = run_tool(2, "1x1,1x2", "--packing", "both")
+    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+    assert "tp1 pp1 dp2 packed" in out.stdout and "tp1 pp2 dp1 packed" in out.stdout and "PASS" in out.stdout
