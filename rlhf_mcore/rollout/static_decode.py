@@ -146,6 +146,11 @@ def head_plain(hidden: torch.Tensor, weight: torch.Tensor, vocab_size: int, temp
     return sample_plain(mask_padded_vocab(torch.matmul(hidden, weight.t()).float(), vocab_size), temperature)
 
 
+# Inductor keeps eager's bf16 roundings (it would otherwise keep fused intermediates in fp32), so the
+# rollout's log-probs stay close to the trainer's eager ones.
+INDUCTOR_OPTIONS = {"emulate_precision_casts": True}
+
+
 @dataclasses.dataclass
 class DecodeFns:
     """The decode step's pure pieces, eager or compiled by torch.compile (`backend`: None = eager)."""
@@ -160,7 +165,8 @@ class DecodeFns:
         pieces = (fn.attention_in, fn.attention_out_mlp, head_plain)
         if backend is not None:  # one graph each, reused by every layer (weights are inputs); the first
             # batch size compiles static, a second one compiles a batch-dynamic graph (torch's default)
-            pieces = tuple(torch.compile(f, backend=backend, fullgraph=True) for f in pieces)
+            options = INDUCTOR_OPTIONS if backend == "inductor" else None
+            pieces = tuple(torch.compile(f, backend=backend, fullgraph=True, options=options) for f in pieces)
         return cls(*pieces, backend=backend)
 
 

@@ -43,6 +43,7 @@ from rlhf_mcore.config.validate import validate
 from rlhf_mcore.logs import MetricLogger, init_logger
 from rlhf_mcore.models.transformer_config import load_hf_config
 from rlhf_mcore.parallel import init_distributed, torchrun_env
+from rlhf_mcore.rollout import static_decode
 from rlhf_mcore.rollout.base import build_rollout_engine
 from rlhf_mcore.rollout.types import SamplingParams
 from rlhf_mcore.trainer import loop as trainer
@@ -74,6 +75,8 @@ def parse_args(argv=None):
     p.add_argument("--attention-backend", default="triton", help="rollout.sglang.attention_backend")
     p.add_argument("--cuda-graphs", type=int, default=1, help="rollout.native.cuda_graphs")
     p.add_argument("--compile-decode", type=int, default=1, help="rollout.native.compile_decode")
+    p.add_argument("--exact-casts", type=int, default=1,
+                   help="0: let inductor keep fused bf16 intermediates in fp32 (static_decode.INDUCTOR_OPTIONS)")
     p.add_argument("--fp32-lm-head", type=int, default=0, help="rollout.sglang.fp32_lm_head")
     p.add_argument("--swiglu-fusion", type=int, default=1,
                    help="0: turn megatron's compiled SwiGLU (bias_activation_fusion, on by default on a GPU) off")
@@ -230,7 +233,8 @@ def summarize(args, cfg, run, steps: list[dict], rollout: dict) -> dict:
                   "micro_batch": args.micro_batch, "dtype": cfg.model.dtype, "tiny": args.tiny},
         "config": {"attention_backend": cfg.rollout.sglang.attention_backend,
                    "cuda_graphs": cfg.rollout.native.cuda_graphs, "compile_decode": cfg.rollout.native.compile_decode,
-                   "fp32_lm_head": cfg.rollout.sglang.fp32_lm_head, "swiglu_fusion": bool(args.swiglu_fusion)},
+                   "fp32_lm_head": cfg.rollout.sglang.fp32_lm_head, "swiglu_fusion": bool(args.swiglu_fusion),
+                   "exact_casts": bool(args.exact_casts)},
         "device": torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu",
     }
 
@@ -249,6 +253,8 @@ def profile_step(run, step: int, path: str) -> None:
 def bench(args) -> dict:
     init_logger(torchrun_env()[0])
     cfg = build_config(args)
+    if not args.exact_casts:  # A/B of the rollout-vs-trainer mismatch of the compiled decode step
+        static_decode.INDUCTOR_OPTIONS = {}
     ctx = init_distributed(args.tp, args.pp, seed=cfg.trainer.seed)
     run = build_run(cfg, ctx, args)
     steps = []
