@@ -21,6 +21,7 @@ import torch.distributed as dist
 
 from rlhf_mcore.disk import publish_dir
 from rlhf_mcore.models.full_weights import global_key as _global_key
+from rlhf_mcore.models.full_weights import partition_dim, tp_split
 from rlhf_mcore.models.hf_io import copy_aux_files, read_hf_config, write_config
 from rlhf_mcore.models.roles import ROLES
 
@@ -46,17 +47,6 @@ def _fresh_head(model) -> bool:
     return spec is not None and spec.fresh_head
 
 
-def _tp_slice(full: torch.Tensor, param, key: str, tp_rank: int, tp_size: int) -> torch.Tensor:
-    """This TP rank's part of a full tensor, following megatron's partition attributes."""
-    if tp_size == 1 or not getattr(param, "tensor_model_parallel", False):
-        return full
-    dim = param.partition_dim
-    if key.endswith("mlp.linear_fc1.weight"):  # SwiGLU: each rank holds [gate_r; up_r]
-        gate, up = full.chunk(2, dim=0)
-        return torch.cat([gate.chunk(tp_size, dim=0)[tp_rank], up.chunk(tp_size, dim=0)[tp_rank]])
-    return full.chunk(tp_size, dim=dim)[tp_rank]
-
-
 def needed_keys(model) -> set[str]:
     """Full-model keys this rank's shard reads (a last stage's tied output weight reads the embedding)."""
     keys = {_global_key(model, key) for key, _ in model.named_parameters()}
@@ -79,7 +69,7 @@ def load_full_state_dict(model, full_sd: dict[str, torch.Tensor], tp_rank: int, 
             if full_key == "output_layer.weight" and _fresh_head(model):
                 continue  # value head not in the source: keep its initialisation
             raise ValueError(f"{source}: missing tensor '{full_key}' for model parameter '{key}'.")
-        part = _tp_slice(full_sd[full_key], param, key, tp_rank, tp_size)
+        part = tp_split(full_sd[full_key], partition_dim(param), key, tp_rank, tp_size)
         if part.shape != param.shape:
             raise ValueError(f"{source}: tensor '{full_key}' gives shape {list(part.shape)} on TP rank "
                              f"{tp_rank}/{tp_size}, but the model parameter has {list(param.shape)}.")

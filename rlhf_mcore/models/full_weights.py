@@ -14,6 +14,7 @@ itself (no copy). `bytes_received` counts what came over the TP and PP groups on
 """
 from __future__ import annotations
 
+import math
 import re
 from collections.abc import Mapping
 from typing import Iterator
@@ -61,12 +62,32 @@ def tp_join(shards: list[torch.Tensor], partition_dim: int, key: str) -> torch.T
     return torch.cat(shards, dim=partition_dim)
 
 
+def partition_dim(param) -> int:
+    """The dimension megatron splits `param` along over TP, or -1 when every TP rank holds all of it."""
+    return param.partition_dim if getattr(param, "tensor_model_parallel", False) else -1
+
+
+def tp_split(full: torch.Tensor, partition_dim: int, key: str, tp_rank: int, tp_size: int) -> torch.Tensor:
+    """This TP rank's part of a full tensor (megatron's split; `tp_join` is its inverse; -1: not split).
+
+    >>> full = torch.arange(8.).reshape(4, 2)
+    >>> key = "decoder.layers.0.mlp.linear_fc1.weight"
+    >>> tp_join([tp_split(full, 0, key, r, 2) for r in range(2)], 0, key).equal(full)
+    True
+    """
+    if tp_size == 1 or partition_dim < 0:
+        return full
+    if key.endswith(GATE_UP):
+        gate, up = full.chunk(2, dim=0)
+        return torch.cat([gate.chunk(tp_size, dim=0)[tp_rank], up.chunk(tp_size, dim=0)[tp_rank]])
+    return full.chunk(tp_size, dim=partition_dim)[tp_rank]
+
+
 def _listing(model) -> dict[str, tuple]:
     """This rank's parameters: full key -> (local key, local shape, dtype, TP partition dim or -1)."""
     out = {}
     for key, param in model.named_parameters():
-        dim = param.partition_dim if getattr(param, "tensor_model_parallel", False) else -1
-        out.setdefault(global_key(model, key), (key, tuple(param.shape), param.dtype, dim))
+        out.setdefault(global_key(model, key), (key, tuple(param.shape), param.dtype, partition_dim(param)))
     return out
 
 
@@ -146,14 +167,8 @@ def num_params(hf_config: dict) -> int:
     from rlhf_mcore.models.weights import model_dims, rules_for
 
     dims = model_dims(hf_config, "config.json")
-    total = 0
-    for rule in rules_for(hf_config, "actor", "config.json"):
-        for shape in rule.shapes:
-            size = 1
-            for symbol in shape:
-                size *= dims[symbol]
-            total += size
-    return total
+    return sum(math.prod(dims[symbol] for symbol in shape)
+               for rule in rules_for(hf_config, "actor", "config.json") for shape in rule.shapes)
 
 
 def kv_bytes_per_token(hf_config: dict, bytes_per_value: int) -> int:
