@@ -10,9 +10,7 @@ set -uo pipefail
 PART=${1:?part1|part2}
 MCORE=${MCORE:-.whl}
 SGL1=${SGL1:-.carry/part1}
-SGL2=${SGL2:-.carry/part2}
-export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1 NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1
-install() { python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site "$@"; }
+source tools/bench/gpu_env.sh
 bench() { local name=$1; shift; echo "=== $name ($(date +%T))"
   timeout 300 python3 -m tools.bench.bench_grpo_step "$@" 2>&1 | grep -Ev "rollout: +[0-9]+%" | tee "$OUT/$name.log" | tail -6; }
 if [[ $PART == part1 ]]; then
@@ -25,6 +23,5 @@ if [[ $PART == part1 ]]; then
   bench native_inexact_casts --engine native --exact-casts 0 --steps 1 --standalone 0 --out "$OUT/variants/inexact"
   exit 0
 fi
-[[ -d /tmp/site/sglang ]] || { echo COLD_MACHINE; exit 9; }
-install "$SGL2"/*.whl || exit 3
+sglang_part part2
 bench sglang --engine sglang --attention-backend flashinfer --steps 2 --out "$OUT"

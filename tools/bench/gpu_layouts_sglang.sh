@@ -7,14 +7,8 @@
 #   3. tiny PPO, greedy rollout, 3 steps, seed 1: one GPU vs TP2 / PP2 / DP2 (metrics within bf16 noise)
 set -uo pipefail
 PART=${1:?part1|part2}
-export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1 NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1
-install() { python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site "$@"; }
-if [[ $PART == part1 ]]; then
-  mkdir -p /tmp/site && install .whl/megatron_core*.whl .carry/part1/*.whl || exit 3
-  exit 0
-fi
-[[ -d /tmp/site/sglang ]] || { echo COLD_MACHINE; exit 9; }
-install .carry/part2/*.whl || exit 3
+source tools/bench/gpu_env.sh
+sglang_part "$PART"
 nvidia-smi --query-gpu=name,memory.total --format=csv,noheader
 B=(-m tools.bench.bench_grpo_step --engine sglang --steps 2 --warmup 1 --out "$OUT")
 TR=(python3 -m torch.distributed.run --standalone --nproc_per_node 2)

@@ -4,14 +4,8 @@
 #   part2: carries .carry/part2; must follow part1 on the same warm machine
 set -uo pipefail
 PART=${1:?part1|part2}
-export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1 NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1
-install() { python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site "$@"; }
-if [[ $PART == part1 ]]; then
-  mkdir -p /tmp/site && install .whl/megatron_core*.whl .carry/part1/*.whl || exit 3
-  exit 0
-fi
-[[ -d /tmp/site/sglang ]] || { echo COLD_MACHINE; exit 9; }
-install .carry/part2/*.whl || exit 3
+source tools/bench/gpu_env.sh
+sglang_part "$PART"
 echo "=== GPU test: engine vs trainer log-probs, weight updates ($(date +%T))"
 python3 -m pytest -q -p no:cacheprovider tests/rollout/test_sglang_engine.py -m gpu -x 2>&1 | tail -15
 TINY=(model.hidden_size=256 model.ffn_hidden_size=512 model.dtype=bf16 trainer.total_steps=12
