@@ -142,9 +142,10 @@ class NativeRolloutConfig:
     cuda_graphs: bool = True  # CUDA-graphed decode at tp=pp=1 on a GPU (else eager, logged)
     keep_graphs: bool = True  # keep the static KV cache and graphs between steps (false frees them)
     compile_decode: bool = True  # torch.compile the graphed decode step (a compile error falls back, logged)
+    decode_attention: str = "auto"  # auto | triton (split-KV kernel) | sdpa; auto = triton on a GPU with triton
 
     def _checks(self, p: str) -> list[str]:
-        return []
+        return choice(f"{p}.decode_attention", self.decode_attention, ("auto", "triton", "sdpa"))
 
 
 @dataclass(**DC)

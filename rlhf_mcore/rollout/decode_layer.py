@@ -12,10 +12,13 @@ between them, eagerly, so a compiled region never mutates its inputs.
 """
 from __future__ import annotations
 
-from typing import NamedTuple, Optional
+from typing import Callable, NamedTuple, Optional
 
 import torch
 import torch.nn.functional as F
+
+from rlhf_mcore.kernels import decode_attention as kernel
+from rlhf_mcore.registry import Registry
 
 
 class LayerWeights(NamedTuple):
@@ -105,6 +108,18 @@ def attention_out_mlp(attn: torch.Tensor, residual: torch.Tensor, w: LayerWeight
     return hidden + torch.matmul(F.silu(gate) * up, w.fc2.t())
 
 
+class DecodeAttention(NamedTuple):
+    """One way to attend a decode step's queries to the cache: `mask` runs once per step, `attend` per layer.
+    mask(key_valid [b, T] bool, pos [] long, dtype) -> what attend takes;
+    attend(q [1, b, H, D], k [b, G, T, D], v [b, G, T, D], mask, scale) -> [1, b, H * D]."""
+
+    mask: Callable
+    attend: Callable
+
+
+DECODE_ATTENTION: Registry[DecodeAttention] = Registry("decode attention")
+
+
 def decode_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bias: torch.Tensor,
                      scale: float) -> torch.Tensor:
     """One query per row over the cache. q [1, b, H, D], k/v [b, G, T, D], bias [b, 1, 1, T] additive
@@ -118,6 +133,41 @@ def decode_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bias: to
     qg = q[0].reshape(b, groups, heads // groups, d)  # [b, G, rep, D]
     out = F.scaled_dot_product_attention(qg, k, v, attn_mask=bias, scale=scale)
     return out.reshape(1, b, heads * d)
+
+
+def step_bias(key_valid: torch.Tensor, pos: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """The additive mask of a step writing cache slot pos: valid keys at slots <= pos. -> [b, 1, 1, T]"""
+    return attention_bias(key_valid & (torch.arange(key_valid.size(1), device=pos.device) <= pos), dtype)
+
+
+def kernel_mask(key_valid: torch.Tensor, pos: torch.Tensor, dtype: torch.dtype):
+    """The kernel reads the valid keys and the position itself (it stops at pos)."""
+    return key_valid, pos
+
+
+def kernel_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask, scale: float) -> torch.Tensor:
+    """`kernels.decode_attention` (split-KV, stops at pos) on the layout `decode_attention` takes."""
+    key_valid, pos = mask
+    return kernel.triton_decode_attention(q[0], k, v, key_valid, pos, scale).view(1, q.size(1), -1)
+
+
+DECODE_ATTENTION.register("sdpa")(DecodeAttention(step_bias, decode_attention))
+DECODE_ATTENTION.register("triton")(DecodeAttention(kernel_mask, kernel_attention))
+
+
+def pick_decode_attention(name: str, device: torch.device) -> tuple[str, str]:
+    """rollout.native.decode_attention -> (the entry to use, why). auto = triton where it can run (a CUDA
+    device and triton importable), else sdpa; an explicit triton without them falls back to sdpa.
+
+    >>> pick_decode_attention("auto", torch.device("cpu"))
+    ('sdpa', 'no CUDA device')
+    """
+    if name == "sdpa":
+        return "sdpa", "rollout.native.decode_attention=sdpa"
+    missing = "no CUDA device" if device.type != "cuda" else "" if kernel.HAS_TRITON else "triton not importable"
+    if missing:
+        return "sdpa", missing
+    return "triton", "split-KV kernel, kernels/decode_attention.py"
 
 
 def attention_bias(allowed: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:

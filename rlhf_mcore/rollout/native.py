@@ -66,7 +66,8 @@ class NativeRolloutEngine:
     """generate() with the actor's megatron modules; see `rlhf_mcore.rollout.base` for the contract."""
 
     def __init__(self, model, ctx, pad_id: int, decode: Optional[Decode] = None, micro_batch_size: int = 0,
-                 cuda_graphs: bool = True, keep_graphs: bool = True, compile_decode: bool = True):
+                 cuda_graphs: bool = True, keep_graphs: bool = True, compile_decode: bool = True,
+                 decode_attention: str = "auto"):
         self.model = unwrap_model(model)
         if getattr(self.model.config, "sequence_parallel", False):
             raise ValueError("parallel.sequence_parallel: the native rollout engine cannot decode with sequence "
@@ -80,16 +81,16 @@ class NativeRolloutEngine:
         self._kv = None  # StaticInferenceContext, kept between calls while it is large enough
         self._released = False
         self.keep_graphs = keep_graphs  # release_memory() keeps the static cache and graphs
-        self.static = self._static_decoder(cuda_graphs, compile_decode)
+        self.static = self._static_decoder(cuda_graphs, compile_decode, decode_attention)
 
     @classmethod
     def build(cls, options, setup) -> "NativeRolloutEngine":
         """From rollout.native (`options`) and the run's `EngineSetup`."""
         return cls(setup.model, setup.ctx, setup.pad_id, setup.decode, micro_batch_size=setup.micro_batch_size,
                    cuda_graphs=options.cuda_graphs, keep_graphs=options.keep_graphs,
-                   compile_decode=options.compile_decode)
+                   compile_decode=options.compile_decode, decode_attention=options.decode_attention)
 
-    def _static_decoder(self, cuda_graphs: bool, compile_decode: bool) -> Optional[StaticDecoder]:
+    def _static_decoder(self, cuda_graphs: bool, compile_decode: bool, attention: str) -> Optional[StaticDecoder]:
         if not cuda_graphs:
             log.info("native rollout: CUDA graphs off (rollout.native.cuda_graphs=false); decoding eagerly")
             return None
@@ -100,11 +101,13 @@ class NativeRolloutEngine:
             log.info("native rollout: CUDA graphs unavailable (%s); decoding eagerly", "; ".join(blockers))
             return None
         from rlhf_mcore.models.heads import lm_output_weight
+        from rlhf_mcore.rollout.decode_layer import pick_decode_attention
 
-        log.info("native rollout: CUDA-graphed decode (static KV cache, graphs per batch-size bucket%s)",
-                 ", torch.compile'd step" if compile_decode else "")
+        attention, why = pick_decode_attention(attention, self.ctx.device)
+        log.info("native rollout: CUDA-graphed decode (static KV cache, graphs per batch-size bucket%s, %s "
+                 "attention: %s)", ", torch.compile'd step" if compile_decode else "", attention, why)
         return StaticDecoder(self.model, lambda: lm_output_weight(self.model), use_graphs=True,
-                             compile_backend="inductor" if compile_decode else None)
+                             compile_backend="inductor" if compile_decode else None, attention=attention)
 
     # ---- the RolloutEngine protocol ------------------------------------------------------------------
     def generate(self, prompts: list[list[int]], params: SamplingParams, show_progress: bool = False) -> RolloutBatch:

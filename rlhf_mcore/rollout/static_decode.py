@@ -8,8 +8,11 @@ It runs the actor's own parameters (embedding, norms, QKV / output projections, 
   `rollout.native.compile_decode`; a compile or capture error falls back to the eager functions, logged);
 - the cache holds rotated keys [L, B, G, T, D] at absolute slots (RoPE of slot t, exactly what the eager
   engine and megatron apply), written with `index_copy_` at a device-resident position;
-- a decode query attends to every slot with an additive mask (slot <= position and not left padding,
-  built once per step) through SDPA, a key group's query heads passed as its query positions;
+- a decode query attends to the slots <= position that are not left padding, through one of
+  `decode_layer.DECODE_ATTENTION` (`attention`, from `rollout.native.decode_attention`): "triton", the
+  split-KV kernel of `kernels/decode_attention.py` that reads only the slots written so far, or "sdpa",
+  an additive mask built once per step, a key group's query heads passed as its query positions; a kernel
+  error falls back to sdpa, logged;
 - sampling, the log-prob and the stop-token test run inside the step too (`sampling.sample_plain`, one
   pass over the vocabulary, when there is no top-k / top-p; else `sampling.sample`), and its results are
   written into per-row response buffers at a device-resident column.
@@ -23,6 +26,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import traceback
 from typing import Callable, Optional
 
 import torch
@@ -172,11 +176,14 @@ class DecodeFns:
 
 class StaticDecoder:
     """Prefill + CUDA-graphed decode steps over the actor's modules (tp = pp = 1). See the module doc.
-    compile_backend: torch.compile backend of the decode step's pieces ("inductor"), None = eager."""
+    compile_backend: torch.compile backend of the decode step's pieces ("inductor"), None = eager.
+    attention: a name in `decode_layer.DECODE_ATTENTION`."""
 
-    def __init__(self, model, weight_fn, use_graphs: bool, compile_backend: Optional[str] = None):
+    def __init__(self, model, weight_fn, use_graphs: bool, compile_backend: Optional[str] = None,
+                 attention: str = "sdpa"):
         self.model, self.weight_fn, self.use_graphs = model, weight_fn, use_graphs
         self.fns = DecodeFns.build(compile_backend)
+        self.use_attention(attention)
         self.eps = model.decoder.layers[0].input_layernorm.eps
         self.weights: list[fn.LayerWeights] = []
         self.cos = self.sin = None  # [T, 1, 1, D] RoPE tables in the model's dtype
@@ -207,6 +214,9 @@ class StaticDecoder:
             self.weight_ptrs = ptrs
             self.weights = [fn.layer_weights(layer) for layer in self.model.decoder.layers]
         return self.state
+
+    def use_attention(self, name: str) -> None:
+        self.attention_name, self.attention = name, fn.DECODE_ATTENTION.get(name)
 
     def release(self) -> None:
         self.state, self.freqs, self.cos, self.sin, self.graphs, self.pool = None, None, None, None, {}, None
@@ -278,8 +288,7 @@ class StaticDecoder:
         (`decode_layer`) with the cache write and attention between their two halves."""
         st, f = self.state, self.fns
         slots = st.pos.view(1)
-        allowed = st.key_valid[:b] & (torch.arange(st.key_valid.size(1), device=slots.device) <= st.pos)
-        bias = fn.attention_bias(allowed, st.k.dtype)  # [b, 1, 1, T]
+        mask = self.attention.mask(st.key_valid[:b], st.pos, st.k.dtype)
         cos, sin = self.cos.index_select(0, slots), self.sin.index_select(0, slots)  # [1, 1, 1, D]
         hidden = self.model.embedding(input_ids=st.tokens_in[:b].unsqueeze(1), position_ids=None)[0]  # [b, h]
         for i, w in enumerate(self.weights):
@@ -287,26 +296,34 @@ class StaticDecoder:
             q, k, v = f.attention_in(x, w, cos, sin, self.groups, self.head_dim, self.eps)
             st.k[i, :b].index_copy_(2, slots, k.permute(1, 2, 0, 3))
             st.v[i, :b].index_copy_(2, slots, v.permute(1, 2, 0, 3))
-            attn = fn.decode_attention(q, st.k[i, :b], st.v[i, :b], bias, self.scale)  # [1, b, H * D]
+            attn = self.attention.attend(q, st.k[i, :b], st.v[i, :b], mask, self.scale)  # [1, b, H * D]
             hidden = f.attention_out_mlp(attn, x, w, self.eps)[0]
         self.emit(self.model.decoder.final_layernorm(hidden), b, params, stop_ids, f.head)
         st.pos.add_(1)
 
     def checked_decode_step(self, b: int, params, stop_ids) -> None:
-        """decode_step; if the compiled pieces fail (the first call compiles), say so and decode eagerly.
-        A failed step wrote nothing it will not rewrite: pos / col only advance at its end."""
-        try:
-            self.decode_step(b, params, stop_ids)
-        except Exception as err:  # noqa: BLE001 (any compiler error: the eager pieces compute the same)
-            self._fall_back(err, "compile")
-            self.decode_step(b, params, stop_ids)
+        """decode_step; if its compiled pieces or attention kernel fail (the first call compiles), say so and
+        retry with the plainer path. A failed step wrote nothing it will not rewrite: pos / col only advance
+        at its end."""
+        while True:
+            try:
+                return self.decode_step(b, params, stop_ids)
+            except Exception as err:  # noqa: BLE001 (any compiler error: the plainer path computes the same)
+                self._fall_back(err, "compile")
 
     def _fall_back(self, err: Exception, where: str) -> None:
-        if self.fns.backend is None:
+        """Drop what failed: the attention kernel if it raised, else the compiled pieces; nothing left: raise."""
+        first_line = f"{type(err).__name__}: {str(err).splitlines()[0][:200] if str(err) else ''}"
+        if self.attention_name != "sdpa" and _raised_in(err, fn.kernel.__file__):
+            log.warning("native rollout: the %s decode attention failed at %s (%s); using sdpa", self.attention_name,
+                        where, first_line)
+            self.use_attention("sdpa")
+        elif self.fns.backend is not None:
+            log.warning("native rollout: torch.compile (%s) of the decode step failed at %s (%s); decoding with the "
+                        "eager functions", self.fns.backend, where, first_line)
+            self.fns = DecodeFns.build(None)
+        else:
             raise err
-        log.warning("native rollout: torch.compile (%s) of the decode step failed at %s (%s: %s); decoding with "
-                    "the eager functions", self.fns.backend, where, type(err).__name__, str(err).splitlines()[0][:200])
-        self.fns = DecodeFns.build(None)
         self.graphs.clear()
 
     def step(self, b: int, params, stop_ids) -> None:
@@ -331,12 +348,13 @@ class StaticDecoder:
             for name, value in saved.items():
                 getattr(st, name).copy_(value)
             torch.cuda.set_rng_state(rng)
-        try:
-            graph = self._warm_up_and_capture(b, params, stop_ids)
-        except Exception as err:  # noqa: BLE001
-            self._fall_back(err, "CUDA-graph capture")
-            restore()
-            graph = self._warm_up_and_capture(b, params, stop_ids)
+        while True:
+            try:
+                graph = self._warm_up_and_capture(b, params, stop_ids)
+                break
+            except Exception as err:  # noqa: BLE001
+                self._fall_back(err, "CUDA-graph capture")
+                restore()
         restore()
         return graph
 
@@ -351,6 +369,11 @@ class StaticDecoder:
         with torch.cuda.graph(graph, pool=self.pool):
             self.decode_step(b, params, stop_ids)
         return graph
+
+
+def _raised_in(err: Exception, path: str) -> bool:
+    """Whether err's traceback passes through the file `path`."""
+    return any(frame.filename == path for frame in traceback.extract_tb(err.__traceback__))
 
 
 def _prefill_mask(valid: torch.Tensor) -> torch.Tensor:

@@ -54,13 +54,38 @@ def test_compile_failure_falls_back_to_eager_and_says_so(mcore_ctx, caplog):
     assert torch.equal(got.tokens, want.tokens) and torch.equal(got.rollout_logprobs, want.rollout_logprobs)
 
 
+def test_attention_kernel_failure_falls_back_to_sdpa_and_says_so(mcore_ctx, caplog):
+    """The triton decode attention raising inside its kernel module (here: triton absent on CPU, or a bad
+    pointer on a GPU): the log says so, the step retries with sdpa, tokens equal an sdpa engine's."""
+    if torch.cuda.is_available():
+        pytest.skip("CPU path: the kernel cannot run without a GPU or the triton interpreter")
+    from rlhf_mcore.kernels import decode_attention as kernel
+
+    if kernel.HAS_TRITON:
+        pytest.skip("triton is importable: the kernel would run under its interpreter only")
+    cfg = tiny_model_config(num_layers=2)
+    actor = build_model("actor", load_hf_config(cfg.model), cfg.model, cfg.parallel, mcore_ctx)
+    engines = [NativeRolloutEngine(actor, mcore_ctx, pad_id=0) for _ in range(2)]
+    for engine, attention in zip(engines, ("triton", "sdpa")):
+        engine.static = StaticDecoder(engine.model, lambda: lm_output_weight(actor), use_graphs=False,
+                                      attention=attention)
+    params = SamplingParams(n=2, max_new_tokens=6, temperature=0.0)
+    with caplog.at_level(logging.WARNING):
+        got = engines[0].generate([[3, 4, 5], [7, 8]], params)
+    assert "the triton decode attention failed" in caplog.text and "using sdpa" in caplog.text
+    assert engines[0].static.attention_name == "sdpa"
+    want = engines[1].generate([[3, 4, 5], [7, 8]], params)
+    assert torch.equal(got.tokens, want.tokens) and torch.equal(got.rollout_logprobs, want.rollout_logprobs)
+
+
 def _engines(ctx, dtype: str):
     cfg = tiny_model_config(hidden_size=128, ffn_hidden_size=256, num_layers=3, vocab_size=1000, dtype=dtype)
     actor = build_model("actor", load_hf_config(cfg.model), cfg.model, cfg.parallel, ctx)
     graphed = NativeRolloutEngine(actor, ctx, pad_id=0, cuda_graphs=True)
     eager_static = NativeRolloutEngine(actor, ctx, pad_id=0, cuda_graphs=True)
     eager_static.static = StaticDecoder(actor, lambda: lm_output_weight(actor), use_graphs=False,
-                                        compile_backend=graphed.static.fns.backend)  # the same (compiled) step
+                                        compile_backend=graphed.static.fns.backend,
+                                        attention=graphed.static.attention_name)  # the same (compiled) step
     megatron = NativeRolloutEngine(actor, ctx, pad_id=0, cuda_graphs=False)
     return graphed, eager_static, megatron
 
@@ -130,3 +155,23 @@ def test_compiled_plain_head_follows_softmax(temperature):
     torch.testing.assert_close(freq[:4], want, atol=0.01, rtol=0)
     assert freq[4:].sum() == 0
     torch.testing.assert_close(logp, want.log()[tokens], atol=1e-5, rtol=0)
+
+
+@pytest.mark.gpu
+def test_triton_attention_decodes_like_sdpa(mcore_ctx):
+    """The graphed step with the split-KV kernel against the same step with SDPA, in bf16: log-probs of the
+    same greedy tokens agree to bf16 noise (prefix of equal tokens compared; rounding may flip a near-tie)."""
+    cfg = tiny_model_config(hidden_size=128, ffn_hidden_size=256, num_layers=3, vocab_size=1000, dtype="bf16")
+    actor = build_model("actor", load_hf_config(cfg.model), cfg.model, cfg.parallel, mcore_ctx)
+    runs = {}
+    for name in ("triton", "sdpa"):
+        engine = NativeRolloutEngine(actor, mcore_ctx, pad_id=0, decode_attention=name)
+        assert engine.static.attention_name == name
+        g = torch.Generator().manual_seed(0)
+        lengths = torch.randint(3, 40, (70,), generator=g)
+        prompts = [torch.randint(1, 1000, (int(n),), generator=g).tolist() for n in lengths]
+        runs[name] = engine.generate(prompts, SamplingParams(n=2, max_new_tokens=32, temperature=0.0))
+    a, b = runs["triton"], runs["sdpa"]
+    same = (a.tokens == b.tokens).all(dim=1)
+    assert same.float().mean() > 0.9, same.float().mean()
+    torch.testing.assert_close(a.rollout_logprobs[same], b.rollout_logprobs[same], atol=3e-2, rtol=0)
