@@ -75,6 +75,7 @@ def parse_args(argv=None):
     p.add_argument("--attention-backend", default="triton", help="rollout.sglang.attention_backend")
     p.add_argument("--cuda-graphs", type=int, default=1, help="rollout.native.cuda_graphs")
     p.add_argument("--compile-decode", type=int, default=1, help="rollout.native.compile_decode")
+    p.add_argument("--decode-attention", default="auto", help="rollout.native.decode_attention (auto|triton|sdpa)")
     p.add_argument("--exact-casts", type=int, default=1,
                    help="0: let inductor keep fused bf16 intermediates in fp32 (static_decode.INDUCTOR_OPTIONS)")
     p.add_argument("--fp32-lm-head", type=int, default=0, help="rollout.sglang.fp32_lm_head")
@@ -93,7 +94,8 @@ def build_config(args) -> Config:
         args.prompts, args.n, args.prompt_len, args.new_tokens, args.micro_batch = 4, 2, 12, 8, 4
     rollout = RolloutConfig(engine=args.engine, n=args.n, max_response_length=args.new_tokens, temperature=1.0,
                             native=NativeRolloutConfig(cuda_graphs=bool(args.cuda_graphs),
-                                                       compile_decode=bool(args.compile_decode)),
+                                                       compile_decode=bool(args.compile_decode),
+                                                       decode_attention=args.decode_attention),
                             sglang=SGLangRolloutConfig(attention_backend=args.attention_backend,
                                                        fp32_lm_head=bool(args.fp32_lm_head),
                                                        gpu_memory_utilization=0.5))
@@ -233,6 +235,7 @@ def summarize(args, cfg, run, steps: list[dict], rollout: dict) -> dict:
                   "micro_batch": args.micro_batch, "dtype": cfg.model.dtype, "tiny": args.tiny},
         "config": {"attention_backend": cfg.rollout.sglang.attention_backend,
                    "cuda_graphs": cfg.rollout.native.cuda_graphs, "compile_decode": cfg.rollout.native.compile_decode,
+                   "decode_attention": getattr(getattr(run.engine, "static", None), "attention_name", None),
                    "fp32_lm_head": cfg.rollout.sglang.fp32_lm_head, "swiglu_fusion": bool(args.swiglu_fusion),
                    "exact_casts": bool(args.exact_casts)},
         "device": torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu",
