@@ -2,7 +2,8 @@
 
     logp, entropy = fused_logprob_entropy(hidden [N, H], weight [V_local, H], targets [N])
 
-With z = hidden @ weight.T / temperature (fp32), lse = logsumexp(z):
+With z = hidden @ weight.T / temperature (fp32, never rounded to bf16: `kernels.logits.logits_fp32`,
+the same logits as the native rollout's), lse = logsumexp(z):
     logp = z[target] - lse,   entropy = lse - sum_v softmax(z)_v z_v
 Tokens are processed `chunk_size` at a time, so logits exist for one chunk only, never for the whole
 batch; the backward recomputes them chunk by chunk from the saved (lse, E_p[z]) and uses
@@ -25,6 +26,7 @@ from __future__ import annotations
 
 import torch
 import torch.distributed as dist
+from rlhf_mcore.kernels.logits import logits_fp32
 from torch import Tensor
 
 try:
@@ -179,7 +181,7 @@ class _FusedLogprobEntropy(torch.autograd.Function):
         stats[1:].zero_()
         for lo in range(0, num_tokens if vocab_local else 0, chunk_size):
             hi = min(lo + chunk_size, num_tokens)
-            stats[:, lo:hi] = stats_fn(hidden[lo:hi] @ weight.t(), local_tgt[lo:hi], inv_t)
+            stats[:, lo:hi] = stats_fn(logits_fp32(hidden[lo:hi], weight), local_tgt[lo:hi], inv_t)
         m, s, sz, z_t = _reduce_over_tp(stats, tp_group)
         lse, ez = m + torch.log(s), sz / s
         ctx.save_for_backward(hidden, weight, local_tgt, lse, ez)
@@ -199,7 +201,7 @@ class _FusedLogprobEntropy(torch.autograd.Function):
         for lo in range(0, num_tokens if weight.shape[0] else 0, chunk_size):
             hi = min(lo + chunk_size, num_tokens)
             h = hidden[lo:hi]
-            dz = grad_fn(h @ weight.t(), local_tgt[lo:hi], lse[lo:hi], ez[lo:hi], g_logp[lo:hi],
+            dz = grad_fn(logits_fp32(h, weight), local_tgt[lo:hi], lse[lo:hi], ez[lo:hi], g_logp[lo:hi],
                          g_ent[lo:hi], inv_t).to(weight.dtype)  # [c, V_local]
             if ctx.needs_input_grad[0]:
                 d_hidden[lo:hi] = dz @ weight
