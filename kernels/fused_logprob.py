@@ -2,7 +2,8 @@
 
     logp, entropy = fused_logprob_entropy(hidden [N, H], weight [V_local, H], targets [N])
 
-With z = hidden @ weight.T / temperature (fp32), lse = logsumexp(z):
+With z = hidden @ weight.T / temperature (fp32, never rounded to bf16: `kernels.logits.logits_fp32`,
+the same logits as the native rollout's), lse = logsumexp(z):
     logp = z[target] - lse,   entropy = lse - sum_v softmax(z)_v z_v
 Tokens are processed `chunk_size` at a time, so logits exist for one chunk only, never for the whole
 batch; the backward recomputes them chunk by chunk from the saved (lse, E_p[z]) and uses
@@ -18,13 +19,14 @@ give logp = -lse: mask them downstream.
 
 Two implementations share the chunking and the TP reductions: a pure-torch one (CPU, CI) and, for CUDA
 tensors when triton is importable, Triton kernels that make the softmax statistics and dL/dz in one pass
-over each chunk's logits, in place, while the matmuls stay on cuBLAS. `reference_logprob_entropy` is the
-plain full-logits version that the tests compare against.
+over each chunk's fp32 logits (dL/dz written in the weight's dtype), while the matmuls stay on cuBLAS.
+`reference_logprob_entropy` is the plain full-logits version that the tests compare against.
 """
 from __future__ import annotations
 
 import torch
 import torch.distributed as dist
+from rlhf_mcore.kernels.logits import logits_fp32
 from torch import Tensor
 
 try:
@@ -67,14 +69,14 @@ def _stats_torch(logits: Tensor, local_tgt: Tensor, inv_t: float) -> Tensor:
 
 
 def _grad_logits_torch(logits: Tensor, local_tgt: Tensor, lse: Tensor, ez: Tensor, g_logp: Tensor,
-                       g_ent: Tensor, inv_t: float) -> Tensor:
-    """dL/d(hidden @ weight.T) of one chunk, fp32. [c, V] -> [c, V]"""
+                       g_ent: Tensor, inv_t: float, out_dtype: torch.dtype) -> Tensor:
+    """dL/d(hidden @ weight.T) of one chunk, computed in fp32, returned in out_dtype. [c, V] -> [c, V]"""
     d = logits.to(_acc_dtype(logits)) * inv_t - ez[:, None]  # z - E_p[z]
     p = torch.exp(d - (lse - ez)[:, None])  # softmax
     dz = d.mul_(g_ent[:, None]).add_(g_logp[:, None]).mul_(p).neg_()
     rows = torch.nonzero(local_tgt >= 0).squeeze(-1)
     dz.index_put_((rows, local_tgt[rows]), g_logp[rows], accumulate=True)
-    return dz.mul_(inv_t)
+    return dz.mul_(inv_t).to(out_dtype)
 
 
 # ----------------------------------------------------------------------------- triton chunk maths
@@ -106,10 +108,11 @@ if HAS_TRITON:
         tl.store(out_ptr + 3 * num_rows + row, tl.where(tgt >= 0, z_t, 0.0))
 
     @triton.jit
-    def _grad_kernel(logits_ptr, tgt_ptr, lse_ptr, ez_ptr, gl_ptr, ge_ptr, vocab, stride, inv_t,
-                     BLOCK_V: tl.constexpr):
+    def _grad_kernel(logits_ptr, tgt_ptr, lse_ptr, ez_ptr, gl_ptr, ge_ptr, out_ptr, vocab, stride, out_stride,
+                     inv_t, BLOCK_V: tl.constexpr):
         row = tl.program_id(0).to(tl.int64)
         base = logits_ptr + row * stride
+        out = out_ptr + row * out_stride  # == base when written in place
         lanes = tl.arange(0, BLOCK_V)
         tgt = tl.load(tgt_ptr + row)
         lse = tl.load(lse_ptr + row)
@@ -123,7 +126,7 @@ if HAS_TRITON:
             p = tl.exp(z - lse)
             dz = -p * (g_logp + g_ent * (z - ez))
             dz = tl.where(offs == tgt, dz + g_logp, dz) * inv_t
-            tl.store(base + offs, dz.to(logits_ptr.dtype.element_ty), mask=inside)
+            tl.store(out + offs, dz.to(out_ptr.dtype.element_ty), mask=inside)
 
 
 def _block_v(vocab: int) -> int:
@@ -139,12 +142,14 @@ def _stats_triton(logits: Tensor, local_tgt: Tensor, inv_t: float) -> Tensor:
 
 
 def _grad_logits_triton(logits: Tensor, local_tgt: Tensor, lse: Tensor, ez: Tensor, g_logp: Tensor,
-                        g_ent: Tensor, inv_t: float) -> Tensor:
-    """In place: the chunk's logits buffer becomes dL/dlogits (same dtype)."""
+                        g_ent: Tensor, inv_t: float, out_dtype: torch.dtype) -> Tensor:
+    """dL/dlogits in out_dtype: in place when the logits have it, else one pass writing a new buffer (fp32
+    logits of bf16 inputs -> bf16 dz, with no separate cast pass over the chunk)."""
     rows, vocab = logits.shape
-    _grad_kernel[(rows,)](logits, local_tgt, lse, ez, g_logp.contiguous(), g_ent.contiguous(), vocab,
-                          logits.stride(0), inv_t, BLOCK_V=_block_v(vocab), num_warps=8)
-    return logits
+    out = logits if logits.dtype == out_dtype else torch.empty(logits.shape, dtype=out_dtype, device=logits.device)
+    _grad_kernel[(rows,)](logits, local_tgt, lse, ez, g_logp.contiguous(), g_ent.contiguous(), out, vocab,
+                          logits.stride(0), out.stride(0), inv_t, BLOCK_V=_block_v(vocab), num_warps=8)
+    return out
 
 
 # ----------------------------------------------------------------------------- shared driver
@@ -179,7 +184,7 @@ class _FusedLogprobEntropy(torch.autograd.Function):
         stats[1:].zero_()
         for lo in range(0, num_tokens if vocab_local else 0, chunk_size):
             hi = min(lo + chunk_size, num_tokens)
-            stats[:, lo:hi] = stats_fn(hidden[lo:hi] @ weight.t(), local_tgt[lo:hi], inv_t)
+            stats[:, lo:hi] = stats_fn(logits_fp32(hidden[lo:hi], weight), local_tgt[lo:hi], inv_t)
         m, s, sz, z_t = _reduce_over_tp(stats, tp_group)
         lse, ez = m + torch.log(s), sz / s
         ctx.save_for_backward(hidden, weight, local_tgt, lse, ez)
@@ -199,8 +204,8 @@ class _FusedLogprobEntropy(torch.autograd.Function):
         for lo in range(0, num_tokens if weight.shape[0] else 0, chunk_size):
             hi = min(lo + chunk_size, num_tokens)
             h = hidden[lo:hi]
-            dz = grad_fn(h @ weight.t(), local_tgt[lo:hi], lse[lo:hi], ez[lo:hi], g_logp[lo:hi],
-                         g_ent[lo:hi], inv_t).to(weight.dtype)  # [c, V_local]
+            dz = grad_fn(logits_fp32(h, weight), local_tgt[lo:hi], lse[lo:hi], ez[lo:hi], g_logp[lo:hi],
+                         g_ent[lo:hi], inv_t, weight.dtype)  # [c, V_local]
             if ctx.needs_input_grad[0]:
                 d_hidden[lo:hi] = dz @ weight
             if ctx.needs_input_grad[1]:

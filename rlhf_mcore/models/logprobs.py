@@ -11,6 +11,7 @@ import torch
 import torch.nn.functional as F
 
 from rlhf_mcore.kernels.fused_logprob import fused_logprob_entropy
+from rlhf_mcore.kernels.logits import logits_fp32
 from rlhf_mcore.models.heads import lm_output_weight
 
 
@@ -38,8 +39,9 @@ def token_logprobs(model, hidden: torch.Tensor, tokens: torch.Tensor, tp_group, 
 
 def gather_vocab_logits(hidden: torch.Tensor, weight: torch.Tensor, tp_group) -> torch.Tensor:
     """hidden [..., h] @ this rank's vocab shard weight [V_padded / tp, h] -> logits [..., V_padded] gathered
-    over TP in rank order, in the weight's dtype (the one TP gather of full-vocab logits; no autograd)."""
-    local = torch.matmul(hidden, weight.t())
+    over TP in rank order, in fp32 never rounded to bf16 (`logits_fp32`, the trainer's logits; the one TP
+    gather of full-vocab logits; no autograd)."""
+    local = logits_fp32(hidden, weight)
     if tp_group.size() == 1:
         return local
     parts = [torch.empty_like(local) for _ in range(tp_group.size())]
@@ -65,8 +67,7 @@ def token_sum_pi_squared(model, hidden: torch.Tensor, tokens: torch.Tensor, tp_g
     inv_t = 1.0 / temperature if temperature > 0 else 1.0
     parts = []
     for start in range(0, flat.size(0), chunk_size):
-        z = torch.matmul(flat[start:start + chunk_size], weight.t())
-        z = z.to(torch.promote_types(z.dtype, torch.float32)) * inv_t  # [n, V_local]
+        z = logits_fp32(flat[start:start + chunk_size], weight) * inv_t  # [n, V_local] fp32
         local_max = z.max(-1).values
         global_max = local_max.clone()
         if tp_group.size() > 1:

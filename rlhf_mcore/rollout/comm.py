@@ -15,7 +15,7 @@ from rlhf_mcore.rollout.sampling import mask_padded_vocab
 def full_vocab_logits(hidden: torch.Tensor, weight: torch.Tensor, vocab_size: int, ctx) -> torch.Tensor:
     """hidden [B, h] @ the local vocab shard weight [V_padded/tp, h] -> all-gathered logits [B, V_padded]
     in fp32, ids >= vocab_size (vocab padding) set to -inf. Identical on every TP rank."""
-    return mask_padded_vocab(gather_vocab_logits(hidden, weight, ctx.pgs.tp).float(), vocab_size)
+    return mask_padded_vocab(gather_vocab_logits(hidden, weight, ctx.pgs.tp), vocab_size)
 
 
 def _stage_rank(ctx, stage: int) -> int:

@@ -14,8 +14,9 @@ It runs the actor's own parameters (embedding, norms, QKV / output projections, 
   an additive mask built once per step, a key group's query heads passed as its query positions; a kernel
   error falls back to sdpa, logged;
 - sampling, the log-prob and the stop-token test run inside the step too (`sampling.sample_plain`, one
-  pass over the vocabulary, when there is no top-k / top-p; else `sampling.sample`), and its results are
-  written into per-row response buffers at a device-resident column.
+  pass over the vocabulary, when there is no top-k / top-p; else `sampling.sample`), on fp32 logits never
+  rounded to bf16 (`kernels.logits.logits_fp32`, exactly the trainer's), and its results are written into
+  per-row response buffers at a device-resident column.
 
 The prefill goes through megatron's own layer modules eagerly, with the layer's own SDPA core attention.
 Where the layout or the model is not supported (TP/PP > 1, a core attention other than ours, a layer the
@@ -31,6 +32,7 @@ from typing import Callable, Optional
 
 import torch
 
+from rlhf_mcore.kernels.logits import logits_fp32
 from rlhf_mcore.rollout import decode_layer as fn
 from rlhf_mcore.rollout.sampling import mask_padded_vocab, sample, sample_plain
 
@@ -144,10 +146,11 @@ def layer_step(layer, hidden, k_cache, v_cache, freqs, slots, attend) -> torch.T
     return bias_add(layer.mlp(layer.pre_mlp_layernorm(hidden)), hidden)
 
 
-def head_plain(hidden: torch.Tensor, weight: torch.Tensor, vocab_size: int, temperature: float):
-    """hidden [b, h] -> (tokens [b], log-probs [b]) without top-k / top-p: logits, padded ids masked,
-    `sample_plain` (one pass over the vocabulary once fused)."""
-    return sample_plain(mask_padded_vocab(torch.matmul(hidden, weight.t()).float(), vocab_size), temperature)
+def head_plain(logits: torch.Tensor, vocab_size: int, temperature: float):
+    """logits [b, V_padded] fp32 -> (tokens [b], log-probs [b]) without top-k / top-p: padded ids masked,
+    `sample_plain` (one pass over the vocabulary once fused). The LM-head GEMM stays outside (`emit`):
+    `logits_fp32` is a cuBLAS call either way, and eager it needs no inductor lowering of `mm.dtype`."""
+    return sample_plain(mask_padded_vocab(logits, vocab_size), temperature)
 
 
 # Inductor keeps eager's bf16 roundings (it would otherwise keep fused intermediates in fp32), so the
@@ -241,14 +244,15 @@ class StaticDecoder:
         return self.model.decoder.final_layernorm(hidden)[-1]
 
     def emit(self, hidden: torch.Tensor, b: int, params, stop_ids: torch.Tensor, head=head_plain) -> None:
-        """Sample from hidden [b, h], write token / log-prob at the response column, advance the state."""
+        """Sample from hidden [b, h], write token / log-prob at the response column, advance the state.
+        The logits are fp32, never rounded to bf16: the trainer's (`logits_fp32`)."""
         st = self.state
         vocab = self.model.vocab_size_unpadded
+        logits = logits_fp32(hidden, self.weight_fn())  # [b, V_padded]
         if params.temperature == 0.0 or (params.top_k <= 0 and params.top_p >= 1.0):
-            tokens, logprobs = head(hidden, self.weight_fn(), vocab, params.temperature)
+            tokens, logprobs = head(logits, vocab, params.temperature)
         else:
-            logits = mask_padded_vocab(torch.matmul(hidden, self.weight_fn().t()).float(), vocab)
-            tokens, logprobs = sample(logits, params.temperature, params.top_k, params.top_p)
+            tokens, logprobs = sample(mask_padded_vocab(logits, vocab), params.temperature, params.top_k, params.top_p)
         finished = torch.isin(tokens, stop_ids) if stop_ids.numel() else torch.zeros_like(st.done[:b])
         was_done, rows = st.done[:b], st.slot_row[:b]
         col = st.col.view(1, 1).expand(b, 1)

@@ -100,9 +100,9 @@ def test_compiled_pieces_trace_as_one_graph_each(qwen):
         w = fn.layer_weights(model.decoder.layers[1])  # another layer: the same graph, other weights
         got = compiled.attention_out_mlp(attn, hidden, w, 1e-6)
         assert torch.equal(got, eager.attention_out_mlp(attn, hidden, w, 1e-6))
-        weight = torch.randn(300, 64)
-        t_c, lp_c = compiled.head(hidden[0], weight, 250, 0.0)
-        t_e, lp_e = eager.head(hidden[0], weight, 250, 0.0)
+        logits = torch.randn(4, 300)
+        t_c, lp_c = compiled.head(logits, 250, 0.0)
+        t_e, lp_e = eager.head(logits, 250, 0.0)
         assert torch.equal(t_c, t_e) and torch.equal(lp_c, lp_e)
 
 
@@ -149,5 +149,5 @@ def test_sample_plain_frequencies_follow_softmax(temperature):
 def test_head_plain_masks_padded_vocab():
     hidden, weight = torch.randn(64, 8), torch.randn(12, 8)
     weight[10:] = 100 * hidden.mean(0)  # padded ids with the largest logits
-    tokens, _ = head_plain(hidden, weight, 10, 1.0)
+    tokens, _ = head_plain(hidden @ weight.t(), 10, 1.0)
     assert bool((tokens < 10).all())

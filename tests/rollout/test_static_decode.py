@@ -149,7 +149,7 @@ def test_compiled_plain_head_follows_softmax(temperature):
     weight = torch.cat([probs.log(), torch.full((2,), 50.0, device="cuda")]).unsqueeze(1)  # [V + 2 padded, 1]
     hidden = torch.ones(50_000, 1, device="cuda")
     torch.manual_seed(0)
-    tokens, logp = head(hidden, weight, 4, temperature)
+    tokens, logp = head(hidden @ weight.t(), 4, temperature)
     freq = torch.bincount(tokens, minlength=6).float() / tokens.numel()
     want = torch.softmax(probs.log() / temperature, dim=0)
     torch.testing.assert_close(freq[:4], want, atol=0.01, rtol=0)
