@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # Issue 8 on one H200, four device calls on the same warm machine (a call carries at most 64 MiB):
-#   part1: megatron-core + SGLang part 1 + TRL wheels; GPU tests (decode attention kernel, graphed decode,
-#          decode layer, fused kernels); the decode-attention micro-benchmark; the GRPO step with
-#          rollout.engine=native (split-KV attention), its sdpa A/B; TRL's GRPOTrainer (the same-run baseline)
+#   part1: megatron-core + SGLang part 1; GPU tests (decode attention kernel, fp32 logits, graphed decode,
+#          decode layer, fused kernels); the GRPO step with rollout.engine=native (split-KV attention); with
+#          ATTN=1 the decode-attention micro-benchmark, AB=1 the sdpa A/B, TRL=1 TRL's GRPOTrainer (W1/trl)
 #   part2: SGLang part 2; the GRPO step with rollout.engine=sglang, and with $SGL_EXTRA (a numerics variant)
 #   part3: the first half of the SmolLM2-135M-Instruct GGUF (98 MB, split in two: `split -n 2`)
 #   part4: the second half; SmolLM2 GRPO on GSM8K for $STEPS steps with each engine: the rollout-vs-trainer
@@ -24,23 +24,25 @@ bench() { local name=$1; shift; echo "=== $name ($(date +%T))"
 
 if [[ $PART == part1 ]]; then
   mkdir -p /tmp/site /tmp/trlsite && install "$MCORE"/megatron_core*.whl "$SGL1"/*.whl || exit 3
-  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/trlsite "$W1"/trl/*.whl || exit 4
   nvidia-smi --query-gpu=name,memory.total --format=csv,noheader
   echo "=== GPU tests ($(date +%T))"
   timeout 240 python3 -m pytest -q -p no:cacheprovider -p no:warnings -m gpu tests/kernels \
-      tests/rollout/test_static_decode.py tests/rollout/test_decode_layer.py 2>&1 | tail -8
-  echo "=== decode attention ($(date +%T))"
-  timeout 120 python3 -m tools.bench.bench_decode_attention --out "$OUT" 2>&1 | tail -14
+      tests/rollout/test_static_decode.py tests/rollout/test_decode_layer.py tests/rollout/test_logprob_agreement.py \
+      2>&1 | tail -8
+  if [[ -n ${ATTN:-} ]]; then echo "=== decode attention ($(date +%T))"
+    timeout 120 python3 -m tools.bench.bench_decode_attention --out "$OUT" 2>&1 | tail -14; fi
   bench native --engine native --steps 2 --out "$OUT"
-  bench native_sdpa_attention --engine native --decode-attention sdpa --steps 1 --out "$OUT/variants/sdpa"
-  echo "=== TRL ($(date +%T))"
-  PYTHONPATH=/tmp/trlsite timeout 300 python3 -m tools.bench.bench_trl_grpo --out "$OUT" 2>&1 | tr '\r' '\n' \
-      | grep -v "it/s\|s/it\]" | tee "$OUT/trl.log" | tail -4
+  if [[ -n ${AB:-} ]]; then
+    bench native_sdpa_attention --engine native --decode-attention sdpa --steps 1 --out "$OUT/variants/sdpa"; fi
+  if [[ -n ${TRL:-} ]]; then echo "=== TRL ($(date +%T))"
+    python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/trlsite "$W1"/trl/*.whl
+    PYTHONPATH=/tmp/trlsite timeout 300 python3 -m tools.bench.bench_trl_grpo --out "$OUT" 2>&1 | tr '\r' '\n' \
+        | grep -v "it/s\|s/it\]" | tee "$OUT/trl.log" | tail -4; fi
   exit 0
 fi
 if [[ $PART == part2 ]]; then
   sglang_part part2
-  bench sglang --engine sglang --attention-backend flashinfer --steps 2 --out "$OUT"
+  bench sglang --engine sglang --attention-backend flashinfer --steps ${SGL_STEPS:-2} --out "$OUT"
   if [[ -n $SGL_EXTRA ]]; then
     bench sglang_variant --engine sglang --attention-backend flashinfer --steps 1 $SGL_EXTRA --out "$OUT/variants/sgl"
   fi
