@@ -17,7 +17,7 @@ from rlhf_mcore.config import Config, ModelConfig, ParallelConfig, RolloutConfig
 from rlhf_mcore.models.build import build_model
 from rlhf_mcore.models.heads import lm_output_weight
 from rlhf_mcore.models.transformer_config import load_hf_config
-from rlhf_mcore.parallel import init_distributed
+from rlhf_mcore.parallel import destroy_distributed, init_distributed
 from rlhf_mcore.rollout.base import EngineSetup, RolloutEngine, build_rollout_engine
 from rlhf_mcore.rollout.sampling import mask_padded_vocab
 from rlhf_mcore.rollout.types import SamplingParams
@@ -235,6 +235,7 @@ def main():
                 results[name] = traceback.format_exc()
         with open(os.path.join(args.out, "checks.json"), "w") as f:
             json.dump(results, f)
+    destroy_distributed()  # ranks leave together: a rank exiting with live gloo threads can abort ("terminate called")
 
 
 if __name__ == "__main__":

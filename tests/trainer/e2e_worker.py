@@ -38,6 +38,9 @@ def main(out_path: str, config: str, *overrides: str) -> None:
     if dist.get_rank() == 0:
         steps = [m for m in run.history if "critic/score/mean" in m]
         result = {"unchanged": sorted({k for part in gathered for k in part}), "num_params": len(before),
+                  "trained_roles": sorted({k.split(".")[0] for k in before}),
+                  "roles": sorted(name for name in ("actor", "critic", "ref", "reward")
+                                  if getattr(run.roles, name) is not None),
                   "metrics": steps, "finite": all(math.isfinite(v) for m in steps for v in m.values()),
                   "validations": [m for m in run.history if any(k.startswith("val-core/") for k in m)]}
         with open(out_path, "w") as f:

@@ -6,6 +6,7 @@ import subprocess
 import sys
 
 import pytest
+import torch
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 WORKER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "e2e_worker.py")
@@ -70,6 +71,39 @@ def test_ppo_four_ranks_tp_pp_dp(tmp_path):
                                                 "val-core/tiny/vowels/reward/mean@1"]
     assert 0 < val["val-aux/response_length/mean"] <= 16 and 0 <= val["val-core/tiny/vowels/reward/mean@1"] <= 1
     assert dp["metrics"][0]["train/tiny/vowels/reward/mean"] == pytest.approx(dp["metrics"][0]["critic/score/mean"])
+
+
+def tiny_reward_model(tmp_path) -> str:
+    """A tiny HF LlamaForSequenceClassification (the tiny task's byte vocabulary), converted for the reward role."""
+    from transformers import LlamaConfig, LlamaForSequenceClassification
+
+    torch.manual_seed(0)
+    hf_dir, out = tmp_path / "rm_hf", tmp_path / "rm"
+    LlamaForSequenceClassification(LlamaConfig(
+        hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+        vocab_size=258, num_labels=1, pad_token_id=257, architectures=["LlamaForSequenceClassification"],
+    )).save_pretrained(hf_dir)
+    proc = subprocess.run([sys.executable, "-m", "tools.convert_checkpoint", "hf-to-mcore", "--hf-dir", str(hf_dir),
+                           "--out", str(out), "--role", "reward"], capture_output=True, text=True, cwd=ROOT,
+                          timeout=300)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    return str(out)
+
+
+def test_ppo_every_role_tp2_pp2(tmp_path):
+    """PPO with all four roles in one process group (actor, critic, reference for the KL, a reward model on top
+    of the rule reward): TP2 x PP2 reproduces the 1-rank run, reward-model scores included, and every parameter
+    of both trainable roles changes."""
+    rm = tiny_reward_model(tmp_path)
+    args = ("trainer.total_steps=2", f"reward.model_path={rm}")
+    base = run_worker(tmp_path, 1, "tiny_ppo.yaml", *args)
+    check_trained(base, 2)
+    assert base["trained_roles"] == ["actor", "critic"] and base["roles"] == ["actor", "critic", "ref", "reward"]
+    rule_only = run_worker(tmp_path, 1, "tiny_ppo.yaml", "trainer.total_steps=1")
+    assert rule_only["metrics"][0]["critic/score/mean"] != pytest.approx(base["metrics"][0]["critic/score/mean"])
+    tp_pp = run_worker(tmp_path, 4, "tiny_ppo.yaml", *args, "parallel.tp=2", "parallel.pp=2")
+    check_trained(tp_pp, 2)
+    assert_same_metrics(base, tp_pp, keys=COMPARED + ("actor/reward_kl",))
 
 
 def test_sequence_packing_reproduces_padded_runs(tmp_path):
