@@ -6,7 +6,6 @@ import subprocess
 import sys
 
 import pytest
-import torch
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 WORKER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "e2e_worker.py")
@@ -73,28 +72,14 @@ def test_ppo_four_ranks_tp_pp_dp(tmp_path):
     assert dp["metrics"][0]["train/tiny/vowels/reward/mean"] == pytest.approx(dp["metrics"][0]["critic/score/mean"])
 
 
-def tiny_reward_model(tmp_path) -> str:
-    """A tiny HF LlamaForSequenceClassification (the tiny task's byte vocabulary), converted for the reward role."""
-    from transformers import LlamaConfig, LlamaForSequenceClassification
-
-    torch.manual_seed(0)
-    hf_dir, out = tmp_path / "rm_hf", tmp_path / "rm"
-    LlamaForSequenceClassification(LlamaConfig(
-        hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
-        vocab_size=258, num_labels=1, pad_token_id=257, architectures=["LlamaForSequenceClassification"],
-    )).save_pretrained(hf_dir)
-    proc = subprocess.run([sys.executable, "-m", "tools.convert_checkpoint", "hf-to-mcore", "--hf-dir", str(hf_dir),
-                           "--out", str(out), "--role", "reward"], capture_output=True, text=True, cwd=ROOT,
-                          timeout=300)
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    return str(out)
-
-
 def test_ppo_every_role_tp2_pp2(tmp_path):
     """PPO with all four roles in one process group (actor, critic, reference for the KL, a reward model on top
     of the rule reward): TP2 x PP2 reproduces the 1-rank run, reward-model scores included, and every parameter
     of both trainable roles changes."""
-    rm = tiny_reward_model(tmp_path)
+    rm = str(tmp_path / "rm")  # a random tiny llama reward model on the byte vocabulary, converted (own process)
+    proc = subprocess.run([sys.executable, "-m", "tools.bench.make_reward_model", "--out", rm], capture_output=True,
+                          text=True, cwd=ROOT, timeout=300)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     args = ("trainer.total_steps=2", f"reward.model_path={rm}")
     base = run_worker(tmp_path, 1, "tiny_ppo.yaml", *args)
     check_trained(base, 2)
