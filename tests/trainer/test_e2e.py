@@ -77,8 +77,9 @@ def test_ppo_every_role_tp2_pp2(tmp_path):
     of the rule reward): TP2 x PP2 reproduces the 1-rank run, reward-model scores included, and every parameter
     of both trainable roles changes."""
     rm = str(tmp_path / "rm")  # a random tiny llama reward model on the byte vocabulary, converted (own process)
-    proc = subprocess.run([sys.executable, "-m", "tools.bench.make_reward_model", "--out", rm], capture_output=True,
-                          text=True, cwd=ROOT, timeout=300)
+    proc = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=1",
+                           "-m", "tools.bench.make_reward_model", "--out", rm],  # torchrun: a free port of its own
+                          capture_output=True, text=True, cwd=ROOT, timeout=300)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     args = ("trainer.total_steps=2", f"reward.model_path={rm}")
     base = run_worker(tmp_path, 1, "tiny_ppo.yaml", *args)
