@@ -34,48 +34,46 @@ def test_cpu_falls_back_to_eager_and_says_why(mcore_ctx, caplog):
     assert "CUDA graphs unavailable (no CUDA device" in caplog.text
 
 
+def _falls_back(ctx, caplog, failing: dict, plain: dict):
+    """Two static decoders of one tiny actor (eager steps): `failing` (StaticDecoder options that raise at the
+    first step) and `plain`. Greedy tokens and log-probs must be equal; returns the first decoder, which
+    fell back, and the warnings logged."""
+    cfg = tiny_model_config(num_layers=2)
+    actor = build_model("actor", load_hf_config(cfg.model), cfg.model, cfg.parallel, ctx)
+    engines = [NativeRolloutEngine(actor, ctx, pad_id=0) for _ in range(2)]
+    for engine, options in zip(engines, (failing, plain)):
+        engine.static = StaticDecoder(engine.model, lambda: lm_output_weight(actor), use_graphs=False, **options)
+    params = SamplingParams(n=2, max_new_tokens=6, temperature=0.0)
+    with caplog.at_level(logging.WARNING):
+        got = engines[0].generate([[3, 4, 5], [7, 8]], params)
+    want = engines[1].generate([[3, 4, 5], [7, 8]], params)
+    assert torch.equal(got.tokens, want.tokens) and torch.equal(got.rollout_logprobs, want.rollout_logprobs)
+    return engines[0].static, caplog.text
+
+
 def test_compile_failure_falls_back_to_eager_and_says_so(mcore_ctx, caplog):
     """A compiler error at the first decode step: the log says so and the tokens are the eager ones."""
     def broken(graph_module, example_inputs):
         raise RuntimeError("no compiler here")
 
-    cfg = tiny_model_config(num_layers=2)
-    actor = build_model("actor", load_hf_config(cfg.model), cfg.model, cfg.parallel, mcore_ctx)
-    engines = [NativeRolloutEngine(actor, mcore_ctx, pad_id=0) for _ in range(2)]
-    for engine, backend in zip(engines, (broken, None)):
-        engine.static = StaticDecoder(engine.model, lambda: lm_output_weight(actor), use_graphs=False,
-                                      compile_backend=backend)
-    params = SamplingParams(n=2, max_new_tokens=6, temperature=0.0)
-    with caplog.at_level(logging.WARNING):
-        got = engines[0].generate([[3, 4, 5], [7, 8]], params)
-    assert "torch.compile" in caplog.text and "decoding with the eager functions" in caplog.text
-    assert engines[0].static.fns.backend is None
-    want = engines[1].generate([[3, 4, 5], [7, 8]], params)
-    assert torch.equal(got.tokens, want.tokens) and torch.equal(got.rollout_logprobs, want.rollout_logprobs)
+    static, text = _falls_back(mcore_ctx, caplog, {"compile_backend": broken}, {"compile_backend": None})
+    assert "torch.compile" in text and "decoding with the eager functions" in text
+    assert static.fns.backend is None
 
 
 def test_attention_kernel_failure_falls_back_to_sdpa_and_says_so(mcore_ctx, caplog):
-    """The triton decode attention raising inside its kernel module (here: triton absent on CPU, or a bad
-    pointer on a GPU): the log says so, the step retries with sdpa, tokens equal an sdpa engine's."""
+    """The triton decode attention raising inside its kernel module (here: triton absent on CPU, so the
+    kernel's first triton call raises): the log says so, the step retries with sdpa, tokens equal an sdpa
+    engine's."""
     if torch.cuda.is_available():
         pytest.skip("CPU path: the kernel cannot run without a GPU or the triton interpreter")
     from rlhf_mcore.kernels import decode_attention as kernel
 
     if kernel.HAS_TRITON:
         pytest.skip("triton is importable: the kernel would run under its interpreter only")
-    cfg = tiny_model_config(num_layers=2)
-    actor = build_model("actor", load_hf_config(cfg.model), cfg.model, cfg.parallel, mcore_ctx)
-    engines = [NativeRolloutEngine(actor, mcore_ctx, pad_id=0) for _ in range(2)]
-    for engine, attention in zip(engines, ("triton", "sdpa")):
-        engine.static = StaticDecoder(engine.model, lambda: lm_output_weight(actor), use_graphs=False,
-                                      attention=attention)
-    params = SamplingParams(n=2, max_new_tokens=6, temperature=0.0)
-    with caplog.at_level(logging.WARNING):
-        got = engines[0].generate([[3, 4, 5], [7, 8]], params)
-    assert "the triton decode attention failed" in caplog.text and "using sdpa" in caplog.text
-    assert engines[0].static.attention_name == "sdpa"
-    want = engines[1].generate([[3, 4, 5], [7, 8]], params)
-    assert torch.equal(got.tokens, want.tokens) and torch.equal(got.rollout_logprobs, want.rollout_logprobs)
+    static, text = _falls_back(mcore_ctx, caplog, {"attention": "triton"}, {"attention": "sdpa"})
+    assert "the triton decode attention failed" in text and "using sdpa" in text
+    assert static.attention_name == "sdpa"
 
 
 def _engines(ctx, dtype: str):
