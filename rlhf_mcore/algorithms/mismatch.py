@@ -20,6 +20,7 @@ from rlhf_mcore.registry import Registry
 MISMATCH_LEVELS: Registry = Registry("mismatch correction level (actor.rollout_correction)")
 MISMATCH_MODES: Registry = Registry("mismatch correction mode (actor.rollout_correction_mode)")
 
+_EXACT_TOL = 1e-5  # fp32 log-softmax over a vocabulary in another order differs by ~1e-6
 _MAX_LOG_WEIGHT = 20.0
 
 
@@ -63,6 +64,10 @@ def compute_mismatch_weights(
       mismatch_logp_abs_diff  mean |log pi_old - log pi_rollout|
       mismatch_kl_k1          mean (log pi_rollout - log pi_old), k1 estimate of KL(pi_rollout || pi_old)
       mismatch_kl_k3          mean (w - 1 - log w), k3 estimate of the same KL
+      mismatch_first_abs_diff mean |log pi_old - log pi_rollout| of each row's first response token (what the
+                              engine's prefill computed; the rest came from its decode steps)
+      mismatch_exact_frac     fraction of valid tokens whose two log-probs agree to 1e-5 (equal up to the fp32
+                              summation order of the log-softmax; 1.0 = the engine computes what the trainer does)
       mismatch_{mode}_frac    (mismatch_truncate_frac / mismatch_mask_frac) fraction of valid tokens whose
                               weight was truncated / masked
       is_weight_mean, is_weight_max   of the returned weights
@@ -82,6 +87,8 @@ def compute_mismatch_weights(
         "mismatch_logp_abs_diff": masked_mean(log_w_tok.abs(), mask),
         "mismatch_kl_k1": masked_mean(-log_w_tok, mask),
         "mismatch_kl_k3": masked_mean(torch.expm1(log_w_safe) - log_w_safe, mask),
+        "mismatch_first_abs_diff": masked_mean(log_w_tok[:, :1].abs(), mask[:, :1]),
+        "mismatch_exact_frac": masked_mean((log_w_tok.abs() <= _EXACT_TOL).float(), mask),
         f"mismatch_{mode}_frac": masked_mean(affected.float(), mask),
         "is_weight_mean": masked_mean(weights, mask),
         "is_weight_max": masked_max(weights, mask),

@@ -60,8 +60,14 @@ def test_mismatch_metrics():
     assert m["mismatch_kl_k1"].item() == pytest.approx(-math.log(1.8) / 3, rel=1e-5)
     k3 = sum(math.exp(x) - 1 - x for x in log_w) / 3
     assert m["mismatch_kl_k3"].item() == pytest.approx(k3, rel=1e-5)
+    assert m["mismatch_first_abs_diff"].item() == pytest.approx(math.log(3.0), rel=1e-5)
+    assert m["mismatch_exact_frac"].item() == 0.0
     assert m["is_weight_mean"].item() == pytest.approx(3.7 / 3, rel=1e-5)
     assert m["is_weight_max"].item() == pytest.approx(2.0)
+    _, m = compute_mismatch_weights(torch.tensor([[-1.0, -2.0, -3.0, 0.0]]), torch.tensor([[-1.0, -2.5, -3.0, 9.0]]),
+                                    MASK)
+    assert m["mismatch_exact_frac"].item() == pytest.approx(2 / 3)  # the padding column does not count
+    assert m["mismatch_first_abs_diff"].item() == 0.0
 
 
 def test_mismatch_rejects_bad_threshold_and_names():
