@@ -9,6 +9,12 @@ compiled, the elementwise work around the four GEMMs fuses into a handful of ker
 The layer is split at the KV cache: `attention_in` (norm, QKV projection, RoPE) and `attention_out_mlp`
 (output projection, residual, norm, SwiGLU MLP, residual) are pure; the cache write and the attention run
 between them, eagerly, so a compiled region never mutates its inputs.
+
+What the static decoder compiles are the pieces between the norms: `qkv_rope`, `attention_out`, `mlp_out`,
+elementwise work around a GEMM that inductor (with `emulate_precision_casts`) rounds as eager does. The
+norms stay eager kernels (a compiled reduction sums in another order) and the SwiGLU is the trainer's own
+function (`mlp_activation`: megatron's fused kernel when `bias_activation_fusion` is on, which rounds once),
+so that the rollout computes what the trainer computes.
 """
 from __future__ import annotations
 
@@ -84,13 +90,13 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: Optional[float]) -> tor
     return F.rms_norm(x, (x.size(-1),), weight, eps)
 
 
-def attention_in(hidden: torch.Tensor, w: LayerWeights, cos: torch.Tensor, sin_signed: torch.Tensor,
-                 groups: int, head_dim: int, eps: Optional[float]):
-    """hidden [s, b, h] -> rotated q [s, b, H, D], rotated k [s, b, G, D], v [s, b, G, D]: megatron's
-    input norm, `linear_qkv` (matmul, then + bias) and `get_query_key_value_tensors` split (group-major:
-    each group's rep query heads, then its key, then its value)."""
-    s, b = hidden.shape[:2]
-    mixed = torch.matmul(rms_norm(hidden, w.norm1, eps), w.qkv.t())
+def qkv_rope(normed: torch.Tensor, w: LayerWeights, cos: torch.Tensor, sin_signed: torch.Tensor, groups: int,
+             head_dim: int):
+    """normed [s, b, h] (the input norm's output) -> rotated q [s, b, H, D], rotated k [s, b, G, D], v [s, b, G, D]:
+    megatron's `linear_qkv` (matmul, then + bias) and `get_query_key_value_tensors` split (group-major: each
+    group's rep query heads, then its key, then its value)."""
+    s, b = normed.shape[:2]
+    mixed = torch.matmul(normed, w.qkv.t())
     if w.qkv_bias is not None:
         mixed = mixed + w.qkv_bias
     mixed = mixed.view(s, b, groups, -1)  # [s, b, G, (rep + 2) * D]
@@ -99,13 +105,53 @@ def attention_in(hidden: torch.Tensor, w: LayerWeights, cos: torch.Tensor, sin_s
     return apply_rope(q, cos, sin_signed), apply_rope(k, cos, sin_signed), v
 
 
-def attention_out_mlp(attn: torch.Tensor, residual: torch.Tensor, w: LayerWeights,
-                      eps: Optional[float]) -> torch.Tensor:
+def attention_in(hidden: torch.Tensor, w: LayerWeights, cos: torch.Tensor, sin_signed: torch.Tensor,
+                 groups: int, head_dim: int, eps: Optional[float]):
+    """hidden [s, b, h] -> (q, k, v) of `qkv_rope` after megatron's input norm."""
+    return qkv_rope(rms_norm(hidden, w.norm1, eps), w, cos, sin_signed, groups, head_dim)
+
+
+def attention_out(attn: torch.Tensor, residual: torch.Tensor, w: LayerWeights) -> torch.Tensor:
+    """attn [s, b, H * D] (core attention output), residual [s, b, h] -> residual + `linear_proj`(attn)."""
+    return residual + torch.matmul(attn, w.proj.t())
+
+
+def mlp_in(normed: torch.Tensor, w: LayerWeights) -> torch.Tensor:
+    """normed [s, b, h] (the pre-MLP norm's output) -> `linear_fc1` [s, b, 2 * ffn] (gate, then up)."""
+    return torch.matmul(normed, w.fc1.t())
+
+
+def mlp_out(act: torch.Tensor, hidden: torch.Tensor, w: LayerWeights) -> torch.Tensor:
+    """act [s, b, ffn] (the SwiGLU's output), hidden [s, b, h] -> hidden + `linear_fc2`(act)."""
+    return hidden + torch.matmul(act, w.fc2.t())
+
+
+def glu_silu(y: torch.Tensor) -> torch.Tensor:
+    """megatron's unfused gated MLP activation (`mlp.py`'s glu): silu(gate) * up, each op rounded to y's dtype."""
+    gate, up = torch.chunk(y, 2, dim=-1)
+    return F.silu(gate) * up
+
+
+def fused_swiglu(y: torch.Tensor) -> torch.Tensor:
+    """megatron's fused SwiGLU (`bias_activation_fusion`): `fused_bias_swiglu.swiglu` on the [tokens, 2 * ffn]
+    view `bias_swiglu_impl` passes it, a torch.compile'd kernel that rounds silu(gate) * up once."""
+    from megatron.core.fusions import fused_bias_swiglu
+
+    return fused_bias_swiglu.swiglu(y.view(-1, y.size(-1))).view(*y.shape[:-1], -1)
+
+
+def mlp_activation(config) -> Callable:
+    """The activation megatron's MLP runs for this config (the trainer's forward): fused or not."""
+    fused = config.bias_activation_fusion and not getattr(config, "use_te_activation_func", False)
+    return fused_swiglu if fused else glu_silu
+
+
+def attention_out_mlp(attn: torch.Tensor, residual: torch.Tensor, w: LayerWeights, eps: Optional[float],
+                      activation: Callable = glu_silu) -> torch.Tensor:
     """attn [s, b, H * D] (core attention output), residual [s, b, h] -> the layer's output [s, b, h]:
-    `linear_proj`, residual add, pre-MLP norm, SwiGLU MLP (silu(gate) * up), residual add."""
-    hidden = residual + torch.matmul(attn, w.proj.t())
-    gate, up = torch.chunk(torch.matmul(rms_norm(hidden, w.norm2, eps), w.fc1.t()), 2, dim=-1)
-    return hidden + torch.matmul(F.silu(gate) * up, w.fc2.t())
+    `linear_proj`, residual add, pre-MLP norm, SwiGLU MLP (`activation`, see `mlp_activation`), residual add."""
+    hidden = attention_out(attn, residual, w)
+    return mlp_out(activation(mlp_in(rms_norm(hidden, w.norm2, eps), w)), hidden, w)
 
 
 class DecodeAttention(NamedTuple):

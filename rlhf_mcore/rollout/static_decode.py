@@ -4,8 +4,9 @@ batch-size bucket as a CUDA graph and replayed for every token (gpt-fast `genera
 
 It runs the actor's own parameters (embedding, norms, QKV / output projections, MLP, final norm):
 - a decode step computes each layer with the pure functions of `decode_layer` (megatron's arithmetic,
-  RoPE from a cos / sin table), optionally compiled by `torch.compile` (`compile_backend`, from
-  `rollout.native.compile_decode`; a compile or capture error falls back to the eager functions, logged);
+  RoPE from a cos / sin table); the pieces between the norms are optionally compiled by `torch.compile`
+  (`compile_backend`, from `rollout.native.compile_decode`; a compile or capture error falls back to the eager
+  functions, logged), while the norms and the SwiGLU run as the trainer's modules run them;
 - the cache holds rotated keys [L, B, G, T, D] at absolute slots (RoPE of slot t, exactly what the eager
   engine and megatron apply), written with `index_copy_` at a device-resident position;
 - a decode query attends to the slots <= position that are not left padding, through one of
@@ -153,28 +154,36 @@ def head_plain(logits: torch.Tensor, vocab_size: int, temperature: float):
     return sample_plain(mask_padded_vocab(logits, vocab_size), temperature)
 
 
-# Inductor keeps eager's bf16 roundings (it would otherwise keep fused intermediates in fp32), so the
-# rollout's log-probs stay close to the trainer's eager ones.
+# Inductor keeps eager's bf16 roundings (it would otherwise keep fused intermediates in fp32), so the compiled
+# pieces round as the trainer's eager ops do.
 INDUCTOR_OPTIONS = {"emulate_precision_casts": True}
 
 
 @dataclasses.dataclass
 class DecodeFns:
-    """The decode step's pure pieces, eager or compiled by torch.compile (`backend`: None = eager)."""
+    """The decode step's pure pieces between the norms (`decode_layer`), eager or compiled by torch.compile
+    (`backend`: None = eager). The norms and the trainer's fused SwiGLU are never compiled here."""
 
-    attention_in: Callable
-    attention_out_mlp: Callable
+    qkv_rope: Callable
+    attention_out: Callable
+    mlp_out: Callable
     head: Callable
+    glu: Callable  # the unfused SwiGLU (compiled with the pieces; used where the trainer's MLP runs it unfused)
     backend: object = None  # a torch.compile backend (name or callable); None = eager
 
     @classmethod
     def build(cls, backend) -> "DecodeFns":
-        pieces = (fn.attention_in, fn.attention_out_mlp, head_plain)
+        pieces = (fn.qkv_rope, fn.attention_out, fn.mlp_out, head_plain, fn.glu_silu)
         if backend is not None:  # one graph each, reused by every layer (weights are inputs); the first
             # batch size compiles static, a second one compiles a batch-dynamic graph (torch's default)
             options = INDUCTOR_OPTIONS if backend == "inductor" else None
             pieces = tuple(torch.compile(f, backend=backend, fullgraph=True, options=options) for f in pieces)
         return cls(*pieces, backend=backend)
+
+    def activation(self, config) -> Callable:
+        """The trainer's SwiGLU (`decode_layer.mlp_activation`): its fused kernel as is, else our glu piece."""
+        act = fn.mlp_activation(config)
+        return self.glu if act is fn.glu_silu else act
 
 
 class StaticDecoder:
@@ -295,13 +304,16 @@ class StaticDecoder:
         mask = self.attention.mask(st.key_valid[:b], st.pos, st.k.dtype)
         cos, sin = self.cos.index_select(0, slots), self.sin.index_select(0, slots)  # [1, 1, 1, D]
         hidden = self.model.embedding(input_ids=st.tokens_in[:b].unsqueeze(1), position_ids=None)[0]  # [b, h]
+        activation = f.activation(self.model.config)
         for i, w in enumerate(self.weights):
             x = hidden.unsqueeze(0)  # [1, b, h] with the same strides in every layer (compiled pieces guard them)
-            q, k, v = f.attention_in(x, w, cos, sin, self.groups, self.head_dim, self.eps)
+            q, k, v = f.qkv_rope(fn.rms_norm(x, w.norm1, self.eps), w, cos, sin, self.groups, self.head_dim)
             st.k[i, :b].index_copy_(2, slots, k.permute(1, 2, 0, 3))
             st.v[i, :b].index_copy_(2, slots, v.permute(1, 2, 0, 3))
             attn = self.attention.attend(q, st.k[i, :b], st.v[i, :b], mask, self.scale)  # [1, b, H * D]
-            hidden = f.attention_out_mlp(attn, x, w, self.eps)[0]
+            mid = f.attention_out(attn, x, w)
+            act = activation(fn.mlp_in(fn.rms_norm(mid, w.norm2, self.eps), w))
+            hidden = f.mlp_out(act, mid, w)[0]
         self.emit(self.model.decoder.final_layernorm(hidden), b, params, stop_ids, f.head)
         st.pos.add_(1)
 

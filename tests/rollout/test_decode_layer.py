@@ -6,6 +6,7 @@ import doctest
 
 import pytest
 import torch
+import torch.nn.functional as F
 
 from rlhf_mcore.models.build import build_model
 from rlhf_mcore.models.transformer_config import load_hf_config
@@ -85,25 +86,52 @@ def test_decode_attention_masks_by_additive_bias():
 def test_compiled_pieces_trace_as_one_graph_each(qwen):
     """fullgraph=True: a graph break would raise; the 'eager' backend runs the traced graph as is."""
     model = qwen["fp32"]
-    layer = model.decoder.layers[0]
-    attention = layer.self_attention
+    attention = model.decoder.layers[0].self_attention
     compiled, eager = DecodeFns.build("eager"), DecodeFns.build(None)
-    hidden = torch.randn(1, 4, 64)
+    normed = torch.randn(1, 4, 64)
     freqs = model.rotary_pos_emb(8)[torch.tensor([3])]
-    cos, sin = fn.rope_tables(freqs, hidden.dtype)
-    args = (hidden, fn.layer_weights(layer), cos, sin, attention.num_query_groups_per_partition,
-            attention.hidden_size_per_attention_head, layer.input_layernorm.eps)
+    cos, sin = fn.rope_tables(freqs, normed.dtype)
+    w = fn.layer_weights(model.decoder.layers[1])
+    args = (normed, w, cos, sin, attention.num_query_groups_per_partition, attention.hidden_size_per_attention_head)
     with torch.no_grad():
-        for a, b in zip(compiled.attention_in(*args), eager.attention_in(*args)):
+        for a, b in zip(compiled.qkv_rope(*args), eager.qkv_rope(*args)):
             assert torch.equal(a, b)
-        attn = torch.randn(1, 4, 64)
-        w = fn.layer_weights(model.decoder.layers[1])  # another layer: the same graph, other weights
-        got = compiled.attention_out_mlp(attn, hidden, w, 1e-6)
-        assert torch.equal(got, eager.attention_out_mlp(attn, hidden, w, 1e-6))
+        attn, y = torch.randn(1, 4, 64), torch.randn(1, 4, 2 * w.fc2.size(1))
+        assert torch.equal(compiled.attention_out(attn, normed, w), eager.attention_out(attn, normed, w))
+        assert torch.equal(compiled.glu(y), eager.glu(y))
+        act = eager.glu(y)
+        w0 = fn.layer_weights(model.decoder.layers[0])  # another layer: the same graph, other weights
+        assert torch.equal(compiled.mlp_out(act, normed, w0), eager.mlp_out(act, normed, w0))
         logits = torch.randn(4, 300)
         t_c, lp_c = compiled.head(logits, 250, 0.0)
         t_e, lp_e = eager.head(logits, 250, 0.0)
         assert torch.equal(t_c, t_e) and torch.equal(lp_c, lp_e)
+
+
+def test_decode_mlp_runs_the_trainers_fused_swiglu(qwen, monkeypatch):
+    """With bias_activation_fusion (on whenever a GPU is present) megatron's MLP calls `fused_bias_swiglu.swiglu`,
+    which rounds silu(gate) * up once; the decode step must call the same function, not its own two-rounding
+    glu. A stand-in for the compiled kernel (its one-rounding arithmetic, eager) shows which one runs."""
+    from megatron.core.fusions import fused_bias_swiglu
+
+    def one_rounding(y):
+        gate, up = torch.chunk(y.float(), 2, -1)
+        return (F.silu(gate) * up).to(y.dtype)
+
+    monkeypatch.setattr(fused_bias_swiglu, "swiglu", one_rounding)
+    model = qwen["bf16"]
+    layer = model.decoder.layers[0]
+    monkeypatch.setattr(model.config, "bias_activation_fusion", True)
+    fns = DecodeFns.build(None)
+    assert fns.activation(model.config) is fn.fused_swiglu
+    hidden = torch.randn(1, 6, 64).to(torch.bfloat16)
+    attn = torch.randn(1, 6, 64).to(torch.bfloat16)
+    w, eps = fn.layer_weights(layer), layer.input_layernorm.eps
+    with torch.no_grad():
+        mid = bias_add(layer.self_attention.linear_proj(attn), hidden)
+        want = bias_add(layer.mlp(layer.pre_mlp_layernorm(mid)), mid)  # megatron's MLP, fused path
+        assert torch.equal(fn.attention_out_mlp(attn, hidden, w, eps, fns.activation(model.config)), want)
+        assert not torch.equal(fn.attention_out_mlp(attn, hidden, w, eps, fn.glu_silu), want)
 
 
 def test_functional_blockers_name_what_is_missing(qwen):
@@ -151,3 +179,28 @@ def test_head_plain_masks_padded_vocab():
     weight[10:] = 100 * hidden.mean(0)  # padded ids with the largest logits
     tokens, _ = head_plain(hidden @ weight.t(), 10, 1.0)
     assert bool((tokens < 10).all())
+
+
+@pytest.mark.gpu
+def test_inductor_pieces_equal_eager_bitwise_on_gpu():
+    """What the static decoder compiles rounds as eager does (bf16, the Qwen2.5-0.5B shape at batch 512), so
+    the compiled decode step computes what the trainer's eager modules compute. A failure names the piece."""
+    if not torch.cuda.is_available():
+        pytest.skip("needs CUDA")
+    g = torch.Generator(device="cuda").manual_seed(0)
+
+    def r(*shape, scale=1.0):
+        return (torch.randn(*shape, generator=g, device="cuda") * scale).to(torch.bfloat16)
+    h, heads, groups, d, ffn, b = 896, 14, 2, 64, 4864, 512
+    w = fn.LayerWeights(r(h), r((heads + 2 * groups) * d, h, scale=0.03), r((heads + 2 * groups) * d, scale=0.1),
+                        r(h, heads * d, scale=0.03), r(h), r(2 * ffn, h, scale=0.03), r(h, ffn, scale=0.02))
+    angles = torch.rand(1, 1, 1, d, generator=g, device="cuda") * 100
+    cos, sin = fn.rope_tables(angles, torch.bfloat16)
+    normed, attn, y = r(1, b, h), r(1, b, heads * d), r(1, b, 2 * ffn, scale=2.0)
+    compiled, eager = DecodeFns.build("inductor"), DecodeFns.build(None)
+    with torch.no_grad():
+        for name, args in (("qkv_rope", (normed, w, cos, sin, groups, d)), ("attention_out", (attn, normed, w)),
+                           ("glu", (y,)), ("mlp_out", (y[..., :ffn], normed, w))):
+            got, want = getattr(compiled, name)(*args), getattr(eager, name)(*args)
+            for a, e in zip(got if isinstance(got, tuple) else (got,), want if isinstance(want, tuple) else (want,)):
+                assert torch.equal(a, e), f"{name}: {(a != e).float().mean().item():.2e} of the elements differ"
