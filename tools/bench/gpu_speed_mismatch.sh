@@ -3,9 +3,9 @@
 #   part1: megatron-core + the gguf reader + the first half of the SmolLM2-135M-Instruct GGUF (98 MB, split in
 #          two: `split -n 2`); GPU tests (decode attention kernel, fp32 logits, graphed decode, decode layer,
 #          fused kernels); the GRPO step with rollout.engine=native; ATTN=1 adds the decode-attention
-#          micro-benchmark, AB=1 the sdpa A/B, EXACT=1 the eager decode with sdpa attention
-#   part2: the second GGUF half; SmolLM2 GRPO on GSM8K for $STEPS steps with the native engine in four numeric
-#          modes (compiled or eager decode x triton or sdpa attention): the rollout-vs-trainer log-prob
+#          micro-benchmark, AB=1 the sdpa A/B, QUICK=1 none of it, EXACT=1 the eager decode with sdpa attention
+#   part2: the second GGUF half; SmolLM2 GRPO on GSM8K for $STEPS steps with the native engine in its numeric
+#          modes ($MODES; compiled or eager decode x triton or sdpa attention): the rollout-vs-trainer log-prob
 #          mismatch on the real model (results: mismatch_smollm2_*.jsonl, mismatch_smollm2.json)
 #   part3: SGLang part 1; TRL's GRPOTrainer at the step's shape (W1/trl), right after ours
 #   part4: SGLang part 2; the GRPO step with rollout.engine=sglang, and with $SGL_EXTRA (a numerics variant)
@@ -60,11 +60,14 @@ smollm2_setup() {  # GGUF $1 -> HF (bf16) -> megatron checkpoint, and GSM8K, und
   python3 -m tools.convert_checkpoint hf-to-mcore --hf-dir $W/hf --out $W/mcore --dtype bf16 --overwrite 2>&1 | tail -1
   python3 -m tools.prepare_gsm8k --output-dir $W/gsm8k --max-test 64 2>&1 | tail -1; }
 
-native_modes() {  # the native engine's decode step in four numeric modes
-  train native rollout.engine=native
-  train native_exact rollout.engine=native rollout.native.compile_decode=false rollout.native.decode_attention=sdpa
-  train native_compiled_sdpa rollout.engine=native rollout.native.decode_attention=sdpa
-  train native_eager_triton rollout.engine=native rollout.native.compile_decode=false; }
+native_modes() {  # the native engine's decode step in numeric modes ($MODES: a subset of the names below)
+  for mode in ${MODES:-native native_sdpa native_exact native_eager_triton}; do case $mode in
+    native) train native rollout.engine=native ;;
+    native_sdpa) train native_sdpa rollout.engine=native rollout.native.decode_attention=sdpa ;;
+    native_exact) train native_exact rollout.engine=native rollout.native.compile_decode=false \
+                      rollout.native.decode_attention=sdpa ;;
+    native_eager_triton) train native_eager_triton rollout.engine=native rollout.native.compile_decode=false ;;
+  esac; done; }
 
 if [[ -n ${DRY:-} ]]; then
   export PATH=$PWD/.venv/bin:$PATH
@@ -77,6 +80,7 @@ case $PART in
 part1)
   mkdir -p /tmp/site && install "$MCORE"/megatron_core*.whl "${GGUFW:-.whl}"/gguf-*.whl || exit 3
   cp "$GG1"/smollm2.gguf.part1 /tmp/ || exit 4
+  [[ -n ${QUICK:-} ]] && exit 0  # only the installs and the GGUF half (a fresh machine before part2)
   nvidia-smi --query-gpu=name,memory.total --format=csv,noheader
   echo "=== GPU tests ($(date +%T))"
   timeout 240 python3 -m pytest -q -p no:cacheprovider -p no:warnings -m gpu tests/kernels \
