@@ -47,6 +47,16 @@ def _mask(w: Tensor, low: float, high: float) -> tuple[Tensor, Tensor]:
     return torch.where(outside, torch.zeros_like(w), w), outside
 
 
+def first_valid(mask: Tensor) -> Tensor:
+    """[B, T] -> [B, T] bool, True at each row's first valid position (a row's first response token).
+
+    >>> first_valid(torch.tensor([[0, 0, 1, 1], [1, 1, 0, 0], [0, 0, 0, 0]])).int().tolist()
+    [[0, 0, 1, 0], [1, 0, 0, 0], [0, 0, 0, 0]]
+    """
+    valid = mask.bool()
+    return valid & (valid.long().cumsum(dim=1) == 1)
+
+
 @torch.no_grad()
 def compute_mismatch_weights(
     old_logp: Tensor,  # [B, T] trainer log-probs of the sampled tokens (pi_old)
@@ -87,7 +97,7 @@ def compute_mismatch_weights(
         "mismatch_logp_abs_diff": masked_mean(log_w_tok.abs(), mask),
         "mismatch_kl_k1": masked_mean(-log_w_tok, mask),
         "mismatch_kl_k3": masked_mean(torch.expm1(log_w_safe) - log_w_safe, mask),
-        "mismatch_first_abs_diff": masked_mean(log_w_tok[:, :1].abs(), mask[:, :1]),
+        "mismatch_first_abs_diff": masked_mean(log_w_tok.abs(), first_valid(mask)),
         "mismatch_exact_frac": masked_mean((log_w_tok.abs() <= _EXACT_TOL).float(), mask),
         f"mismatch_{mode}_frac": masked_mean(affected.float(), mask),
         "is_weight_mean": masked_mean(weights, mask),

@@ -68,6 +68,11 @@ def test_mismatch_metrics():
                                     MASK)
     assert m["mismatch_exact_frac"].item() == pytest.approx(2 / 3)  # the padding column does not count
     assert m["mismatch_first_abs_diff"].item() == 0.0
+    # the trainer's layout: [B, prompt + response], the first response token anywhere in the row
+    old_lp, roll_lp = torch.tensor([[0.0, -1.0, -2.0, -3.0]]), torch.tensor([[5.0, -1.5, -2.0, -3.25]])
+    _, m = compute_mismatch_weights(old_lp, roll_lp, torch.tensor([[0, 1, 1, 1]]))
+    assert m["mismatch_first_abs_diff"].item() == pytest.approx(0.5)
+    assert m["mismatch_logp_abs_diff"].item() == pytest.approx(0.75 / 3)
 
 
 def test_mismatch_rejects_bad_threshold_and_names():
