@@ -112,50 +112,19 @@ def sample(
     return tokens, token_logprobs(logits, tokens, temperature)
 
 
-def gumbel_argmax(scaled: torch.Tensor, uniform: torch.Tensor, chunks: int = 1) -> torch.Tensor:
+def gumbel_argmax(scaled: torch.Tensor, uniform: torch.Tensor) -> torch.Tensor:
     """Gumbel-max: argmax_i scaled_i - log(-log u_i), u ~ U[0, 1), picks id i with probability
     softmax(scaled)_i. It is `draw`'s exponential race on the log scale (-log u ~ Exp(1)), so it needs no
     probabilities: one pass over the logits. u = 0 loses the race; -inf logits never win a finite row."""
-    return chunked_argmax(scaled - torch.log(-torch.log(uniform)), chunks)
+    return torch.argmax(scaled - torch.log(-torch.log(uniform)), dim=-1)
 
 
-def vocab_chunks(vocab: int, most: int = 16) -> int:
-    """The largest chunk count <= most that divides vocab (1 = no split).
-
-    >>> vocab_chunks(151936), vocab_chunks(49152), vocab_chunks(300), vocab_chunks(7)
-    (16, 16, 15, 7)
-    """
-    return max(c for c in range(1, most + 1) if vocab % c == 0)
-
-
-def chunked_argmax(x: torch.Tensor, chunks: int) -> torch.Tensor:
-    """argmax over the last dim of x [B, V] as `chunks` partial argmaxes and one over their maxima: the same
-    index (the first maximum), but B * chunks parallel reductions instead of B long ones (a decode batch of
-    512 rows over a 152k vocabulary is otherwise one serial loop per row)."""
-    if chunks == 1:
-        return torch.argmax(x, dim=-1)
-    b, v = x.shape
-    vals, idx = x.view(b, chunks, v // chunks).max(dim=-1)  # [B, chunks]
-    best = torch.argmax(vals, dim=-1, keepdim=True)  # [B, 1], the first chunk holding the maximum
-    return (best * (v // chunks) + idx.gather(1, best)).squeeze(1)
-
-
-def chunked_logsumexp(x: torch.Tensor, chunks: int) -> torch.Tensor:
-    """logsumexp over the last dim of x [B, V] as the logsumexp of `chunks` partial ones (equal up to fp32
-    rounding; see `chunked_argmax` for why)."""
-    if chunks == 1:
-        return torch.logsumexp(x, dim=-1)
-    b, v = x.shape
-    return torch.logsumexp(torch.logsumexp(x.view(b, chunks, v // chunks), dim=-1), dim=-1)
-
-
-def sample_plain(logits: torch.Tensor, temperature: float, uniform: Optional[torch.Tensor] = None,
-                 chunks: int = 1) -> tuple[torch.Tensor, torch.Tensor]:
+def sample_plain(logits: torch.Tensor, temperature: float,
+                 uniform: Optional[torch.Tensor] = None) -> tuple[torch.Tensor, torch.Tensor]:
     """`sample` without top-k / top-p, as two reductions over the vocabulary that torch.compile fuses into
     one read of the logits (no softmax, no probability tensor): greedy argmax or Gumbel-max, and
     log-prob = scaled[token] - logsumexp(scaled), i.e. `token_logprobs`. uniform [B, V]: the draws (default:
-    fresh ones from the default generator of the logits' device). chunks: split each row's reductions
-    (`vocab_chunks`); the tokens are the same, the log-probs equal up to fp32 rounding.
+    fresh ones from the default generator of the logits' device).
 
     >>> tokens, logp = sample_plain(torch.tensor([[2.0, 1.0, 0.0]]), temperature=0.0)
     >>> tokens.tolist(), round(logp.item(), 4)
@@ -163,10 +132,10 @@ def sample_plain(logits: torch.Tensor, temperature: float, uniform: Optional[tor
     """
     scaled = apply_temperature(logits.float(), temperature)
     if temperature == 0.0:
-        tokens = chunked_argmax(scaled, chunks)
+        tokens = torch.argmax(scaled, dim=-1)
     else:
-        tokens = gumbel_argmax(scaled, torch.rand_like(scaled) if uniform is None else uniform, chunks)
-    logz = chunked_logsumexp(scaled, chunks)  # [B]
+        tokens = gumbel_argmax(scaled, torch.rand_like(scaled) if uniform is None else uniform)
+    logz = torch.logsumexp(scaled, dim=-1)  # [B]
     return tokens, scaled.gather(-1, tokens.unsqueeze(-1)).squeeze(-1) - logz
 
 

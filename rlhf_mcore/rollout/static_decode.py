@@ -35,7 +35,7 @@ import torch
 
 from rlhf_mcore.kernels.logits import logits_fp32
 from rlhf_mcore.rollout import decode_layer as fn
-from rlhf_mcore.rollout.sampling import mask_padded_vocab, sample, sample_plain, vocab_chunks
+from rlhf_mcore.rollout.sampling import mask_padded_vocab, sample, sample_plain
 
 log = logging.getLogger(__name__)
 
@@ -149,10 +149,9 @@ def layer_step(layer, hidden, k_cache, v_cache, freqs, slots, attend) -> torch.T
 
 def head_plain(logits: torch.Tensor, vocab_size: int, temperature: float):
     """logits [b, V_padded] fp32 -> (tokens [b], log-probs [b]) without top-k / top-p: padded ids masked,
-    `sample_plain` (one pass over the vocabulary once fused, each row split in `vocab_chunks`). The LM-head
-    GEMM stays outside (`emit`): `logits_fp32` is a cuBLAS call either way, and eager it needs no inductor
-    lowering of `mm.dtype`."""
-    return sample_plain(mask_padded_vocab(logits, vocab_size), temperature, chunks=vocab_chunks(logits.size(-1)))
+    `sample_plain` (one pass over the vocabulary once fused). The LM-head GEMM stays outside (`emit`):
+    `logits_fp32` is a cuBLAS call either way, and eager it needs no inductor lowering of `mm.dtype`."""
+    return sample_plain(mask_padded_vocab(logits, vocab_size), temperature)
 
 
 # Inductor keeps eager's bf16 roundings (it would otherwise keep fused intermediates in fp32), so the compiled

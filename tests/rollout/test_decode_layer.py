@@ -204,20 +204,3 @@ def test_inductor_pieces_equal_eager_bitwise_on_gpu():
             got, want = getattr(compiled, name)(*args), getattr(eager, name)(*args)
             for a, e in zip(got if isinstance(got, tuple) else (got,), want if isinstance(want, tuple) else (want,)):
                 assert torch.equal(a, e), f"{name}: {(a != e).float().mean().item():.2e} of the elements differ"
-
-
-@pytest.mark.parametrize("temperature", [0.0, 1.0, 0.7])
-def test_chunked_reductions_pick_the_same_tokens(temperature):
-    """sample_plain split in vocabulary chunks: the same tokens (the first maximum, padded ids never), the
-    log-probs equal to fp32 rounding; a first-maximum tie across two chunks resolves as torch.argmax does."""
-    g = torch.Generator().manual_seed(5)
-    logits = torch.randn(64, 320, generator=g) * 3
-    logits[:, 300:] = float("-inf")  # a masked vocabulary tail, one whole chunk of it
-    logits[0, 17] = logits[0, 250] = 50.0  # a tie in chunks 0 and 12
-    uniform = torch.rand(64, 320, generator=g)
-    want_t, want_lp = sample_plain(logits, temperature, uniform)
-    got_t, got_lp = sample_plain(logits, temperature, uniform, chunks=16)
-    assert torch.equal(got_t, want_t) and int(got_t.max()) < 300
-    torch.testing.assert_close(got_lp, want_lp, atol=2e-6, rtol=0)
-    if temperature == 0.0:
-        assert got_t[0].item() == 17
