@@ -79,7 +79,7 @@ fi
 case $PART in
 part1)
   mkdir -p /tmp/site && install "$MCORE"/megatron_core*.whl "${GGUFW:-.whl}"/gguf-*.whl || exit 3
-  cp "$GG1"/smollm2.gguf.part1 /tmp/ || exit 4
+  [[ -z ${GG1:-} ]] || cp "$GG1"/smollm2.gguf.part1 /tmp/ || exit 4
   [[ -n ${QUICK:-} ]] && exit 0  # only the installs and the GGUF half (a fresh machine before part2)
   nvidia-smi --query-gpu=name,memory.total --format=csv,noheader
   echo "=== GPU tests ($(date +%T))"
