@@ -279,7 +279,7 @@ def bench(args) -> dict:
 
 def print_table(systems: list[dict]) -> None:
     print(f"{'system':<14}{'step s':>8}{'gen s':>8}{'logp s':>8}{'update s':>9}{'sync s':>8}{'tok/s':>9}"
-          f"{'rollout s':>10}{'ms/dec':>8}{'mismatch':>10}{'MFU':>7}{'mem GiB':>9}")
+          f"{'rollout s':>10}{'ms/dec':>8}{'mismatch':>10}{'exact':>7}{'MFU':>7}{'mem GiB':>9}")
     for s in systems:
         ph, ro = s.get("phases_s", {}), s.get("rollout", {})
 
@@ -290,6 +290,7 @@ def print_table(systems: list[dict]) -> None:
               f"{f(s.get('tokens_per_s'), '9.0f')}{f(ro.get('rollout_s'), '10.3f')}"
               f"{f(ro.get('ms_per_decode_step'), '8.2f')}"
               f"{f(s.get('mismatch', {}).get('rollout/mismatch_logp_abs_diff'), '10.5f')}"
+              f"{f(s.get('mismatch', {}).get('rollout/mismatch_exact_frac'), '7.1%')}"
               f"{f(s.get('logprob_update_mfu'), '7.1%')}{f(s.get('peak_mem_gib'), '9.1f')}")
 
 
