@@ -106,9 +106,10 @@ def qkv_rope(normed: torch.Tensor, w: LayerWeights, cos: torch.Tensor, sin_signe
 
 
 def attention_in(hidden: torch.Tensor, w: LayerWeights, cos: torch.Tensor, sin_signed: torch.Tensor,
-                 groups: int, head_dim: int, eps: Optional[float]):
-    """hidden [s, b, h] -> (q, k, v) of `qkv_rope` after megatron's input norm."""
-    return qkv_rope(rms_norm(hidden, w.norm1, eps), w, cos, sin_signed, groups, head_dim)
+                 groups: int, head_dim: int, eps: Optional[float], qkv: Callable = qkv_rope):
+    """hidden [s, b, h] -> (q, k, v) of `qkv_rope` after megatron's input norm (the norm eager; `qkv`: the
+    static decoder passes its compiled `qkv_rope`)."""
+    return qkv(rms_norm(hidden, w.norm1, eps), w, cos, sin_signed, groups, head_dim)
 
 
 def attention_out(attn: torch.Tensor, residual: torch.Tensor, w: LayerWeights) -> torch.Tensor:
@@ -147,11 +148,13 @@ def mlp_activation(config) -> Callable:
 
 
 def attention_out_mlp(attn: torch.Tensor, residual: torch.Tensor, w: LayerWeights, eps: Optional[float],
-                      activation: Callable = glu_silu) -> torch.Tensor:
+                      activation: Callable = glu_silu, out: Callable = attention_out,
+                      mlp: Callable = mlp_out) -> torch.Tensor:
     """attn [s, b, H * D] (core attention output), residual [s, b, h] -> the layer's output [s, b, h]:
-    `linear_proj`, residual add, pre-MLP norm, SwiGLU MLP (`activation`, see `mlp_activation`), residual add."""
-    hidden = attention_out(attn, residual, w)
-    return mlp_out(activation(mlp_in(rms_norm(hidden, w.norm2, eps), w)), hidden, w)
+    `linear_proj`, residual add, pre-MLP norm, SwiGLU MLP (`activation`, see `mlp_activation`), residual add.
+    The norm runs eagerly; `out` / `mlp`: the static decoder passes its compiled `attention_out` / `mlp_out`."""
+    hidden = out(attn, residual, w)
+    return mlp(activation(mlp_in(rms_norm(hidden, w.norm2, eps), w)), hidden, w)
 
 
 class DecodeAttention(NamedTuple):

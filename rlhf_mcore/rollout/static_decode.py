@@ -307,13 +307,11 @@ class StaticDecoder:
         activation = f.activation(self.model.config)
         for i, w in enumerate(self.weights):
             x = hidden.unsqueeze(0)  # [1, b, h] with the same strides in every layer (compiled pieces guard them)
-            q, k, v = f.qkv_rope(fn.rms_norm(x, w.norm1, self.eps), w, cos, sin, self.groups, self.head_dim)
+            q, k, v = fn.attention_in(x, w, cos, sin, self.groups, self.head_dim, self.eps, f.qkv_rope)
             st.k[i, :b].index_copy_(2, slots, k.permute(1, 2, 0, 3))
             st.v[i, :b].index_copy_(2, slots, v.permute(1, 2, 0, 3))
             attn = self.attention.attend(q, st.k[i, :b], st.v[i, :b], mask, self.scale)  # [1, b, H * D]
-            mid = f.attention_out(attn, x, w)
-            act = activation(fn.mlp_in(fn.rms_norm(mid, w.norm2, self.eps), w))
-            hidden = f.mlp_out(act, mid, w)[0]
+            hidden = fn.attention_out_mlp(attn, x, w, self.eps, activation, f.attention_out, f.mlp_out)[0]
         self.emit(self.model.decoder.final_layernorm(hidden), b, params, stop_ids, f.head)
         st.pos.add_(1)
 
