@@ -8,6 +8,7 @@ full (`rlhf_mcore.trainer.guards`). Only rank 0 prints the problems; every rank 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import sys
 
 from rlhf_mcore.config.load import ConfigError, dump_yaml, load_config
@@ -54,6 +55,8 @@ def run_training(cfg, rank: int) -> int:
         train(cfg)
     except RunStopped as e:
         report(e.lines, rank, "cannot start:" if e.exit_code == EXIT_STARTUP else "run stopped:")
+        with contextlib.suppress(Exception):  # every rank stops at the same point (guards.py): leave together;
+            destroy_distributed()  # a rank that never arrives times the barrier out, and the code stands
         return e.exit_code
     except Exception as e:
         if not is_collective_timeout(e):
