@@ -48,15 +48,19 @@ def main(argv=None) -> int:
 
 def run_training(cfg, rank: int) -> int:
     """train(cfg), with each deliberate stop turned into its message and exit code (rlhf_mcore.trainer.guards)."""
+    import torch.distributed
+
     from rlhf_mcore.parallel import destroy_distributed
     from rlhf_mcore.trainer.loop import train
 
+    owned = not torch.distributed.is_initialized()  # the groups this run creates are its own to tear down
     try:
         train(cfg)
     except RunStopped as e:
         report(e.lines, rank, "cannot start:" if e.exit_code == EXIT_STARTUP else "run stopped:")
-        with contextlib.suppress(Exception):  # every rank stops at the same point (guards.py): leave together;
-            destroy_distributed()  # a rank that never arrives times the barrier out, and the code stands
+        if owned:  # every rank stops at the same point (guards.py): leave together, as at the end of a run;
+            with contextlib.suppress(Exception):  # a rank that never arrives times the barrier out: exit anyway
+                destroy_distributed()
         return e.exit_code
     except Exception as e:
         if not is_collective_timeout(e):
@@ -64,7 +68,8 @@ def run_training(cfg, rank: int) -> int:
         stop = collective_timeout_error(e, cfg.parallel.collective_timeout_min)
         print(f"[rank{rank}] run stopped: {stop}", file=sys.stderr, flush=True)  # every rank: which one waited
         return stop.exit_code
-    destroy_distributed()  # a clean gloo/NCCL shutdown: exiting with live groups can abort a rank
+    if owned:
+        destroy_distributed()  # a clean gloo/NCCL shutdown: exiting with live groups can abort a rank
     return 0
 
 
