@@ -1,17 +1,18 @@
 """Decode attention: one new query per row against a static KV cache, split over the keys (flash-decoding).
 
-    out = decode_attention(q [b, H, D], k [b, G, T, D], v [b, G, T, D], key_valid [b, T] bool, pos [] long,
-                           scale)  -> [b, H, D]
+    out = decode_attention(q [b, H, D], k [b, G, T, D], v [b, G, T, D], key_valid [b, T] bool or None,
+                           pos [] or [b] long, scale)  -> [b, H, D]
 
 Row i's query head h attends to the cached keys t of group g = h // (H / G) (megatron's group-major head
-order) with t <= pos and key_valid[i, t]: softmax(scale * q . k) v, fp32 softmax statistics, probabilities
+order) with t <= pos (pos[i] when pos is per row: the native engine's rows sit at the slots of the trainer's
+columns, so each has its own) and key_valid[i, t] (None: every slot): softmax(scale * q . k) v, fp32 softmax statistics, probabilities
 rounded to the input dtype before the product with v (as flash attention does), output in the input dtype.
 
 Why a kernel: torch 2.11 sends this shape (7 query heads per key group, one position) to cuDNN's flash
 kernel, which pads the queries to a full tile and reads the whole allocated cache, ~63 us per layer at
 b 512, T 384 on an H200 (tools/bench/RESULTS.md). Here one program per (row, group, key split) loads the
 group's rep query heads as one [16, D] tile, so each cached key is read once for all of them, and stops at
-`pos`: slots not yet decoded are never read. When rows x groups are too few to fill the GPU, the keys are
+its row's `pos`: slots not yet decoded are never read. When rows x groups are too few to fill the GPU, the keys are
 split and a second kernel merges the partial softmaxes. `pos` and `key_valid` are read on the device, so
 one captured CUDA graph serves every step.
 
@@ -20,6 +21,7 @@ one captured CUDA graph serves every step.
 from __future__ import annotations
 
 import math
+from typing import Optional
 
 import torch
 from torch import Tensor
@@ -36,13 +38,14 @@ BLOCK_T = 64  # keys per tile
 MIN_QUERY_ROWS = 16  # tl.dot's smallest M: the rep query heads of a group are padded to this
 
 
-def reference_decode_attention(q: Tensor, k: Tensor, v: Tensor, key_valid: Tensor, pos: Tensor,
+def reference_decode_attention(q: Tensor, k: Tensor, v: Tensor, key_valid: Optional[Tensor], pos: Tensor,
                                scale: float) -> Tensor:
     """The definition, in fp32 then rounded to q's dtype. q [b, H, D], k / v [b, G, T, D], key_valid [b, T]
-    bool, pos [] long -> [b, H, D]. A row with no allowed key gives zeros."""
+    bool or None, pos [] or [b] long -> [b, H, D]. A row with no allowed key gives zeros."""
     b, heads, d = q.shape
     groups, length = k.size(1), k.size(2)
-    allowed = key_valid & (torch.arange(length, device=q.device) <= pos)  # [b, T]
+    allowed = torch.arange(length, device=q.device) <= pos.view(-1, 1)  # [b or 1, T]
+    allowed = allowed.expand(b, length) if key_valid is None else allowed & key_valid
     qg = q.float().view(b, groups, heads // groups, d)  # [b, G, rep, D]
     scores = torch.einsum("bgrd,bgtd->bgrt", qg, k.float()) * scale
     scores = scores.masked_fill(~allowed[:, None, None, :], float("-inf"))
@@ -65,11 +68,11 @@ if HAS_TRITON:
 
     @triton.jit
     def _split_kernel(q_ptr, k_ptr, v_ptr, valid_ptr, pos_ptr, out_ptr, part_ptr, m_ptr, denom_ptr,
-                      sq_b, sq_h, sk_b, sk_g, sk_t, sv_b, sv_g, sv_t, s_valid, so_b,
+                      sq_b, sq_h, sk_b, sk_g, sk_t, sv_b, sv_g, sv_t, s_valid, s_pos, so_b,
                       groups, rep, chunk, qk_scale,
                       REP_P: tl.constexpr, D: tl.constexpr, D_P: tl.constexpr, BLOCK: tl.constexpr,
-                      SPLITS: tl.constexpr, IEEE: tl.constexpr):
-        """Program (row * groups + g, split): online softmax over keys [split * chunk, ..) up to pos.
+                      SPLITS: tl.constexpr, IEEE: tl.constexpr, HAS_VALID: tl.constexpr):
+        """Program (row * groups + g, split): online softmax over keys [split * chunk, ..) up to the row's pos.
         SPLITS == 1 writes the normalised output; else the unnormalised partial and its (max, sum)."""
         rg = tl.program_id(0)
         split = tl.program_id(1)
@@ -80,7 +83,7 @@ if HAS_TRITON:
         t = tl.arange(0, BLOCK)
         q = tl.load(q_ptr + row * sq_b + (g * rep + r)[:, None] * sq_h + d[None, :],
                     mask=(r[:, None] < rep) & (d[None, :] < D), other=0.0)  # [REP_P, D_P]
-        hi = tl.load(pos_ptr) + 1
+        hi = tl.load(pos_ptr + row * s_pos) + 1
         lo = split * chunk
         hi = tl.minimum(hi, lo + chunk)
         m = tl.full([REP_P], float("-inf"), tl.float32)
@@ -91,7 +94,9 @@ if HAS_TRITON:
         for start in range(lo, hi, BLOCK):
             ts = start + t
             in_range = ts < hi
-            keep = in_range & (tl.load(valid_ptr + row * s_valid + ts, mask=in_range, other=0) != 0)
+            keep = in_range
+            if HAS_VALID:
+                keep = keep & (tl.load(valid_ptr + row * s_valid + ts, mask=in_range, other=0) != 0)
             kv_mask = in_range[:, None] & (d[None, :] < D)
             k = tl.load(k_base + ts[:, None] * sk_t + d[None, :], mask=kv_mask, other=0.0)  # [BLOCK, D_P]
             if IEEE:  # fp32 inputs: full fp32 products (tl.dot would round them to tf32)
@@ -145,9 +150,10 @@ if HAS_TRITON:
                  mask=(r[:, None] < rep) & (d[None, :] < D))
 
 
-def triton_decode_attention(q: Tensor, k: Tensor, v: Tensor, key_valid: Tensor, pos: Tensor, scale: float,
-                            splits: int = 0) -> Tensor:
-    """The Triton kernels (CUDA tensors, or any device under TRITON_INTERPRET=1). splits 0 = `num_splits`."""
+def triton_decode_attention(q: Tensor, k: Tensor, v: Tensor, key_valid: Optional[Tensor], pos: Tensor,
+                            scale: float, splits: int = 0) -> Tensor:
+    """The Triton kernels (CUDA tensors, or any device under TRITON_INTERPRET=1). splits 0 = `num_splits`;
+    key_valid None = every slot up to the row's pos; pos [] (all rows) or [b] (one per row)."""
     b, heads, d = q.shape
     groups, length = k.size(1), k.size(2)
     rep = heads // groups
@@ -165,11 +171,12 @@ def triton_decode_attention(q: Tensor, k: Tensor, v: Tensor, key_valid: Tensor, 
         m = torch.empty(b * groups * splits * rep_p, dtype=torch.float32, device=q.device)
         denom = torch.empty_like(m)
     _split_kernel[(b * groups, splits)](
-        q, k, v, key_valid, pos, out, part, m, denom,
+        q, k, v, pos if key_valid is None else key_valid, pos, out, part, m, denom,
         q.stride(0), q.stride(1), k.stride(0), k.stride(1), k.stride(2), v.stride(0), v.stride(1), v.stride(2),
-        key_valid.stride(0), out.stride(0), groups, rep, chunk, scale * math.log2(math.e),
+        0 if key_valid is None else key_valid.stride(0), pos.stride(0) if pos.dim() else 0, out.stride(0),
+        groups, rep, chunk, scale * math.log2(math.e),
         REP_P=rep_p, D=d, D_P=d_p, BLOCK=BLOCK_T, SPLITS=splits,
-        IEEE=q.dtype == torch.float32, num_warps=4, num_stages=2)
+        IEEE=q.dtype == torch.float32, HAS_VALID=key_valid is not None, num_warps=4, num_stages=2)
     if splits > 1:
         _merge_kernel[(b * groups,)](part, m, denom, out, groups, rep, out.stride(0), REP_P=rep_p, D=d, D_P=d_p,
                                      SPLITS=splits, num_warps=4)

@@ -159,7 +159,8 @@ def attention_out_mlp(attn: torch.Tensor, residual: torch.Tensor, w: LayerWeight
 
 class DecodeAttention(NamedTuple):
     """One way to attend a decode step's queries to the cache: `mask` runs once per step, `attend` per layer.
-    mask(key_valid [b, T] bool, pos [] long, dtype) -> what attend takes;
+    mask(pos [b] long, length T, dtype) -> what attend takes, where row i's new token sits at cache slot pos[i]
+    and attends to slots <= pos[i] (its prompt from slot 0, then its response: the trainer's columns);
     attend(q [1, b, H, D], k [b, G, T, D], v [b, G, T, D], mask, scale) -> [1, b, H * D]."""
 
     mask: Callable
@@ -184,20 +185,23 @@ def decode_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bias: to
     return out.reshape(1, b, heads * d)
 
 
-def step_bias(key_valid: torch.Tensor, pos: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
-    """The additive mask of a step writing cache slot pos: valid keys at slots <= pos. -> [b, 1, 1, T]"""
-    return attention_bias(key_valid & (torch.arange(key_valid.size(1), device=pos.device) <= pos), dtype)
+def step_bias(pos: torch.Tensor, length: int, dtype: torch.dtype) -> torch.Tensor:
+    """The additive mask of a step whose row i writes cache slot pos[i]: slots <= pos[i]. -> [b, 1, 1, T]
+
+    >>> step_bias(torch.tensor([0, 2]), 3, torch.float32)[:, 0, 0].tolist()
+    [[0.0, -inf, -inf], [0.0, 0.0, 0.0]]
+    """
+    return attention_bias(torch.arange(length, device=pos.device) <= pos[:, None], dtype)
 
 
-def kernel_mask(key_valid: torch.Tensor, pos: torch.Tensor, dtype: torch.dtype):
-    """The kernel reads the valid keys and the position itself (it stops at pos)."""
-    return key_valid, pos
+def kernel_mask(pos: torch.Tensor, length: int, dtype: torch.dtype) -> torch.Tensor:
+    """The kernel reads each row's position on the device and stops there."""
+    return pos
 
 
-def kernel_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask, scale: float) -> torch.Tensor:
-    """`kernels.decode_attention` (split-KV, stops at pos) on the layout `decode_attention` takes."""
-    key_valid, pos = mask
-    return kernel.triton_decode_attention(q[0], k, v, key_valid, pos, scale).view(1, q.size(1), -1)
+def kernel_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, pos, scale: float) -> torch.Tensor:
+    """`kernels.decode_attention` (split-KV, stops at each row's pos) on the layout `decode_attention` takes."""
+    return kernel.triton_decode_attention(q[0], k, v, None, pos, scale).view(1, q.size(1), -1)
 
 
 DECODE_ATTENTION.register("sdpa")(DecodeAttention(step_bias, decode_attention))

@@ -86,3 +86,16 @@ def left_pad(prompts: list[list[int]], pad_id: int, device) -> tuple[torch.Tenso
             tokens[i, width - len(p):] = torch.tensor(p, dtype=torch.long)
             valid[i, width - len(p):] = True
     return tokens.to(device), valid.to(device)
+
+
+def right_pad(prompts: list[list[int]], pad_id: int, device) -> tuple[torch.Tensor, torch.Tensor]:
+    """Prompts -> (tokens [B, P] long from column 0, right-padded with pad_id; lengths [B] long): the
+    trainer's layout (`responses.assemble_batch`), used by the static decoder.
+
+    >>> tokens, lengths = right_pad([[5, 6], [7]], 0, "cpu")
+    >>> tokens.tolist(), lengths.tolist()
+    ([[5, 6], [7, 0]], [2, 1])
+    """
+    width = max(len(p) for p in prompts)
+    tokens = torch.tensor([p + [pad_id] * (width - len(p)) for p in prompts], dtype=torch.long)
+    return tokens.to(device), torch.tensor([len(p) for p in prompts], dtype=torch.long).to(device)

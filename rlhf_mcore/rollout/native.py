@@ -15,7 +15,8 @@ then decode one token per step for the whole batch until every row has finished.
 - CUDA graphs (`rollout.native.cuda_graphs`, on by default): at tp = pp = 1 on a GPU the engine decodes with
   `static_decode.StaticDecoder` instead (static KV cache, one captured graph per batch-size bucket,
   sampling and log-probs inside the graph, no host sync per step unless stop tokens / strings can end
-  rows). Elsewhere it keeps this eager path and logs why once.
+  rows; each row's prompt and response at the trainer's columns, so its log-probs are the trainer's).
+  Elsewhere it keeps this eager path and logs why once.
 - Not supported: sequence parallelism (a 1-token decode step cannot be split over TP ranks) and virtual
   pipeline chunks; the constructor says so.
 """
@@ -208,12 +209,12 @@ class NativeRolloutEngine:
 
     def _generate_static(self, rows: list[list[int]], params: SamplingParams, bar) -> list[Response]:
         """Prefill, then one decode step per token over the smallest bucket holding the running rows."""
-        prompt, valid = kv_cache.left_pad(rows, self.pad_id, self.ctx.device)  # [b, P]
+        prompt, lengths = kv_cache.right_pad(rows, self.pad_id, self.ctx.device)  # [b, P]: the trainer's columns
         b, max_new = len(rows), params.max_new_tokens
         st = self.static.reserve(b, prompt.size(1) + max_new, max_new, self.ctx.device)
         stop_ids = self.static.stop_tensor(params.stop_token_ids, self.ctx.device)
         can_stop = bool(params.stop_token_ids or params.stop_strings)
-        self.static.prefill(prompt, valid, params, stop_ids)
+        self.static.prefill(prompt, lengths, params, stop_ids)
         bar.update(1)
         bucket = bucket_for(b)
         for step in range(1, max_new + 1):

@@ -45,10 +45,21 @@ def test_reference_equals_a_loop_by_hand():
 
 
 def test_reference_equals_the_sdpa_step():
-    q, k, v, key_valid, pos = _case()
-    want = fn.decode_attention(q[None], k, v, fn.step_bias(key_valid, pos, q.dtype), 0.25)  # [1, b, H * D]
-    got = reference_decode_attention(q, k, v, key_valid, pos, 0.25)
+    """Per-row positions (the static decoder's rows sit at their own trainer columns), every slot valid."""
+    q, k, v, _, _ = _case()
+    pos = torch.tensor([37, 4, 49])
+    want = fn.decode_attention(q[None], k, v, fn.step_bias(pos, k.size(2), q.dtype), 0.25)  # [1, b, H * D]
+    got = reference_decode_attention(q, k, v, None, pos, 0.25)
     torch.testing.assert_close(got.reshape(1, q.size(0), -1), want, atol=1e-6, rtol=1e-5)
+
+
+def test_per_row_positions_equal_one_row_at_a_time():
+    q, k, v, key_valid, _ = _case()
+    pos = torch.tensor([37, 4, 49])
+    got = reference_decode_attention(q, k, v, key_valid, pos, 0.25)
+    for i in range(3):
+        want = reference_decode_attention(q[i:i + 1], k[i:i + 1], v[i:i + 1], key_valid[i:i + 1], pos[i], 0.25)
+        torch.testing.assert_close(got[i:i + 1], want, atol=0, rtol=0)
 
 
 def test_a_row_without_keys_gives_zeros():
@@ -69,6 +80,11 @@ for dtype in (torch.float32, torch.float16):  # the interpreter's bf16 tl.dot is
         got = triton_decode_attention(q, k, v, key_valid, p, 0.25, splits=splits)
         tol = 1e-5 if dtype == torch.float32 else 2e-3
         torch.testing.assert_close(got, want, atol=tol, rtol=0)
+    rows = torch.tensor([37, 0, 49])  # per-row positions, no key_valid (the static decoder's call)
+    for splits in (1, 3):
+        want = reference_decode_attention(q, k, v, None, rows, 0.25)
+        torch.testing.assert_close(triton_decode_attention(q, k, v, None, rows, 0.25, splits=splits), want,
+                                   atol=tol, rtol=0)
 print("ok")
 """
 
@@ -90,6 +106,10 @@ def test_kernel_matches_reference_bf16(b, pos, splits):
                                   device="cuda")
     want = reference_decode_attention(q, k, v, key_valid, p, 0.125)
     got = triton_decode_attention(q, k, v, key_valid, p, 0.125, splits=splits)
+    torch.testing.assert_close(got.float(), want.float(), atol=2e-2, rtol=0)
+    rows = torch.randint(0, pos + 1, (b,), generator=torch.Generator().manual_seed(1)).cuda()  # per-row positions
+    want = reference_decode_attention(q, k, v, None, rows, 0.125)
+    got = triton_decode_attention(q, k, v, None, rows, 0.125, splits=splits)
     torch.testing.assert_close(got.float(), want.float(), atol=2e-2, rtol=0)
 
 

@@ -9,7 +9,7 @@ import torch
 from rlhf_mcore.models.build import build_model
 from rlhf_mcore.models.heads import lm_output_weight
 from rlhf_mcore.models.transformer_config import load_hf_config
-from rlhf_mcore.rollout.native import NativeRolloutEngine
+from rlhf_mcore.rollout.native import NativeRolloutEngine, unwrap_model
 from rlhf_mcore.rollout.static_decode import BUCKETS, StaticDecoder, bucket_for
 from rlhf_mcore.rollout.types import SamplingParams
 from tests.conftest import tiny_model_config
@@ -173,3 +173,66 @@ def test_triton_attention_decodes_like_sdpa(mcore_ctx):
     same = (a.tokens == b.tokens).all(dim=1)
     assert same.float().mean() > 0.9, same.float().mean()
     torch.testing.assert_close(a.rollout_logprobs[same], b.rollout_logprobs[same], atol=3e-2, rtol=0)
+
+
+def _trainer_keys(model, tokens: torch.Tensor) -> list[torch.Tensor]:
+    """The rotated keys [s, G, D] each layer's core attention sees in the trainer's forward of one row
+    (tokens [s] from column 0, positions 0..s-1)."""
+    keys, hooks = [], []
+    for layer in model.decoder.layers:
+        hooks.append(layer.self_attention.core_attention.register_forward_pre_hook(
+            lambda module, args: keys.append(args[1][:, 0])))  # key [s, 1, G, D]
+    try:
+        with torch.no_grad():
+            model(tokens[None], torch.arange(tokens.numel())[None], None)
+    finally:
+        for h in hooks:
+            h.remove()
+    return keys
+
+
+@pytest.mark.parametrize("dtype", ["fp32", "bf16"])
+def test_static_cache_holds_the_trainers_columns(mcore_ctx, dtype):
+    """Ragged prompts: row i's prompt sits at cache slots [0, len_i) and response token t at len_i + t, with
+    the keys the trainer's forward of that row computes at those columns (same positions, so the same RoPE):
+    the rollout decodes in the trainer's layout, not left-padded to the batch's longest prompt."""
+    cfg = tiny_model_config(num_layers=2, dtype=dtype)
+    model = unwrap_model(build_model("actor", load_hf_config(cfg.model), cfg.model, cfg.parallel, mcore_ctx)).eval()
+    engine = NativeRolloutEngine(model, mcore_ctx, pad_id=0)
+    engine.static = StaticDecoder(model, lambda: lm_output_weight(model), use_graphs=False)
+    prompts = [[5, 6, 7, 8, 9, 10, 11], [12, 13], [14, 15, 16, 17]]
+    batch = engine.generate(prompts, SamplingParams(n=1, max_new_tokens=5, temperature=0.0))
+    st = engine.static.state
+    tol = {"fp32": 1e-5, "bf16": 2e-2}[dtype]
+    for row, prompt in enumerate(prompts):
+        fed = len(prompt) + 4  # the last response token is sampled, never fed back
+        assert int(st.pos[row]) == fed  # the slot the next token would take: the trainer's next column
+        for layer, want in enumerate(_trainer_keys(model, batch.tokens[row, :fed + 1])):
+            got = st.k[layer, row, :, :fed].transpose(0, 1)  # [fed, G, D]
+            torch.testing.assert_close(got.float(), want[:fed].float(), atol=tol, rtol=0)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("attention", ["sdpa", "triton"])
+def test_graphed_rollout_logprobs_equal_the_trainers_on_ragged_prompts(mcore_ctx, attention):
+    """bf16, ragged prompts, sampling: the graphed rollout's log-probs against the trainer's forward of the
+    assembled batch (one right-padded micro-batch, causal). With the trainer's layout and SDPA decode attention
+    they are the trainer's numbers; the split-KV kernel sums in its own order (bf16 noise)."""
+    from rlhf_mcore.models.logprobs import token_logprobs
+
+    cfg = tiny_model_config(hidden_size=128, ffn_hidden_size=256, num_layers=3, vocab_size=1000, dtype="bf16")
+    model = unwrap_model(build_model("actor", load_hf_config(cfg.model), cfg.model, cfg.parallel, mcore_ctx)).eval()
+    engine = NativeRolloutEngine(model, mcore_ctx, pad_id=0, decode_attention=attention)
+    g = torch.Generator().manual_seed(0)
+    prompts = [torch.randint(1, 1000, (int(n),), generator=g).tolist() for n in torch.randint(3, 60, (48,), generator=g)]
+    batch = engine.generate(prompts, SamplingParams(n=4, max_new_tokens=40, temperature=1.0, seed=1))
+    with torch.no_grad():
+        positions = torch.arange(batch.tokens.size(1), device=batch.tokens.device)[None]
+        hidden = model(batch.tokens, positions.expand_as(batch.tokens), None)
+        logp, _ = token_logprobs(model, hidden, batch.tokens, mcore_ctx.pgs.tp)
+    cols = torch.arange(batch.tokens.size(1), device=logp.device)[None]
+    start = batch.prompt_lengths[:, None]
+    mask = (cols >= start) & (cols < start + batch.response_lengths[:, None])
+    gap = (logp - batch.rollout_logprobs).abs()[mask]
+    print(f"{attention}: mean |rollout - trainer| {gap.mean().item():.3e}, exact {(gap <= 1e-5).float().mean():.3f}")
+    assert gap.mean() < {"sdpa": 1e-4, "triton": 3e-3}[attention], gap.mean()

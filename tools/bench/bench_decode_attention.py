@@ -4,7 +4,8 @@ and both against the time to read the keys and values they must read once (the m
     python -m tools.bench.bench_decode_attention --out tools/bench/results        # GPU
     python -m tools.bench.bench_decode_attention --device cpu --batch 4 --length 64 # CPU smoke (sdpa only)
 
-Per shape (rows b, query heads H, key groups G, head dim D, cache length T, decode position pos): microseconds
+Per shape (rows b, query heads H, key groups G, head dim D, cache length T, decode position pos; every
+third row 7 slots behind, as ragged prompts put rows at their own columns): microseconds
 per layer call (mean over a CUDA graph of `--layers` calls replayed `--iters` times, as the engine runs it),
 the floor = bytes of K and V at slots <= pos / `--hbm-tbs`, and the error against the reference. The SDPA
 path reads all T slots and builds its mask once per step (its cost is counted once per graph). Writes
@@ -30,9 +31,9 @@ def inputs(b, heads, groups, d, length, pos, device, dtype):
     q = torch.randn(b, heads, d, generator=g).to(device, dtype)
     k = torch.randn(b, groups, length, d, generator=g).to(device, dtype)
     v = torch.randn(b, groups, length, d, generator=g).to(device, dtype)
-    key_valid = torch.ones(b, length, dtype=torch.bool, device=device)
-    key_valid[::3, :7] = False  # some left padding
-    return q, k, v, key_valid, torch.tensor(pos, device=device)
+    rows = torch.full((b,), pos, dtype=torch.long)
+    rows[::3] -= 7  # ragged prompts: each row at its own trainer column
+    return q, k, v, rows.to(device)
 
 
 def impls():
@@ -44,10 +45,10 @@ def impls():
 
 def time_us(entry, case, layers: int, iters: int, device) -> float:
     """Microseconds per layer call: one mask per step, `layers` attention calls, as in a decode step."""
-    q, k, v, key_valid, pos = case
+    q, k, v, pos = case
 
     def run():
-        mask = entry.mask(key_valid, pos, k.dtype)
+        mask = entry.mask(pos, k.size(2), k.dtype)
         for _ in range(layers):
             out = entry.attend(q[None], k, v, mask, 0.125)
         return out
@@ -95,10 +96,10 @@ def main(argv=None) -> dict:
         for b in map(int, args.batch.split(",")):
             for pos in map(int, args.positions.split(",")):
                 case = inputs(b, heads, groups, d, args.length, pos, device, dtype)
-                want = reference_decode_attention(*case, 0.125).float()
+                want = reference_decode_attention(*case[:3], None, case[3], 0.125).float()
                 floor_us = 2 * b * groups * (pos + 1) * d * case[1].element_size() / (args.hbm_tbs * 1e12) * 1e6
                 for name, entry in impls().items():
-                    mask = entry.mask(case[3], case[4], dtype)
+                    mask = entry.mask(case[3], args.length, dtype)
                     err = (entry.attend(case[0][None], case[1], case[2], mask, 0.125).view_as(want).float()
                            - want).abs().max().item()
                     us = time_us(entry, case, args.layers, args.iters, device)
