@@ -5,8 +5,9 @@
 
 Row i's query head h attends to the cached keys t of group g = h // (H / G) (megatron's group-major head
 order) with t <= pos (pos[i] when pos is per row: the native engine's rows sit at the slots of the trainer's
-columns, so each has its own) and key_valid[i, t] (None: every slot): softmax(scale * q . k) v, fp32 softmax statistics, probabilities
-rounded to the input dtype before the product with v (as flash attention does), output in the input dtype.
+columns, so each has its own) and key_valid[i, t] (None: every slot): softmax(scale * q . k) v, fp32 softmax
+statistics, probabilities rounded to the input dtype before the product with v (as flash attention does), output
+in the input dtype.
 
 Why a kernel: torch 2.11 sends this shape (7 query heads per key group, one position) to cuDNN's flash
 kernel, which pads the queries to a full tile and reads the whole allocated cache, ~63 us per layer at

@@ -224,7 +224,8 @@ def test_graphed_rollout_logprobs_equal_the_trainers_on_ragged_prompts(mcore_ctx
     model = unwrap_model(build_model("actor", load_hf_config(cfg.model), cfg.model, cfg.parallel, mcore_ctx)).eval()
     engine = NativeRolloutEngine(model, mcore_ctx, pad_id=0, decode_attention=attention)
     g = torch.Generator().manual_seed(0)
-    prompts = [torch.randint(1, 1000, (int(n),), generator=g).tolist() for n in torch.randint(3, 60, (48,), generator=g)]
+    lengths = torch.randint(3, 60, (48,), generator=g)
+    prompts = [torch.randint(1, 1000, (int(n),), generator=g).tolist() for n in lengths]
     batch = engine.generate(prompts, SamplingParams(n=4, max_new_tokens=40, temperature=1.0, seed=1))
     with torch.no_grad():
         positions = torch.arange(batch.tokens.size(1), device=batch.tokens.device)[None]
