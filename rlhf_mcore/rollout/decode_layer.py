@@ -161,10 +161,13 @@ class DecodeAttention(NamedTuple):
     """One way to attend a decode step's queries to the cache: `mask` runs once per step, `attend` per layer.
     mask(pos [b] long, length T, dtype) -> what attend takes, where row i's new token sits at cache slot pos[i]
     and attends to slots <= pos[i] (its prompt from slot 0, then its response: the trainer's columns);
-    attend(q [1, b, H, D], k [b, G, T, D], v [b, G, T, D], mask, scale) -> [1, b, H * D]."""
+    attend(q [1, b, H, D], k [b, G, T, D], v [b, G, T, D], mask, scale) -> [1, b, H * D];
+    reads_to_pos: attend reads each row's slots up to its pos only. Else it reads all T slots it is given, and
+    the static decoder gives it the cache cut to a length bucket (`static_decode.LENGTH_BLOCK`)."""
 
     mask: Callable
     attend: Callable
+    reads_to_pos: bool
 
 
 DECODE_ATTENTION: Registry[DecodeAttention] = Registry("decode attention")
@@ -204,8 +207,8 @@ def kernel_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, pos, sca
     return kernel.triton_decode_attention(q[0], k, v, None, pos, scale).view(1, q.size(1), -1)
 
 
-DECODE_ATTENTION.register("sdpa")(DecodeAttention(step_bias, decode_attention))
-DECODE_ATTENTION.register("triton")(DecodeAttention(kernel_mask, kernel_attention))
+DECODE_ATTENTION.register("sdpa")(DecodeAttention(step_bias, decode_attention, reads_to_pos=False))
+DECODE_ATTENTION.register("triton")(DecodeAttention(kernel_mask, kernel_attention, reads_to_pos=True))
 
 
 def pick_decode_attention(name: str, device: torch.device) -> tuple[str, str]:

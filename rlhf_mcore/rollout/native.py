@@ -229,7 +229,7 @@ class NativeRolloutEngine:
                     bucket = bucket_for(num_alive)
             if step == max_new:
                 break
-            self.static.step(bucket, params, stop_ids)
+            self.static.step(bucket, params, stop_ids, needed=prompt.size(1) + step)  # rows at slots < this
             bar.update(1)
         bar.update(max_new - step)
         return ResponseBuffer(st.out_tokens[:b, :max_new], st.out_logprobs[:b, :max_new], st.out_lengths[:b],

@@ -17,7 +17,9 @@ It runs the actor's own parameters (embedding, norms, QKV / output projections, 
   overwritten by response tokens before they are reached), through one of `decode_layer.DECODE_ATTENTION`
   (`attention`, from `rollout.native.decode_attention`): "triton", the split-KV kernel of
   `kernels/decode_attention.py` that reads only the slots each row has written, or "sdpa", an additive mask
-  built once per step, a key group's query heads passed as its query positions; a kernel error falls back
+  built once per step, a key group's query heads passed as its query positions, over the cache cut to the
+  slots written so far rounded up to `LENGTH_BLOCK` (one graph per batch and length bucket: masked slots
+  change nothing, so the cut is exact and saves reading the unwritten end); a kernel error falls back
   to sdpa, logged;
 - sampling, the log-prob and the stop-token test run inside the step too (`sampling.sample_plain`, one
   pass over the vocabulary, when there is no top-k / top-p; else `sampling.sample`), on fp32 logits never
@@ -45,6 +47,7 @@ from rlhf_mcore.rollout.sampling import mask_padded_vocab, sample, sample_plain
 log = logging.getLogger(__name__)
 
 BUCKETS = (1, 2, 4, 8, 16, 32, 48, 64, 96, 128, 192, 256, 384, 512, 768, 1024)
+LENGTH_BLOCK = 128  # an attention that reads every slot it is given gets the cache cut to a multiple of this
 
 
 def bucket_for(num_rows: int) -> int:
@@ -298,13 +301,19 @@ class StaticDecoder:
         self.emit(hidden[lengths - 1, torch.arange(b, device=prompt.device)], b, params, stop_ids)
         st.pos[:b] = lengths
 
-    def decode_step(self, b: int, params, stop_ids) -> None:
+    def attended_length(self, needed: int) -> int:
+        """The cache slots a decode step passes to the attention when `needed` slots are written: all of them
+        for an attention that stops at each row's pos itself, else `needed` rounded up to LENGTH_BLOCK."""
+        length = self.state.k.size(3)
+        return length if self.attention.reads_to_pos else min(length, -(-needed // LENGTH_BLOCK) * LENGTH_BLOCK)
+
+    def decode_step(self, b: int, params, stop_ids, length: int) -> None:
         """Eager body of one decode step over slots [:b] (what the graph captures): the functional layers
         (`decode_layer`) with the cache write and attention between their two halves; row i's token goes
-        to cache slot pos[i] (its trainer column), with that position's RoPE."""
+        to cache slot pos[i] (its trainer column), with that position's RoPE; attention over slots [:length]."""
         st, f = self.state, self.fns
         pos, rows = st.pos[:b], torch.arange(b, device=st.pos.device)
-        mask = self.attention.mask(pos, st.k.size(3), st.k.dtype)
+        mask = self.attention.mask(pos, length, st.k.dtype)
         cos, sin = (t.index_select(0, pos).view(1, b, 1, -1) for t in (self.cos, self.sin))  # [1, b, 1, D]
         hidden = self.model.embedding(input_ids=st.tokens_in[:b].unsqueeze(1), position_ids=None)[0]  # [b, h]
         activation = f.activation(self.model.config)
@@ -314,18 +323,19 @@ class StaticDecoder:
             k_cache, v_cache = st.k[i, :b], st.v[i, :b]
             k_cache[rows, :, pos] = k[0]  # [b, G, D] at (row, :, pos[row])
             v_cache[rows, :, pos] = v[0]
-            attn = self.attention.attend(q, k_cache, v_cache, mask, self.scale)  # [1, b, H * D]
+            attn = self.attention.attend(q, k_cache[:, :, :length], v_cache[:, :, :length], mask,
+                                         self.scale)  # [1, b, H * D]
             hidden = fn.attention_out_mlp(attn, x, w, self.eps, activation, f.attention_out, f.mlp_out)[0]
         self.emit(self.model.decoder.final_layernorm(hidden), b, params, stop_ids, f.head)
         st.pos.add_(1)
 
-    def checked_decode_step(self, b: int, params, stop_ids) -> None:
+    def checked_decode_step(self, b: int, params, stop_ids, length: int) -> None:
         """decode_step; if its compiled pieces or attention kernel fail (the first call compiles), say so and
         retry with the plainer path. A failed step wrote nothing it will not rewrite: pos / col only advance
         at its end."""
         while True:
             try:
-                return self.decode_step(b, params, stop_ids)
+                return self.decode_step(b, params, stop_ids, length)
             except Exception as err:  # noqa: BLE001 (any compiler error: the plainer path computes the same)
                 self._fall_back(err, "compile")
 
@@ -344,17 +354,19 @@ class StaticDecoder:
             raise err
         self.graphs.clear()
 
-    def step(self, b: int, params, stop_ids) -> None:
-        """One decode step over slots [:b] (a bucket): a graph replay when graphs are on, else eager."""
+    def step(self, b: int, params, stop_ids, needed: int) -> None:
+        """One decode step over slots [:b] (a bucket) whose rows sit at slots < needed: a graph replay when
+        graphs are on, else eager."""
+        length = self.attended_length(needed)
         if not self.use_graphs:
-            return self.checked_decode_step(b, params, stop_ids)
-        key = (b, params.temperature, params.top_k, params.top_p, params.stop_token_ids)
+            return self.checked_decode_step(b, params, stop_ids, length)
+        key = (b, length, params.temperature, params.top_k, params.top_p, params.stop_token_ids)
         graph = self.graphs.get(key)
         if graph is None:
-            graph = self.graphs[key] = self._capture(b, params, stop_ids)
+            graph = self.graphs[key] = self._capture(b, params, stop_ids, length)
         graph.replay()
 
-    def _capture(self, b: int, params, stop_ids):
+    def _capture(self, b: int, params, stop_ids, length: int):
         """Warm up on a side stream, then capture decode_step for bucket b. The decode state and the CUDA
         RNG state are restored afterwards, so a call that captures samples exactly what a replay would.
         A capture that fails with compiled pieces is retried with the eager ones (logged)."""
@@ -368,7 +380,7 @@ class StaticDecoder:
             torch.cuda.set_rng_state(rng)
         while True:
             try:
-                graph = self._warm_up_and_capture(b, params, stop_ids)
+                graph = self._warm_up_and_capture(b, params, stop_ids, length)
                 break
             except Exception as err:  # noqa: BLE001
                 self._fall_back(err, "CUDA-graph capture")
@@ -376,16 +388,16 @@ class StaticDecoder:
         restore()
         return graph
 
-    def _warm_up_and_capture(self, b: int, params, stop_ids):
+    def _warm_up_and_capture(self, b: int, params, stop_ids, length: int):
         side = torch.cuda.Stream()
         side.wait_stream(torch.cuda.current_stream())
         with torch.cuda.stream(side):
-            self.checked_decode_step(b, params, stop_ids)
+            self.checked_decode_step(b, params, stop_ids, length)
         torch.cuda.current_stream().wait_stream(side)
         self.pool = self.pool or torch.cuda.graph_pool_handle()
         graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(graph, pool=self.pool):
-            self.decode_step(b, params, stop_ids)
+            self.decode_step(b, params, stop_ids, length)
         return graph
 
 

@@ -212,12 +212,35 @@ def test_static_cache_holds_the_trainers_columns(mcore_ctx, dtype):
             torch.testing.assert_close(got.float(), want[:fed].float(), atol=tol, rtol=0)
 
 
+def test_attention_over_a_length_bucket_of_the_cache_decodes_the_same(mcore_ctx, monkeypatch):
+    """SDPA decode attention reads the cache cut to the written slots rounded up to LENGTH_BLOCK (here 4, so
+    the cut moves every few steps): the same tokens and log-probs as reading all of it."""
+    from rlhf_mcore.rollout import static_decode
+
+    cfg = tiny_model_config(num_layers=2, dtype="fp32")
+    model = unwrap_model(build_model("actor", load_hf_config(cfg.model), cfg.model, cfg.parallel, mcore_ctx)).eval()
+    prompts = [[5, 6, 7, 8, 9, 10, 11], [12, 13], [14, 15, 16, 17]]
+    params = SamplingParams(n=2, max_new_tokens=12, temperature=1.0, seed=5)
+    runs, lengths = [], []
+    for block in (4, 10**6):
+        monkeypatch.setattr(static_decode, "LENGTH_BLOCK", block)
+        engine = NativeRolloutEngine(model, mcore_ctx, pad_id=0)
+        engine.static = StaticDecoder(model, lambda: lm_output_weight(model), use_graphs=False, attention="sdpa")
+        step = engine.static.decode_step
+        engine.static.decode_step = lambda *args: lengths.append(args[-1]) or step(*args)
+        runs.append(engine.generate(prompts, params))
+    assert sorted(set(lengths)) == [8, 12, 16, 19], "cut to multiples of 4, then the whole cache (7 + 12 slots)"
+    assert torch.equal(runs[0].tokens, runs[1].tokens)
+    torch.testing.assert_close(runs[0].rollout_logprobs, runs[1].rollout_logprobs, atol=1e-6, rtol=0)
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("attention", ["sdpa", "triton"])
 def test_graphed_rollout_logprobs_equal_the_trainers_on_ragged_prompts(mcore_ctx, attention):
     """bf16, ragged prompts, sampling: the graphed rollout's log-probs against the trainer's forward of the
     assembled batch (one right-padded micro-batch, causal). With the trainer's layout and SDPA decode attention
-    they are the trainer's numbers; the split-KV kernel sums in its own order (bf16 noise)."""
+    they are the trainer's numbers (over the cache cut to length buckets too: 160 new tokens cross them); the
+    split-KV kernel sums in its own order (bf16 noise)."""
     from rlhf_mcore.models.logprobs import token_logprobs
 
     cfg = tiny_model_config(hidden_size=128, ffn_hidden_size=256, num_layers=3, vocab_size=1000, dtype="bf16")
@@ -226,7 +249,7 @@ def test_graphed_rollout_logprobs_equal_the_trainers_on_ragged_prompts(mcore_ctx
     g = torch.Generator().manual_seed(0)
     lengths = torch.randint(3, 60, (48,), generator=g)
     prompts = [torch.randint(1, 1000, (int(n),), generator=g).tolist() for n in lengths]
-    batch = engine.generate(prompts, SamplingParams(n=4, max_new_tokens=40, temperature=1.0, seed=1))
+    batch = engine.generate(prompts, SamplingParams(n=4, max_new_tokens=160, temperature=1.0, seed=1))
     with torch.no_grad():
         positions = torch.arange(batch.tokens.size(1), device=batch.tokens.device)[None]
         hidden = model(batch.tokens, positions.expand_as(batch.tokens), None)
