@@ -142,7 +142,8 @@ class NativeRolloutConfig:
     cuda_graphs: bool = True  # CUDA-graphed decode at tp=pp=1 on a GPU (else eager, logged)
     keep_graphs: bool = True  # keep the static KV cache and graphs between steps (false frees them)
     compile_decode: bool = True  # torch.compile the graphed decode step (a compile error falls back, logged)
-    decode_attention: str = "auto"  # auto | triton (split-KV kernel) | sdpa; auto = triton on a GPU with triton
+    decode_attention: str = "auto"  # auto | triton (split-KV kernel, fastest) | sdpa; auto = sdpa where a probe
+    #                                 finds it bitwise the trainer's attention (exact log-probs), else triton
 
     def _checks(self, p: str) -> list[str]:
         return choice(f"{p}.decode_attention", self.decode_attention, ("auto", "triton", "sdpa"))

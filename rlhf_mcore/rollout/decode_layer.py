@@ -211,9 +211,12 @@ DECODE_ATTENTION.register("sdpa")(DecodeAttention(step_bias, decode_attention, r
 DECODE_ATTENTION.register("triton")(DecodeAttention(kernel_mask, kernel_attention, reads_to_pos=True))
 
 
-def pick_decode_attention(name: str, device: torch.device) -> tuple[str, str]:
-    """rollout.native.decode_attention -> (the entry to use, why). auto = triton where it can run (a CUDA
-    device and triton importable), else sdpa; an explicit triton without them falls back to sdpa.
+def pick_decode_attention(name: str, device: torch.device,
+                          sdpa_exact: Optional[Callable[[], bool]] = None) -> tuple[str, str]:
+    """rollout.native.decode_attention -> (the entry to use, why). auto = sdpa where it computes the trainer's
+    attention bitwise (`sdpa_exact()`, a probe on this device: cuDNN's flash kernel on an H200 with torch 2.11),
+    else triton where it can run (a CUDA device and triton importable: faster, sums in its own order), else
+    sdpa; an explicit triton without them falls back to sdpa.
 
     >>> pick_decode_attention("auto", torch.device("cpu"))
     ('sdpa', 'no CUDA device')
@@ -223,7 +226,31 @@ def pick_decode_attention(name: str, device: torch.device) -> tuple[str, str]:
     missing = "no CUDA device" if device.type != "cuda" else "" if kernel.HAS_TRITON else "triton not importable"
     if missing:
         return "sdpa", missing
-    return "triton", "split-KV kernel, kernels/decode_attention.py"
+    if name == "auto" and sdpa_exact is not None and sdpa_exact():
+        return "sdpa", "it computes the trainer's attention bitwise on this GPU (probe); decode_attention=triton " \
+                       "is faster and sums in its own order"
+    why = "" if name == "triton" else ", as sdpa does not compute the trainer's attention bitwise here (probe)"
+    return "triton", f"split-KV kernel, kernels/decode_attention.py{why}"
+
+
+def sdpa_is_trainer_exact(core_attention, heads: int, groups: int, head_dim: int, dtype: torch.dtype, device,
+                          scale: float) -> bool:
+    """Whether the SDPA decode attention gives, bitwise, what the trainer's causal forward through
+    `core_attention` (the model's own module) gives at the same positions: a random probe of 8 rows x 300
+    tokens in a 384-slot cache, on this device and dtype. Both are SDPA calls, but torch picks a kernel per
+    call (flash, cuDNN, memory-efficient), and only the same kernel sums in the same order."""
+    g = torch.Generator().manual_seed(0)
+    b, s, length = 8, 300, 384
+    q = torch.randn(s, b, heads, head_dim, generator=g).to(device, dtype)
+    k, v = (torch.randn(s, b, groups, head_dim, generator=g).to(device, dtype) for _ in range(2))
+    with torch.no_grad():
+        full = core_attention(q, k, v, None).view(s, b, heads, head_dim)  # the trainer's call, causal
+        cache_k, cache_v = (torch.zeros(b, groups, length, head_dim, dtype=dtype, device=device) for _ in range(2))
+        cache_k[:, :, :s], cache_v[:, :, :s] = k.permute(1, 2, 0, 3), v.permute(1, 2, 0, 3)
+        pos = torch.randint(0, s, (b,), generator=g).to(device)
+        rows = torch.arange(b, device=device)
+        got = decode_attention(q[pos, rows][None], cache_k, cache_v, step_bias(pos, length, dtype), scale)
+    return torch.equal(got.view(b, heads, head_dim), full[pos, rows])
 
 
 def attention_bias(allowed: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:

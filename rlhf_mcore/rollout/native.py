@@ -102,9 +102,14 @@ class NativeRolloutEngine:
             log.info("native rollout: CUDA graphs unavailable (%s); decoding eagerly", "; ".join(blockers))
             return None
         from rlhf_mcore.models.heads import lm_output_weight
-        from rlhf_mcore.rollout.decode_layer import pick_decode_attention
+        from rlhf_mcore.rollout.decode_layer import pick_decode_attention, sdpa_is_trainer_exact
 
-        attention, why = pick_decode_attention(attention, self.ctx.device)
+        layer = self.model.decoder.layers[0].self_attention
+        core = layer.core_attention
+        attention, why = pick_decode_attention(attention, self.ctx.device, lambda: sdpa_is_trainer_exact(
+            core, layer.num_attention_heads_per_partition, layer.num_query_groups_per_partition,
+            layer.hidden_size_per_attention_head, self.model.config.params_dtype, self.ctx.device,
+            core.softmax_scale))
         log.info("native rollout: CUDA-graphed decode (static KV cache, graphs per batch-size bucket%s, %s "
                  "attention: %s)", ", torch.compile'd step" if compile_decode else "", attention, why)
         return StaticDecoder(self.model, lambda: lm_output_weight(self.model), use_graphs=True,

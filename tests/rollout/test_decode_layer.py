@@ -202,3 +202,41 @@ def test_inductor_pieces_equal_eager_bitwise_on_gpu():
             got, want = getattr(compiled, name)(*args), getattr(eager, name)(*args)
             for a, e in zip(got if isinstance(got, tuple) else (got,), want if isinstance(want, tuple) else (want,)):
                 assert torch.equal(a, e), f"{name}: {(a != e).float().mean().item():.2e} of the elements differ"
+
+
+def test_auto_decode_attention_takes_sdpa_only_where_the_probe_finds_it_exact(monkeypatch):
+    monkeypatch.setattr(fn.kernel, "HAS_TRITON", True)
+    gpu = torch.device("cuda")  # only its type is read
+    assert fn.pick_decode_attention("auto", gpu, lambda: True)[0] == "sdpa"
+    assert fn.pick_decode_attention("auto", gpu, lambda: False)[0] == "triton"
+    assert fn.pick_decode_attention("triton", gpu, lambda: True)[0] == "triton"  # asked for: no probe
+    assert fn.pick_decode_attention("sdpa", gpu, lambda: False)[0] == "sdpa"
+    assert fn.pick_decode_attention("auto", torch.device("cpu"), lambda: False)[0] == "sdpa"
+
+
+def test_exactness_probe_compares_with_the_trainers_causal_call():
+    """The probe is True for a core attention that IS the decode computation at each position (same call per
+    query), and False once that attention is off by one ulp in one output element."""
+    from rlhf_mcore.rollout.decode_layer import decode_attention, sdpa_is_trainer_exact, step_bias
+
+    heads, groups, d, scale = 4, 2, 16, 0.25
+
+    def causal_by_decode(q, k, v, mask):  # [s, b, H, D] -> [s, b, H * D], one decode call per row and position
+        s, b = q.shape[:2]
+        cache_k, cache_v = (torch.zeros(b, groups, 384, d) for _ in range(2))
+        cache_k[:, :, :s], cache_v[:, :, :s] = k.permute(1, 2, 0, 3), v.permute(1, 2, 0, 3)
+        out = torch.empty(s, b, heads * d)
+        for t in range(s):
+            for i in range(b):
+                pos = torch.tensor([t])
+                out[t, i] = decode_attention(q[t, i][None, None], cache_k[i:i + 1], cache_v[i:i + 1],
+                                             step_bias(pos, 384, q.dtype), scale)[0, 0]
+        return out
+
+    def off_by_an_ulp(q, k, v, mask):
+        out = causal_by_decode(q, k, v, mask)
+        out[..., 7] = torch.nextafter(out[..., 7], torch.tensor(1e9))
+        return out
+
+    assert sdpa_is_trainer_exact(causal_by_decode, heads, groups, d, torch.float32, "cpu", scale)
+    assert not sdpa_is_trainer_exact(off_by_an_ulp, heads, groups, d, torch.float32, "cpu", scale)
