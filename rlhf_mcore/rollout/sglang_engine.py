@@ -9,7 +9,9 @@ process on the same GPU, at any training layout (TP x PP x DP):
 - weights: the engine starts from the actor's own weights (gathered over TP, broadcast over PP by
   `models.full_weights`, written once as an HF directory) and receives them again after every update with
   `update_weights_from_tensor` (CUDA tensors, no copy to disk), converted and sent in buckets of
-  rollout.sglang.weight_bucket_mb as they are gathered;
+  rollout.sglang.weight_bucket_mb as they are gathered, each bucket one flat tensor (`sglang_weights`);
+- prompts: a prompt's n samples are n requests (SGLang's own `n` is slow for large batches); the distinct
+  prompts are prefilled once into SGLang's prefix cache first, so each sample computes only its last token;
 - memory: between rollouts its weights and KV cache are released (SGLang's memory saver), so training
   gets the memory back.
 
@@ -27,13 +29,14 @@ import logging
 import os
 import tempfile
 import time
-from typing import Iterable, Iterator, Optional
+from typing import Callable, Iterable, Optional
 
 import torch
 
 from rlhf_mcore.models.full_weights import FullWeights, hf_weights, unwrap_model
 from rlhf_mcore.rollout.base import ROLLOUT_ENGINES, EngineSetup
 from rlhf_mcore.rollout.replicas import generate_shared
+from rlhf_mcore.rollout.sglang_weights import FLATTENED, flatten_bucket, sglang_payload, weight_buckets
 from rlhf_mcore.rollout.responses import Response, assemble_batch
 from rlhf_mcore.rollout.stopping import Decode, ends_with_stop_string
 from rlhf_mcore.rollout.types import RolloutBatch, SamplingParams
@@ -151,27 +154,6 @@ def set_compile_cache(directory: str) -> None:
         os.environ.setdefault(var, os.path.join(directory, sub))
 
 
-def weight_buckets(named: Iterable[tuple[str, torch.Tensor]], bucket_bytes: int
-                   ) -> Iterator[list[tuple[str, torch.Tensor]]]:
-    """Consecutive groups of (name, tensor) of at most bucket_bytes each (a larger tensor goes alone),
-    drawn lazily from `named`.
-
-    >>> [[n for n, _ in b] for b in weight_buckets([("a", torch.zeros(4)), ("b", torch.zeros(4)),
-    ...                                              ("c", torch.zeros(9))], 32)]
-    [['a', 'b'], ['c']]
-    """
-    bucket, size = [], 0
-    for name, tensor in named:
-        nbytes = tensor.numel() * tensor.element_size()
-        if bucket and size + nbytes > bucket_bytes:
-            yield bucket
-            bucket, size = [], 0
-        bucket.append((name, tensor))
-        size += nbytes
-    if bucket:
-        yield bucket
-
-
 def to_response(out: dict) -> Response:
     meta = out["meta_info"]
     reason = (meta.get("finish_reason") or {}).get("type", "length")
@@ -183,12 +165,16 @@ def to_response(out: dict) -> Response:
 class SGLangRolloutEngine:
     """One embedded engine per GPU (any training layout); see the module doc and `rollout.base`."""
 
-    def __init__(self, setup: EngineSetup, bucket_bytes: int, server, weights: Optional[FullWeights] = None):
+    def __init__(self, setup: EngineSetup, bucket_bytes: int, server, weights: Optional[FullWeights] = None,
+                 encode: Optional[Callable] = None):
         """`server`: the engine behind the thin calls below (an `sglang.Engine` on a GPU; a stand-in in tests).
-        `weights`: the actor's full weights at this layout (built here, collectively, when not given)."""
+        `weights`: the actor's full weights at this layout (built here, collectively, when not given).
+        `encode(flat, entries)`: a flat weight bucket as the server takes it (`sglang_weights.sglang_payload`);
+        None sends each bucket's tensors one by one. `prefill_prompts_once`: see `generate`."""
         self.ctx, self.pad_id, self.decode = setup.ctx, setup.pad_id, setup.decode
         self.hf_cfg, self.bucket_bytes, self.engine = setup.hf_config, bucket_bytes, server
         self.weights = weights or FullWeights(setup.model, setup.ctx)
+        self.encode, self.prefill_prompts_once = encode, True
 
     @classmethod
     def build(cls, options, setup: EngineSetup) -> "SGLangRolloutEngine":
@@ -202,11 +188,13 @@ class SGLangRolloutEngine:
         set_compile_cache(options.compile_cache_dir)
         kwargs = engine_kwargs(options, setup, dtype, torch.cuda.current_device())
         server = sglang.Engine(model_path=model_dir, **kwargs)
-        engine = cls(setup, options.weight_bucket_mb * 2**20, server, weights)
+        engine = cls(setup, options.weight_bucket_mb * 2**20, server, weights, encode=sglang_payload)
         log.info("rollout engine: embedded SGLang %s on GPU %d (%s attention, decode CUDA graphs up to batch %d, "
-                 "memory saver) started in %.1f s (JIT compile + graph capture; rollout.sglang.compile_cache_dir=%r)",
+                 "memory saver, weight refresh in flat buckets of %d MiB) started in %.1f s (JIT compile + graph capture; "
+                 "rollout.sglang.compile_cache_dir=%r)",
                  sglang.__version__, torch.cuda.current_device(), kwargs["attention_backend"],
-                 kwargs["cuda_graph_max_bs_decode"], time.perf_counter() - start, options.compile_cache_dir)
+                 kwargs["cuda_graph_max_bs_decode"], options.weight_bucket_mb, time.perf_counter() - start,
+                 options.compile_cache_dir)
         return engine
 
     def generate(self, prompts: list[list[int]], params: SamplingParams, show_progress: bool = False) -> RolloutBatch:
@@ -216,16 +204,28 @@ class SGLangRolloutEngine:
         sampling = sglang_sampling(params)
 
         def generate_rows(mine: list[list[int]]) -> list[Response]:
+            self._prefill_shared_prompts(mine)
             outs = self.engine.generate(input_ids=mine, sampling_params=sampling, return_logprob=True)
             return [cut_at_stop_string(to_response(o), params.stop_strings, self.decode) for o in outs]
 
         responses = generate_shared(rows, generate_rows, self.ctx.pgs.mp)  # every GPU of the replica
         return assemble_batch(rows, responses, self.pad_id, self.ctx.device)
 
+    def _prefill_shared_prompts(self, rows: list[list[int]]) -> None:
+        """A prompt that several rows share (its n samples) is prefilled once, into SGLang's prefix cache,
+        before the rows are sent: each row then computes only its last prompt token. Sent at once, the rows
+        would each prefill the whole prompt (above 128 waiting requests SGLang's scheduler stops matching
+        prefixes within a batch), and SGLang's own `n` waits for each prompt's prefill in turn."""
+        unique = list(dict.fromkeys(map(tuple, rows)))
+        if self.prefill_prompts_once and len(unique) < len(rows):
+            self.engine.generate(input_ids=[list(p) for p in unique], sampling_params={"max_new_tokens": 0},
+                                 return_logprob=False)
+
     def update_weights(self, actor_model) -> dict[str, float]:
         """The actor's full weights on every GPU (TP gather, PP broadcast), converted to HF names and sent
-        in buckets of rollout.sglang.weight_bucket_mb as they are made; each bucket is dropped once sent (the
-        extra memory is one bucket plus the tensor being converted); the prefix cache is flushed once at the
+        in buckets of rollout.sglang.weight_bucket_mb as they are made, each flattened into one tensor
+        (`sglang_weights`); each bucket is dropped once sent (the extra memory is one bucket, its flat copy
+        and the tensor being converted); the prefix cache is flushed once at the
         end. Returns the bytes handed to the engine and received over TP/PP on this rank, in GB."""
         if unwrap_model(actor_model) is not self.weights.model:
             self.weights = FullWeights(actor_model, self.ctx)
@@ -240,7 +240,11 @@ class SGLangRolloutEngine:
                 "perf/weight_reshard_gb": (self.weights.bytes_received - received) / 1e9}
 
     def _send(self, bucket: list) -> None:
-        ok, message = self.engine.update_weights_from_tensor(bucket, flush_cache=False)
+        if self.encode is None:
+            ok, message = self.engine.update_weights_from_tensor(bucket, flush_cache=False)
+        else:  # one flat tensor: one CUDA IPC handle per bucket instead of one per tensor (sglang_weights)
+            ok, message = self.engine.update_weights_from_tensor(self.encode(*flatten_bucket(bucket)),
+                                                                 load_format=FLATTENED, flush_cache=False)
         if not ok:
             raise RuntimeError(f"sglang update_weights_from_tensor failed: {message}")
 

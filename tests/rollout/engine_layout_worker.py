@@ -50,6 +50,8 @@ class StandIn:
         self.flushes += 1
 
     def generate(self, input_ids, sampling_params, return_logprob):
+        if sampling_params["max_new_tokens"] == 0:  # the engine's prefill of shared prompts: no rows
+            return [{"output_ids": [], "meta_info": {"finish_reason": {"type": "length"}}} for _ in input_ids]
         self.rows += input_ids
         return [{"output_ids": [sum(p) % 200 + 1, len(p)], "meta_info": {
             "finish_reason": {"type": "length"}, "output_token_logprobs": [(-0.5, 0, None), (-1.0, 0, None)]}}

@@ -22,8 +22,14 @@ from rlhf_mcore.rollout.sglang_engine import (
     to_response,
     write_hf_dir,
 )
+from rlhf_mcore.rollout.sglang_weights import FLATTENED, unflatten_bucket
 from rlhf_mcore.rollout.types import SamplingParams
 from tests.conftest import tiny_model_config
+
+
+def encode_flat(flat, entries):
+    """What the stand-in server takes for a flat bucket (on a GPU: `sglang_weights.sglang_payload`)."""
+    return flat.clone(), entries
 
 
 def setup_for(actor, hf, ctx, **overrides) -> EngineSetup:
@@ -33,12 +39,16 @@ def setup_for(actor, hf, ctx, **overrides) -> EngineSetup:
 
 
 class StandIn:
-    """What the engine calls on an sglang.Engine, recorded (generate answers `prompt[-1] + 1` twice)."""
+    """What the engine calls on an sglang.Engine, recorded (generate answers `prompt[-1] + 1` twice; a flat
+    bucket, encoded by `encode_flat`, is read back as SGLang's loader reads it)."""
 
     def __init__(self):
-        self.calls, self.flushes, self.prompts = [], 0, []
+        self.calls, self.flushes, self.prompts, self.prefills, self.formats = [], 0, [], [], []
 
-    def update_weights_from_tensor(self, named, flush_cache):
+    def update_weights_from_tensor(self, named, load_format=None, flush_cache=True):
+        if load_format == FLATTENED:
+            named = unflatten_bucket(*named)
+        self.formats.append(load_format)
         self.calls.append(([(n, t.clone()) for n, t in named], flush_cache))
         return True, "Success"
 
@@ -46,6 +56,9 @@ class StandIn:
         self.flushes += 1
 
     def generate(self, input_ids, sampling_params, return_logprob):
+        if sampling_params["max_new_tokens"] == 0:  # a prefill into the prefix cache: no output kept
+            self.prefills.append(input_ids)
+            return [{"output_ids": [], "meta_info": {"finish_reason": {"type": "length"}}} for _ in input_ids]
         self.prompts.append(input_ids)
         return [{"output_ids": [p[-1] + 1, p[-1] + 2], "meta_info": {
             "finish_reason": {"type": "length"}, "output_token_logprobs": [(-0.5, 0, None), (-0.25, 0, None)]}}
@@ -83,17 +96,20 @@ def test_needs_a_gpu():
         check_supported()
 
 
-def test_weight_refresh_in_buckets_with_one_flush(mcore_ctx):
+@pytest.mark.parametrize("encode", [encode_flat, None], ids=["flat-buckets", "tensors"])
+def test_weight_refresh_in_buckets_with_one_flush(mcore_ctx, encode):
     """update_weights sends every HF tensor exactly once, equal to the converter's, in buckets of at most
-    weight_bucket_mb (a larger tensor alone), then flushes the prefix cache once; it reports the bytes."""
+    weight_bucket_mb (a larger tensor alone), each one flat tensor (SGLang's flattened_bucket format) or
+    tensor by tensor, then flushes the prefix cache once; it reports the bytes."""
     from rlhf_mcore.convert.mcore import full_state_dict
     from rlhf_mcore.models.weights import mcore_to_hf
 
     cfg = tiny_model_config(tie_embeddings=True)
     hf = load_hf_config(cfg.model)
     actor = build_model("actor", hf, cfg.model, cfg.parallel, mcore_ctx)
-    engine = SGLangRolloutEngine(setup_for(actor, hf, mcore_ctx), 40_000, StandIn())
+    engine = SGLangRolloutEngine(setup_for(actor, hf, mcore_ctx), 40_000, StandIn(), encode=encode)
     metrics = engine.update_weights(actor)
+    assert set(engine.engine.formats) == {FLATTENED if encode else None}
     want = mcore_to_hf(full_state_dict(actor), hf, role="actor")
     sent = [pair for named, _ in engine.engine.calls for pair in named]
     assert [n for n, _ in sent] == list(want) and all(torch.equal(t, want[n]) for n, t in sent)
@@ -114,10 +130,13 @@ def test_generate_expands_samples_and_cuts_stop_strings(mcore_ctx):
     decode = lambda ids: "".join(chr(96 + i) for i in ids)  # noqa: E731
     engine = SGLangRolloutEngine(setup_for(actor, hf, mcore_ctx, decode=decode), 1 << 20, StandIn())
     batch = engine.generate([[1, 2], [5]], SamplingParams(n=2, max_new_tokens=2, stop_strings=("f",)))
+    assert engine.engine.prefills == [[[1, 2], [5]]]  # each prompt prefilled once, into the prefix cache
     assert engine.engine.prompts == [[[1, 2], [1, 2], [5], [5]]]
     assert batch.tokens.tolist() == [[1, 2, 3, 4], [1, 2, 3, 4], [5, 6, 0, 0], [5, 6, 0, 0]]
     assert batch.finish_reasons == ["length", "length", "stop", "stop"]
     assert batch.response_lengths.tolist() == [2, 2, 1, 1]
+    engine.generate([[1, 2], [5]], SamplingParams(n=1, max_new_tokens=2))
+    assert len(engine.engine.prefills) == 1  # no prompt shared by two rows: nothing to prefill first
 
 
 def test_engine_arguments_follow_the_options(mcore_ctx):

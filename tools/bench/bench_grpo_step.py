@@ -85,7 +85,9 @@ def parse_args(argv=None):
     p.add_argument("--profile-rollout", default="", help="write a torch.profiler table of a 512 x 17 rollout here")
     p.add_argument("--profile", default="", help="write a torch.profiler table of one step to this file")
     p.add_argument("--combine", default="", help="directory of grpo_step_part_*.json to merge")
+    p.add_argument("--combined-name", default="grpo_step_qwen2.5-0.5b.json", help="file name of the merged JSON")
     p.add_argument("--out", default="", help="directory for the JSON result")
+    p.add_argument("--label", default="", help="a name for this variant: system ours-<engine>-<label>, its own file")
     return p.parse_args(argv)
 
 
@@ -162,13 +164,18 @@ def timed_step(run, step: int) -> dict:
 
 
 def standalone_rollout(run, args) -> dict:
-    """512 x 256 (the step's rollout) alone, with log-probs: best of two, and a prefill-only call."""
+    """512 x 256 (the step's rollout) alone, with log-probs: best of two, and a prefill-only call. SGLang's
+    prefix cache is flushed before each call (prompts are new in every step); its A/B rows: the prompts
+    cached from the call before, each row prefilling its whole prompt, the weight refresh tensor by tensor."""
     prompts = [list(p.prompt_ids) for p in run.sampler.next_batch()]
+    sglang = args.engine == "sglang"
 
-    def best(max_new: int) -> float:
+    def best(max_new: int, flush: bool = sglang) -> float:
         params = SamplingParams(n=args.n, max_new_tokens=max_new, temperature=1.0, seed=3)
         times = []
         for _ in range(2):  # train_step left the engine resumed, with the current weights
+            if flush:
+                run.engine.engine.flush_cache()
             sync()
             start = time.perf_counter()
             run.engine.generate(prompts, params)
@@ -177,9 +184,19 @@ def standalone_rollout(run, args) -> dict:
         return min(times)
 
     full, prefill = best(args.new_tokens), best(1)
-    return {"weight_refresh_s": time_weight_refresh(run),"rollout_s": full, "prefill_s": prefill,
-            "ms_per_decode_step": 1e3 * (full - prefill) / max(args.new_tokens - 1, 1),
-            "rollout_tok_s": args.prompts * args.n * args.new_tokens / full}
+    result = {"weight_refresh_s": time_weight_refresh(run), "rollout_s": full, "prefill_s": prefill,
+              "ms_per_decode_step": 1e3 * (full - prefill) / max(args.new_tokens - 1, 1),
+              "rollout_tok_s": args.prompts * args.n * args.new_tokens / full}
+    if sglang:
+        result["rollout_prompts_cached_s"] = best(args.new_tokens, flush=False)
+        run.engine.prefill_prompts_once = False
+        result["rollout_each_row_prefills_s"] = best(args.new_tokens)
+        result["prefill_each_row_prefills_s"] = best(1)
+        run.engine.prefill_prompts_once = True
+        encode, run.engine.encode = run.engine.encode, None
+        result["weight_refresh_tensors_s"] = time_weight_refresh(run)
+        run.engine.encode = encode
+    return result
 
 
 def time_weight_refresh(run) -> float:
@@ -223,7 +240,7 @@ def summarize(args, cfg, run, steps: list[dict], rollout: dict) -> dict:
     train_s = med["old_log_prob"] + med["update_actor"]
     last = steps[-1]
     return {
-        "system": f"ours-{args.engine}", "engine": args.engine, "step_s": med["step"], "phases_s": med,
+        "system": f"ours-{args.engine}" + (f"-{args.label}" if args.label else ""), "engine": args.engine, "step_s": med["step"], "phases_s": med,
         "steps_s": [s["timing_s/step"] for s in steps], "tokens_per_s": rows * seq / med["step"],
         "peak_mem_gib": torch.cuda.max_memory_allocated() / 2**30 if torch.cuda.is_available() else None,
         "mismatch": {k: last.get(k) for k in ("rollout/mismatch_logp_abs_diff", "rollout/mismatch_kl_k1",
@@ -278,14 +295,14 @@ def bench(args) -> dict:
 
 
 def print_table(systems: list[dict]) -> None:
-    print(f"{'system':<14}{'step s':>8}{'gen s':>8}{'logp s':>8}{'update s':>9}{'sync s':>8}{'tok/s':>9}"
+    print(f"{'system':<22}{'step s':>8}{'gen s':>8}{'logp s':>8}{'update s':>9}{'sync s':>8}{'tok/s':>9}"
           f"{'rollout s':>10}{'ms/dec':>8}{'mismatch':>10}{'exact':>7}{'MFU':>7}{'mem GiB':>9}")
     for s in systems:
         ph, ro = s.get("phases_s", {}), s.get("rollout", {})
 
         def f(v, fmt):
             return format(v, fmt) if isinstance(v, (int, float)) else "-".rjust(int(fmt.rstrip("f%").split(".")[0]))
-        print(f"{s['system']:<14}{f(s['step_s'], '8.3f')}{f(ph.get('gen'), '8.3f')}{f(ph.get('old_log_prob'), '8.3f')}"
+        print(f"{s['system']:<22}{f(s['step_s'], '8.3f')}{f(ph.get('gen'), '8.3f')}{f(ph.get('old_log_prob'), '8.3f')}"
               f"{f(ph.get('update_actor', ph.get('train')), '9.3f')}{f(ph.get('sync_weights'), '8.3f')}"
               f"{f(s.get('tokens_per_s'), '9.0f')}{f(ro.get('rollout_s'), '10.3f')}"
               f"{f(ro.get('ms_per_decode_step'), '8.2f')}"
@@ -294,7 +311,7 @@ def print_table(systems: list[dict]) -> None:
               f"{f(s.get('logprob_update_mfu'), '7.1%')}{f(s.get('peak_mem_gib'), '9.1f')}")
 
 
-def combine(directory: str, out: str) -> None:
+def combine(directory: str, out: str, name: str = "grpo_step_qwen2.5-0.5b.json") -> None:
     parts = [json.loads(p.read_text()) for p in sorted(Path(directory).glob("grpo_step_part_*.json"))]
     trl = next((p for p in parts if p["system"].startswith("trl")), None)
     for p in parts:
@@ -303,7 +320,7 @@ def combine(directory: str, out: str) -> None:
     if trl:
         print("speed-up vs TRL: " + ", ".join(f"{p['system']} {p['speedup_vs_trl']:.2f}x" for p in parts))
     if out:
-        path = Path(out) / "grpo_step_qwen2.5-0.5b.json"
+        path = Path(out) / name
         path.write_text(json.dumps({"systems": parts, "baseline": trl and trl["system"]}, indent=2))
         print(f"wrote {path}")
 
@@ -311,19 +328,20 @@ def combine(directory: str, out: str) -> None:
 def main(argv=None) -> None:
     args = parse_args(argv)
     if args.combine:
-        return combine(args.combine, args.out)
+        return combine(args.combine, args.out, args.combined_name)
     result = bench(args)
     if torchrun_env()[0] != 0:
         return
     world = torchrun_env()[2]
     result["layout"] = {"tp": args.tp, "pp": args.pp, "dp": world // (args.tp * args.pp)}
     print_table([result])
-    if result["rollout"].get("weight_refresh_s") is not None:
-        print(f"weight refresh alone (update_weights, engine resumed): {result['rollout']['weight_refresh_s']:.4f} s")
+    for key, value in result["rollout"].items():
+        print(f"standalone {key}: {value:.4f}")
     if args.out:
         Path(args.out).mkdir(parents=True, exist_ok=True)
         layout = f"_tp{args.tp}pp{args.pp}dp{world // (args.tp * args.pp)}" if world > 1 else ""
-        path = Path(args.out) / f"grpo_step_part_{args.engine}{layout}{'_tiny' if args.tiny else ''}.json"
+        label = f"_{args.label}" if args.label else ""
+        path = Path(args.out) / f"grpo_step_part_{args.engine}{label}{layout}{'_tiny' if args.tiny else ''}.json"
         path.write_text(json.dumps(result, indent=2))
         print(f"wrote {path}")
 
