@@ -36,8 +36,8 @@ import torch
 from rlhf_mcore.models.full_weights import FullWeights, hf_weights, unwrap_model
 from rlhf_mcore.rollout.base import ROLLOUT_ENGINES, EngineSetup
 from rlhf_mcore.rollout.replicas import generate_shared
-from rlhf_mcore.rollout.sglang_weights import FLATTENED, flatten_bucket, sglang_payload, weight_buckets
 from rlhf_mcore.rollout.responses import Response, assemble_batch
+from rlhf_mcore.rollout.sglang_weights import FLATTENED, flatten_bucket, sglang_payload, weight_buckets
 from rlhf_mcore.rollout.stopping import Decode, ends_with_stop_string
 from rlhf_mcore.rollout.types import RolloutBatch, SamplingParams
 
@@ -190,8 +190,8 @@ class SGLangRolloutEngine:
         server = sglang.Engine(model_path=model_dir, **kwargs)
         engine = cls(setup, options.weight_bucket_mb * 2**20, server, weights, encode=sglang_payload)
         log.info("rollout engine: embedded SGLang %s on GPU %d (%s attention, decode CUDA graphs up to batch %d, "
-                 "memory saver, weight refresh in flat buckets of %d MiB) started in %.1f s (JIT compile + graph capture; "
-                 "rollout.sglang.compile_cache_dir=%r)",
+                 "memory saver, weight refresh in flat buckets of %d MiB) started in %.1f s (JIT compile + graph "
+                 "capture; rollout.sglang.compile_cache_dir=%r)",
                  sglang.__version__, torch.cuda.current_device(), kwargs["attention_backend"],
                  kwargs["cuda_graph_max_bs_decode"], options.weight_bucket_mb, time.perf_counter() - start,
                  options.compile_cache_dir)

@@ -240,7 +240,8 @@ def summarize(args, cfg, run, steps: list[dict], rollout: dict) -> dict:
     train_s = med["old_log_prob"] + med["update_actor"]
     last = steps[-1]
     return {
-        "system": f"ours-{args.engine}" + (f"-{args.label}" if args.label else ""), "engine": args.engine, "step_s": med["step"], "phases_s": med,
+        "system": f"ours-{args.engine}" + (f"-{args.label}" if args.label else ""), "engine": args.engine,
+        "step_s": med["step"], "phases_s": med,
         "steps_s": [s["timing_s/step"] for s in steps], "tokens_per_s": rows * seq / med["step"],
         "peak_mem_gib": torch.cuda.max_memory_allocated() / 2**30 if torch.cuda.is_available() else None,
         "mismatch": {k: last.get(k) for k in ("rollout/mismatch_logp_abs_diff", "rollout/mismatch_kl_k1",
