@@ -20,9 +20,11 @@ import argparse
 import json
 import statistics
 import tempfile
+import threading
 import time
 import types
 from pathlib import Path
+from typing import Optional
 
 import torch
 
@@ -186,7 +188,8 @@ def standalone_rollout(run, args) -> dict:
     full, prefill = best(args.new_tokens), best(1)
     result = {"weight_refresh_s": time_weight_refresh(run), "rollout_s": full, "prefill_s": prefill,
               "ms_per_decode_step": 1e3 * (full - prefill) / max(args.new_tokens - 1, 1),
-              "rollout_tok_s": args.prompts * args.n * args.new_tokens / full}
+              "rollout_tok_s": args.prompts * args.n * args.new_tokens / full,
+              "rollout_gpu_busy": gpu_busy(lambda: best(args.new_tokens))}
     if sglang:
         result["rollout_prompts_cached_s"] = best(args.new_tokens, flush=False)
         run.engine.prefill_prompts_once = False
@@ -197,6 +200,31 @@ def standalone_rollout(run, args) -> dict:
         result["weight_refresh_tensors_s"] = time_weight_refresh(run)
         run.engine.encode = encode
     return result
+
+
+def gpu_busy(fn) -> Optional[float]:
+    """The share of time the GPU ran a kernel while fn() ran (NVML's utilization, sampled every 20 ms and
+    averaged; it counts the other processes on the GPU too, e.g. SGLang's scheduler); None without NVML."""
+    try:
+        import pynvml
+
+        pynvml.nvmlInit()
+        handle = pynvml.nvmlDeviceGetHandleByIndex(torch.cuda.current_device())
+    except Exception:  # noqa: BLE001 (no NVML here: the figure is simply not available)
+        return None
+    samples, done = [], threading.Event()
+
+    def sample() -> None:
+        while not done.wait(0.02):
+            samples.append(pynvml.nvmlDeviceGetUtilizationRates(handle).gpu)
+    thread = threading.Thread(target=sample, daemon=True)
+    thread.start()
+    try:
+        fn()
+    finally:
+        done.set()
+        thread.join()
+    return sum(samples) / len(samples) / 100 if samples else None
 
 
 def time_weight_refresh(run) -> float:
@@ -337,7 +365,7 @@ def main(argv=None) -> None:
     result["layout"] = {"tp": args.tp, "pp": args.pp, "dp": world // (args.tp * args.pp)}
     print_table([result])
     for key, value in result["rollout"].items():
-        print(f"standalone {key}: {value:.4f}")
+        print(f"standalone {key}: {value if value is None else round(value, 4)}")
     if args.out:
         Path(args.out).mkdir(parents=True, exist_ok=True)
         layout = f"_tp{args.tp}pp{args.pp}dp{world // (args.tp * args.pp)}" if world > 1 else ""

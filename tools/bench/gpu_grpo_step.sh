@@ -16,6 +16,7 @@
 #   cp .carry/part1/*.whl .gpu-speed-w1/ && cp .carry/part2/*.whl .gpu-speed-w2/
 #   run(carry=[".gpu-speed-w1"]): W1=.gpu-speed-w1 bash tools/bench/gpu_grpo_step.sh part1
 #   run(carry=[".gpu-speed-w2"]): W2=.gpu-speed-w2 bash tools/bench/gpu_grpo_step.sh part2
+# Switches: TESTS=0 (no GPU tests), STEPS (timed steps, 3), ALT=0 (part1: the default native run only, no TRL).
 # CPU dry run of the benchmark calls (tiny model): DRY=1 OUT=/tmp/dry bash tools/bench/gpu_grpo_step.sh part1
 set -uo pipefail
 PART=${1:?part1|part2}
@@ -39,12 +40,15 @@ part1)
     python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/trlsite "$W1"/trl/*.whl \
         || exit 4
     nvidia-smi --query-gpu=name,memory.total,clocks.sm --format=csv,noheader
+  fi
+  if [[ -z ${DRY:-} && ${TESTS:-1} == 1 ]]; then
     echo "=== GPU tests ($(date +%T))"
     timeout 200 python3 -m pytest -q -p no:cacheprovider -p no:warnings -m gpu tests/kernels \
         tests/rollout/test_static_decode.py tests/rollout/test_decode_layer.py tests/rollout/test_logprob_agreement.py \
         2>&1 | tail -6
   fi
-  bench native 170 --engine native --steps 3
+  bench native 170 --engine native --steps "${STEPS:-3}"
+  [[ ${ALT:-1} == 1 ]] || { cp "$KEEP"/grpo_step_part_*.json "$OUT"/; exit 0; }
   auto=$(python3 -c "import json, glob; print(json.load(open(sorted(glob.glob('$KEEP/grpo_step_part_native.json') +
       glob.glob('$KEEP/grpo_step_part_native_tiny.json'))[0]))['config']['decode_attention'])")
   if [[ $auto == sdpa ]]; then bench native_triton 150 --engine native --decode-attention triton --steps 3 --label triton
@@ -56,12 +60,13 @@ part1)
   fi
   cp "$KEEP"/grpo_step_part_*.json "$OUT"/ ;;
 part2)
-  if [[ -z ${DRY:-} ]]; then sglang_part part2
+  if [[ -z ${DRY:-} ]]; then sglang_part part2; fi
+  if [[ -z ${DRY:-} && ${TESTS:-1} == 1 ]]; then
     echo "=== GPU test: SGLang engine vs the trainer, weight refresh in flat buckets ($(date +%T))"
     timeout 200 python3 -m pytest -q -p no:cacheprovider -p no:warnings -m gpu tests/rollout/test_sglang_engine.py \
-        2>&1 | tail -4
+        2>&1 | tee "$OUT/sglang_gpu_test.log" | grep -E "passed|failed|rror" | tail -4
   fi
-  bench sglang 400 --engine sglang --attention-backend flashinfer --steps 3
+  bench sglang 400 --engine sglang --attention-backend flashinfer --steps "${STEPS:-3}"
   cp "$KEEP"/grpo_step_part_sglang*.json "$OUT"/ 2>/dev/null
   python3 -m tools.bench.bench_grpo_step --combine "$KEEP" --out "$OUT" --combined-name grpo_step_b2b.json ;;
 *) echo "unknown part $PART"; exit 2 ;;
