@@ -196,10 +196,32 @@ def standalone_rollout(run, args) -> dict:
         result["rollout_each_row_prefills_s"] = best(args.new_tokens)
         result["prefill_each_row_prefills_s"] = best(1)
         run.engine.prefill_prompts_once = True
+        result["rollout_no_logprobs_s"], result["rollout_no_logprobs_gpu_busy"] = sglang_without_logprobs(
+            run, prompts, args)
         encode, run.engine.encode = run.engine.encode, None
         result["weight_refresh_tensors_s"] = time_weight_refresh(run)
         run.engine.encode = encode
     return result
+
+
+def sglang_without_logprobs(run, prompts, args) -> tuple[float, Optional[float]]:
+    """The same rollout straight through sglang.Engine.generate without log-probs (what SGLang's scheduler
+    costs per token for them): seconds (best of 2, prefix cache flushed) and the GPU's busy share."""
+    from rlhf_mcore.rollout.sglang_engine import sglang_sampling
+
+    rows = [p for p in prompts for _ in range(args.n)]
+    sampling = sglang_sampling(SamplingParams(n=args.n, max_new_tokens=args.new_tokens, temperature=1.0))
+    server, times = run.engine.engine, []
+
+    def once() -> None:
+        server.flush_cache()
+        sync()
+        start = time.perf_counter()
+        server.generate(input_ids=rows, sampling_params=sampling, return_logprob=False)
+        times.append(time.perf_counter() - start)
+    once()
+    busy = gpu_busy(once)
+    return min(times), busy
 
 
 def gpu_busy(fn) -> Optional[float]:
