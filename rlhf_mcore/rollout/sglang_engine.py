@@ -170,7 +170,7 @@ class SGLangRolloutEngine:
         """`server`: the engine behind the thin calls below (an `sglang.Engine` on a GPU; a stand-in in tests).
         `weights`: the actor's full weights at this layout (built here, collectively, when not given).
         `encode(flat, entries)`: a flat weight bucket as the server takes it (`sglang_weights.sglang_payload`);
-        None sends each bucket's tensors one by one. `prefill_prompts_once`: see `generate`."""
+        None sends each bucket's tensors one by one. `prefill_prompts_once`: see `_prefill_shared_prompts`."""
         self.ctx, self.pad_id, self.decode = setup.ctx, setup.pad_id, setup.decode
         self.hf_cfg, self.bucket_bytes, self.engine = setup.hf_config, bucket_bytes, server
         self.weights = weights or FullWeights(setup.model, setup.ctx)

@@ -14,6 +14,7 @@ from typing import Iterable, Iterator, NamedTuple
 import torch
 
 FLATTENED = "flattened_bucket"  # SGLang's load_format for one flat tensor + metadata
+ALIGN = 16  # every tensor starts at a multiple of 16 bytes: any dtype's view is legal, copies vectorise
 
 
 class FlatEntry(NamedTuple):
@@ -48,14 +49,16 @@ def weight_buckets(named: Iterable[tuple[str, torch.Tensor]], bucket_bytes: int
 
 
 def flatten_bucket(bucket: list[tuple[str, torch.Tensor]]) -> tuple[torch.Tensor, list[FlatEntry]]:
-    """(name, tensor) pairs of any dtypes and strides -> (flat [total bytes] uint8 on their device, entries).
+    """(name, tensor) pairs of any dtypes and strides -> (flat [bytes] uint8 on their device, entries); each
+    tensor starts at a multiple of ALIGN bytes (the gaps are never read).
 
-    >>> flat, entries = flatten_bucket([("a", torch.ones(2, 2)), ("b", torch.zeros(3, dtype=torch.bfloat16))])
+    >>> flat, entries = flatten_bucket([("a", torch.zeros(3, dtype=torch.bfloat16)), ("b", torch.ones(2, 2))])
     >>> flat.numel(), [(e.name, e.start, e.end) for e in entries]
-    (22, [('a', 0, 16), ('b', 16, 22)])
+    (32, [('a', 0, 6), ('b', 16, 32)])
     """
     entries, start = [], 0
     for name, tensor in bucket:
+        start = -(-start // ALIGN) * ALIGN
         nbytes = tensor.numel() * tensor.element_size()
         entries.append(FlatEntry(name, tensor.shape, tensor.dtype, start, start + nbytes))
         start += nbytes
@@ -68,7 +71,7 @@ def flatten_bucket(bucket: list[tuple[str, torch.Tensor]]) -> tuple[torch.Tensor
 def unflatten_bucket(flat: torch.Tensor, entries: list[FlatEntry]) -> list[tuple[str, torch.Tensor]]:
     """The inverse of flatten_bucket: views of `flat` (what SGLang's loader reads).
 
-    >>> pairs = [("a", torch.arange(4.).view(2, 2).t()), ("b", torch.ones(3, dtype=torch.bfloat16))]
+    >>> pairs = [("a", torch.ones(3, dtype=torch.bfloat16)), ("b", torch.arange(4.).view(2, 2).t())]
     >>> all(torch.equal(t, u) for (_, t), (_, u) in zip(pairs, unflatten_bucket(*flatten_bucket(pairs))))
     True
     """
