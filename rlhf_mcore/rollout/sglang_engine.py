@@ -225,8 +225,8 @@ class SGLangRolloutEngine:
         """The actor's full weights on every GPU (TP gather, PP broadcast), converted to HF names and sent
         in buckets of rollout.sglang.weight_bucket_mb as they are made, each flattened into one tensor
         (`sglang_weights`); each bucket is dropped once sent (the extra memory is one bucket, its flat copy
-        and the tensor being converted); the prefix cache is flushed once at the
-        end. Returns the bytes handed to the engine and received over TP/PP on this rank, in GB."""
+        and the tensor being converted); the prefix cache is flushed once at the end. Returns the bytes
+        handed to the engine and received over TP/PP on this rank, in GB."""
         if unwrap_model(actor_model) is not self.weights.model:
             self.weights = FullWeights(actor_model, self.ctx)
         received, sent = self.weights.bytes_received, 0

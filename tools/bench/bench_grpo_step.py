@@ -168,19 +168,23 @@ def timed_step(run, step: int) -> dict:
 def standalone_rollout(run, args) -> dict:
     """512 x 256 (the step's rollout) alone, with log-probs: best of two, and a prefill-only call. SGLang's
     prefix cache is flushed before each call (prompts are new in every step); its A/B rows: the prompts
-    cached from the call before, each row prefilling its whole prompt, the weight refresh tensor by tensor."""
+    cached from the call before, each row prefilling its whole prompt, no log-probs (straight through
+    sglang.Engine.generate: what SGLang's scheduler costs per token for them), the weight refresh tensor by
+    tensor."""
     prompts = [list(p.prompt_ids) for p in run.sampler.next_batch()]
     sglang = args.engine == "sglang"
 
-    def best(max_new: int, flush: bool = sglang) -> float:
-        params = SamplingParams(n=args.n, max_new_tokens=max_new, temperature=1.0, seed=3)
+    def generate(max_new: int) -> None:
+        run.engine.generate(prompts, SamplingParams(n=args.n, max_new_tokens=max_new, temperature=1.0, seed=3))
+
+    def best(max_new: int, flush: bool = sglang, call=generate) -> float:
         times = []
         for _ in range(2):  # train_step left the engine resumed, with the current weights
             if flush:
                 run.engine.engine.flush_cache()
             sync()
             start = time.perf_counter()
-            run.engine.generate(prompts, params)
+            call(max_new)
             sync()
             times.append(time.perf_counter() - start)
         return min(times)
@@ -196,32 +200,25 @@ def standalone_rollout(run, args) -> dict:
         result["rollout_each_row_prefills_s"] = best(args.new_tokens)
         result["prefill_each_row_prefills_s"] = best(1)
         run.engine.prefill_prompts_once = True
-        result["rollout_no_logprobs_s"], result["rollout_no_logprobs_gpu_busy"] = sglang_without_logprobs(
-            run, prompts, args)
+        no_logprobs = without_logprobs(run.engine.engine, prompts, args.n)
+        result["rollout_no_logprobs_s"] = best(args.new_tokens, call=no_logprobs)
+        result["rollout_no_logprobs_gpu_busy"] = gpu_busy(lambda: best(args.new_tokens, call=no_logprobs))
         encode, run.engine.encode = run.engine.encode, None
         result["weight_refresh_tensors_s"] = time_weight_refresh(run)
         run.engine.encode = encode
     return result
 
 
-def sglang_without_logprobs(run, prompts, args) -> tuple[float, Optional[float]]:
-    """The same rollout straight through sglang.Engine.generate without log-probs (what SGLang's scheduler
-    costs per token for them): seconds (best of 2, prefix cache flushed) and the GPU's busy share."""
+def without_logprobs(server, prompts: list[list[int]], n: int):
+    """max_new -> the rollout straight through sglang.Engine.generate, without log-probs."""
     from rlhf_mcore.rollout.sglang_engine import sglang_sampling
 
-    rows = [p for p in prompts for _ in range(args.n)]
-    sampling = sglang_sampling(SamplingParams(n=args.n, max_new_tokens=args.new_tokens, temperature=1.0))
-    server, times = run.engine.engine, []
+    rows = [p for p in prompts for _ in range(n)]
 
-    def once() -> None:
-        server.flush_cache()
-        sync()
-        start = time.perf_counter()
-        server.generate(input_ids=rows, sampling_params=sampling, return_logprob=False)
-        times.append(time.perf_counter() - start)
-    once()
-    busy = gpu_busy(once)
-    return min(times), busy
+    def call(max_new: int) -> None:
+        server.generate(input_ids=rows, sampling_params=sglang_sampling(SamplingParams(
+            n=n, max_new_tokens=max_new, temperature=1.0)), return_logprob=False)
+    return call
 
 
 def gpu_busy(fn) -> Optional[float]:

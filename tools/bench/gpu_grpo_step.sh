@@ -5,15 +5,12 @@
 #          our GRPO step with rollout.engine=native at the default decode attention (auto: the probe's choice)
 #          and with decode_attention=triton (and =sdpa when auto took triton); TRL's GRPOTrainer; results are
 #          also kept in /tmp/b2b on the machine for part2
-#   part2: carries SGLang part 2 (W2); the SGLang engine's GPU test; our GRPO step with rollout.engine=sglang (flashinfer; its standalone
-#          A/B rows: prompts prefilled once or per row, weight refresh in flat buckets or tensor by tensor);
-#          then the merged table of all systems -> $OUT/grpo_step_b2b.json (speed-ups against TRL's step)
-# Wheel folders, from the repository root here (2026-12-01, sixth session):
-#   python3 -m pip download --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
-#     --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 \
-#     -d .gpu-speed-w1/mcore megatron-core==0.16.1      # and -d .gpu-speed-w1/trl trl==1.16.0 datasets==5.2.0
-#     "dill<0.4.2" "multiprocess<0.70.20"; bash ../shared/device/sglang/fetch_wheels.sh .carry 50, then
-#   cp .carry/part1/*.whl .gpu-speed-w1/ && cp .carry/part2/*.whl .gpu-speed-w2/
+#   part2: carries SGLang part 2 (W2); the SGLang engine's GPU test; our GRPO step with rollout.engine=sglang
+#          (flashinfer; its standalone A/B rows: prompts prefilled once or per row, weight refresh in flat
+#          buckets or tensor by tensor, no log-probs); then the merged table of all systems ->
+#          $OUT/grpo_step_b2b.json (speed-ups against TRL's step)
+# Wheel folders, once, from the repository root here (2026-12-01, sixth session):
+#   bash tools/bench/fetch_gpu_wheels.sh .gpu-speed-w1 .gpu-speed-w2
 #   run(carry=[".gpu-speed-w1"]): W1=.gpu-speed-w1 bash tools/bench/gpu_grpo_step.sh part1
 #   run(carry=[".gpu-speed-w2"]): W2=.gpu-speed-w2 bash tools/bench/gpu_grpo_step.sh part2
 # Switches: TESTS=0 (no GPU tests), STEPS (timed steps, 3), ALT=0 (part1: the default native run only, no TRL).
@@ -37,8 +34,7 @@ part1)
   if [[ -z ${DRY:-} ]]; then
     mkdir -p /tmp/site /tmp/trlsite
     install "$MCORE"/megatron_core*.whl "$SGL1"/*.whl || exit 3
-    python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/trlsite "$W1"/trl/*.whl \
-        || exit 4
+    TARGET=/tmp/trlsite install "$W1"/trl/*.whl || exit 4
     nvidia-smi --query-gpu=name,memory.total,clocks.sm --format=csv,noheader
   fi
   if [[ -z ${DRY:-} && ${TESTS:-1} == 1 ]]; then
@@ -49,10 +45,10 @@ part1)
   fi
   bench native 170 --engine native --steps "${STEPS:-3}"
   [[ ${ALT:-1} == 1 ]] || { cp "$KEEP"/grpo_step_part_*.json "$OUT"/; exit 0; }
-  auto=$(python3 -c "import json, glob; print(json.load(open(sorted(glob.glob('$KEEP/grpo_step_part_native.json') +
-      glob.glob('$KEEP/grpo_step_part_native_tiny.json'))[0]))['config']['decode_attention'])")
-  if [[ $auto == sdpa ]]; then bench native_triton 150 --engine native --decode-attention triton --steps 3 --label triton
-  else bench native_sdpa 150 --engine native --decode-attention sdpa --steps 3 --label sdpa; fi
+  auto=$(python3 -c "import json, glob; print(json.load(open(sorted(glob.glob('$KEEP/grpo_step_part_native*.json'))[0]))
+      ['config']['decode_attention'])")  # the default run's file sorts first (native.json, native_tiny.json)
+  other=$([[ $auto == sdpa ]] && echo triton || echo sdpa)
+  bench "native_$other" 150 --engine native --decode-attention "$other" --steps "${STEPS:-3}" --label "$other"
   if [[ -z ${DRY:-} ]]; then
     echo "=== TRL ($(date +%T))"
     PYTHONPATH=/tmp/trlsite timeout 220 python3 -m tools.bench.bench_trl_grpo --out "$KEEP" 2>&1 | tr '\r' '\n' \

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The embedded SGLang engine on the GPU box, in two device calls (the wheel set is 88 MiB: two parts).
-#   part1: carries .whl (megatron-core cp312) and .carry/part1 (from shared/device/sglang/fetch_wheels.sh)
+#   part1: carries .whl (megatron-core cp312) and .carry/part1 (SGLang's first part: W1/*.whl of tools/bench/fetch_gpu_wheels.sh)
 #   part2: carries .carry/part2; must follow part1 on the same warm machine
 set -uo pipefail
 PART=${1:?part1|part2}

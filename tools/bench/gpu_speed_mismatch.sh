@@ -102,7 +102,7 @@ part2)
 part3)
   install "$MCORE"/megatron_core*.whl "$SGL1"/*.whl || exit 3
   echo "=== TRL ($(date +%T))"
-  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/trlsite "$W1"/trl/*.whl
+  TARGET=/tmp/trlsite install "$W1"/trl/*.whl
   PYTHONPATH=/tmp/trlsite timeout 420 python3 -m tools.bench.bench_trl_grpo --out "$OUT" 2>&1 | tr '\r' '\n' \
       | grep -v "it/s\|s/it\]" | tee "$OUT/trl.log" | tail -4 ;;
 part4)
