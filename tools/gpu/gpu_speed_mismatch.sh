@@ -13,18 +13,18 @@
 # Carry folders: W1 (megatron-core in W1/mcore, TRL wheels in W1/trl, SGLang part 1 in W1), W2 (SGLang part 2),
 # GG1 / GG2 (smollm2.gguf.part1 / .part2), GGUFW (the gguf wheel), e.g. (2026-12-01, fourth session):
 #   run(carry=[".gpu-gguf1", ".gpu-speed-w1/mcore", ".whl"]):
-#                                  GG1=.gpu-gguf1 W1=.gpu-speed-w1 bash tools/bench/gpu_speed_mismatch.sh part1
-#   run(carry=[".gpu-gguf2"]):     GG2=.gpu-gguf2 bash tools/bench/gpu_speed_mismatch.sh part2
-#   run(carry=[".gpu-speed-w1"]):  W1=.gpu-speed-w1 bash tools/bench/gpu_speed_mismatch.sh part3
-#   run(carry=[".gpu-speed-w2"]):  W2=.gpu-speed-w2 bash tools/bench/gpu_speed_mismatch.sh part4
-#   run():                         bash tools/bench/gpu_speed_mismatch.sh part5
-# CPU dry run of part2 (tiny sizes, the package's GGUF): DRY=1 OUT=/tmp/dry bash tools/bench/gpu_speed_mismatch.sh part2
+#                                  GG1=.gpu-gguf1 W1=.gpu-speed-w1 bash tools/gpu/gpu_speed_mismatch.sh part1
+#   run(carry=[".gpu-gguf2"]):     GG2=.gpu-gguf2 bash tools/gpu/gpu_speed_mismatch.sh part2
+#   run(carry=[".gpu-speed-w1"]):  W1=.gpu-speed-w1 bash tools/gpu/gpu_speed_mismatch.sh part3
+#   run(carry=[".gpu-speed-w2"]):  W2=.gpu-speed-w2 bash tools/gpu/gpu_speed_mismatch.sh part4
+#   run():                         bash tools/gpu/gpu_speed_mismatch.sh part5
+# CPU dry run of part2 (tiny sizes, the package's GGUF): DRY=1 OUT=/tmp/dry bash tools/gpu/gpu_speed_mismatch.sh part2
 set -uo pipefail
 PART=${1:?part1|part2|part3|part4|part5}
 STEPS=${STEPS:-2}
 SGL_EXTRA=${SGL_EXTRA:-}  # e.g. "--fp32-lm-head 1"
 MCORE=${W1:-}/mcore SGL1=${W1:-} SGL2=${W2:-}
-source tools/bench/gpu_env.sh
+source tools/gpu/gpu_env.sh
 W=/tmp/mismatch TINY=()
 
 bench() { local name=$1; shift; echo "=== $name ($(date +%T))"

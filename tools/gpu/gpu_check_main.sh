@@ -4,13 +4,13 @@
 #          issue-8 GRPO step with rollout.engine=native, inductor's exact bf16 casts on and off (mismatch A/B)
 #   part2: the GRPO step with rollout.engine=sglang (engine contract, bucketed refresh through FullWeights)
 # Wheel folders as in gpu_grpo_step.sh (MCORE, SGL1, SGL2), e.g. with the re-split wheels of 2026-12-01:
-#   run(carry=[".gpu-speed-w1"]): MCORE=.gpu-speed-w1/mcore SGL1=.gpu-speed-w1 bash tools/bench/gpu_check_main.sh part1
-#   run(carry=[".gpu-speed-w2"]): SGL2=.gpu-speed-w2 bash tools/bench/gpu_check_main.sh part2
+#   run(carry=[".gpu-speed-w1"]): MCORE=.gpu-speed-w1/mcore SGL1=.gpu-speed-w1 bash tools/gpu/gpu_check_main.sh part1
+#   run(carry=[".gpu-speed-w2"]): SGL2=.gpu-speed-w2 bash tools/gpu/gpu_check_main.sh part2
 set -uo pipefail
 PART=${1:?part1|part2}
 MCORE=${MCORE:-.whl}
 SGL1=${SGL1:-.carry/part1}
-source tools/bench/gpu_env.sh
+source tools/gpu/gpu_env.sh
 bench() { local name=$1; shift; echo "=== $name ($(date +%T))"
   timeout 300 python3 -m tools.bench.bench_grpo_step "$@" 2>&1 | grep -Ev "rollout: +[0-9]+%" | tee "$OUT/$name.log" | tail -6; }
 if [[ $PART == part1 ]]; then

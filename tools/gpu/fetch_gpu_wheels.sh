@@ -9,7 +9,7 @@
 # sglang-kernel keeps sm90/common_ops and its python (no FA3 flash_ops, FlashMLA, InfLLM or sm100 ops: they
 # load lazily), xgrammar drops its static C++ library. transformers 5.12.1 is carried because the box's 5.17
 # breaks `import sglang` 0.5.17.
-#   usage: bash tools/bench/fetch_gpu_wheels.sh [W1=.gpu-speed-w1] [W2=.gpu-speed-w2] [MAX_MIB=52]
+#   usage: bash tools/gpu/fetch_gpu_wheels.sh [W1=.gpu-speed-w1] [W2=.gpu-speed-w2] [MAX_MIB=52]
 # (keep the folders out of git: echo /.gpu-*/ >> .git/info/exclude). sglang-kernel is a 365 MiB download.
 set -euo pipefail
 W1=${1:-.gpu-speed-w1} W2=${2:-.gpu-speed-w2} MAX_MIB=${3:-52}

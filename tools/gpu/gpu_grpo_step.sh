@@ -10,15 +10,15 @@
 #          buckets or tensor by tensor, no log-probs); then the merged table of all systems ->
 #          $OUT/grpo_step_b2b.json (speed-ups against TRL's step)
 # Wheel folders, once, from the repository root here (2026-12-01, sixth session):
-#   bash tools/bench/fetch_gpu_wheels.sh .gpu-speed-w1 .gpu-speed-w2
-#   run(carry=[".gpu-speed-w1"]): W1=.gpu-speed-w1 bash tools/bench/gpu_grpo_step.sh part1
-#   run(carry=[".gpu-speed-w2"]): W2=.gpu-speed-w2 bash tools/bench/gpu_grpo_step.sh part2
+#   bash tools/gpu/fetch_gpu_wheels.sh .gpu-speed-w1 .gpu-speed-w2
+#   run(carry=[".gpu-speed-w1"]): W1=.gpu-speed-w1 bash tools/gpu/gpu_grpo_step.sh part1
+#   run(carry=[".gpu-speed-w2"]): W2=.gpu-speed-w2 bash tools/gpu/gpu_grpo_step.sh part2
 # Switches: TESTS=0 (no GPU tests), STEPS (timed steps, 3), ALT=0 (part1: the default native run only, no TRL).
-# CPU dry run of the benchmark calls (tiny model): DRY=1 OUT=/tmp/dry bash tools/bench/gpu_grpo_step.sh part1
+# CPU dry run of the benchmark calls (tiny model): DRY=1 OUT=/tmp/dry bash tools/gpu/gpu_grpo_step.sh part1
 set -uo pipefail
 PART=${1:?part1|part2}
 MCORE=${W1:-}/mcore SGL1=${W1:-} SGL2=${W2:-}
-source tools/bench/gpu_env.sh
+source tools/gpu/gpu_env.sh
 KEEP=/tmp/b2b
 EXTRA=()
 if [[ -n ${DRY:-} ]]; then export PATH=$PWD/.venv/bin:$PATH; EXTRA=(--tiny); KEEP=$OUT/keep; fi

@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # Sequence packing on one H200 (one device call, ~2-3 min): the GPU kernel tests of the packed path (not with
 # SKIP_TESTS=1), then tools/bench/bench_packing.py (padded vs packed: the auto budget and 8192 tokens). Run from a
-# copy of the repo next to .whl/, with results/gsm8k_rollout_lengths.json made beforehand (tools/bench/gsm8k_rollout_lengths.py):
-#   cd .gpu-packing && bash tools/bench/gpu_packing.sh [bench_packing.py arguments]   (carry .gpu-packing, .whl)
+# copy of the repo next to .whl/ (the gsm8k_real rows: benchmarks/2026-12-01-packing/gsm8k_rollout_lengths.json):
+#   cd .gpu-packing && bash tools/gpu/gpu_packing.sh [bench_packing.py arguments]   (carry .gpu-packing, .whl)
 set -uo pipefail
 export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1 NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1
 mkdir -p /tmp/site && python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \

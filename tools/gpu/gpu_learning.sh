@@ -7,7 +7,7 @@
 #   part2: must follow part1 on the same warm machine; converts, prepares the data, trains, validates, plots
 # Results go to $OUT: grpo.log, metrics.jsonl, config.yaml, summary.json, metrics.png.
 # CPU dry run of part2 (tiny sizes, the local venv, no GGUF split needed):
-#   DRY=1 OUT=/tmp/dry PY=.venv/bin/python bash tools/bench/gpu_learning.sh part2
+#   DRY=1 OUT=/tmp/dry PY=.venv/bin/python bash tools/gpu/gpu_learning.sh part2
 set -uo pipefail
 PART=${1:?part1|part2}
 shift

@@ -1,10 +1,10 @@
 #!/usr/bin/env bash
 # The embedded SGLang engine on the GPU box, in two device calls (the wheel set is 88 MiB: two parts).
-#   part1: carries .whl (megatron-core cp312) and .carry/part1 (SGLang's first part: W1/*.whl of tools/bench/fetch_gpu_wheels.sh)
+#   part1: carries .whl (megatron-core cp312) and .carry/part1 (SGLang's first part: W1/*.whl of tools/gpu/fetch_gpu_wheels.sh)
 #   part2: carries .carry/part2; must follow part1 on the same warm machine
 set -uo pipefail
 PART=${1:?part1|part2}
-source tools/bench/gpu_env.sh
+source tools/gpu/gpu_env.sh
 sglang_part "$PART"
 echo "=== GPU test: engine vs trainer log-probs, weight updates ($(date +%T))"
 python3 -m pytest -q -p no:cacheprovider tests/rollout/test_sglang_engine.py -m gpu -x 2>&1 | tail -15

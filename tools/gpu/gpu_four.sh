@@ -7,12 +7,12 @@
 #     3. a Qwen2.5-7B shape at TP2 x PP2, sequence parallelism, distributed optimizer: update-phase MFU, memory
 #   part2: SGLang part 2, then the 0.5B-shape GRPO step on 1 GPU (64 prompts), at DP4 and at TP2 x PP2 (256)
 # Results under $OUT (logs, JSON). Carry as the other GPU scripts (gpu_env.sh: MCORE, SGL1, SGL2), e.g.
-#   run(carry=[".gpu-speed-w1"], kind="nvidia-h200-x4"): MCORE=.gpu-speed-w1/mcore SGL1=.gpu-speed-w1 bash tools/bench/gpu_four.sh part1
-#   run(carry=[".gpu-speed-w2"], kind="nvidia-h200-x4"): SGL2=.gpu-speed-w2 bash tools/bench/gpu_four.sh part2
-# CPU dry run of part1 (tiny dims, gloo, no sequence parallelism): DRY=1 OUT=/tmp/dry4 bash tools/bench/gpu_four.sh part1
+#   run(carry=[".gpu-speed-w1"], kind="nvidia-h200-x4"): MCORE=.gpu-speed-w1/mcore SGL1=.gpu-speed-w1 bash tools/gpu/gpu_four.sh part1
+#   run(carry=[".gpu-speed-w2"], kind="nvidia-h200-x4"): SGL2=.gpu-speed-w2 bash tools/gpu/gpu_four.sh part2
+# CPU dry run of part1 (tiny dims, gloo, no sequence parallelism): DRY=1 OUT=/tmp/dry4 bash tools/gpu/gpu_four.sh part1
 set -uo pipefail
 PART=${1:?part1|part2}
-source tools/bench/gpu_env.sh
+source tools/gpu/gpu_env.sh
 TR=(python3 -m torch.distributed.run --standalone --nproc_per_node 4)
 if [[ -n ${DRY:-} ]]; then
   export PATH=$PWD/.venv/bin:$PATH

@@ -4,7 +4,7 @@
 #   part1: needs .whl/ (megatron-core cp312 + gguf wheels) and .carry1/ (first half of the GGUF)
 #   part2: needs .carry2/ (second half + GSM8K jsonl); must follow part1 on the same warm machine
 #   features: needs .whl/; optimizer/grad-buffer offload during rollout, recompute, distributed optimizer
-# Results go to $OUT (JSON tables + logs); copy them into tools/bench/results/.
+# Results go to $OUT (JSON tables + logs); what a report keeps goes to benchmarks/<date>-<question>/.
 set -uo pipefail
 PART=${1:?part1|part2}
 export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1 NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1

@@ -1,7 +1,7 @@
 # Sourced by the GPU scripts (run from the repository root on the device): the box's environment, `install`
 # (wheels into /tmp/site, or into $TARGET) and `sglang_part part1|part2`, SGLang's two-call install (the wheel set is 88 MiB:
 # a call carries at most 64). Wheel folders: MCORE (megatron-core cp312), SGL1 and SGL2 (SGLang's two parts,
-# from tools/bench/fetch_gpu_wheels.sh: its W1/mcore, W1/*.whl and W2).
+# from tools/gpu/fetch_gpu_wheels.sh: its W1/mcore, W1/*.whl and W2).
 export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1 NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1
 install() { python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target "${TARGET:-/tmp/site}" "$@"; }
 sglang_part() {  # part1: megatron-core + SGLang part 1, then the call ends; part2: part 2 on the same warm machine

@@ -7,7 +7,7 @@
 #   3. tiny PPO, greedy rollout, 3 steps, seed 1: one GPU vs TP2 / PP2 / DP2 (metrics within bf16 noise)
 set -uo pipefail
 PART=${1:?part1|part2}
-source tools/bench/gpu_env.sh
+source tools/gpu/gpu_env.sh
 sglang_part "$PART"
 nvidia-smi --query-gpu=name,memory.total --format=csv,noheader
 B=(-m tools.bench.bench_grpo_step --engine sglang --steps 2 --warmup 1 --out "$OUT")
