@@ -4,8 +4,10 @@ setup(
     name="rlhf-mcore",
     version="0.1.0",
     description="RL post-training (PPO, GRPO and variants) for LLMs on megatron-core, one SPMD program.",
-    # kernels/ is imported as rlhf_mcore.kernels (rlhf_mcore/kernels.py points there), never as `kernels`
-    packages=find_packages(include=["rlhf_mcore", "rlhf_mcore.*"]),
+    # kernels/ is imported as rlhf_mcore.kernels, never as `kernels`: a wheel installs it as rlhf_mcore/kernels/,
+    # and rlhf_mcore/kernels.py points the import name at that folder (or at kernels/ in a source tree)
+    packages=find_packages(include=["rlhf_mcore", "rlhf_mcore.*"]) + ["rlhf_mcore.kernels"],
+    package_dir={"rlhf_mcore.kernels": "kernels"},
     python_requires=">=3.11",
     install_requires=[
         "torch>=2.6",
