@@ -19,26 +19,32 @@ from rlhf_mcore.trainer.guards import EXIT_STARTUP, RunStopped, collective_timeo
 def parse_args(argv):
     parser = argparse.ArgumentParser(prog="python -m rlhf_mcore.train", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--config", required=True, help="YAML experiment config (see configs/)")
+    parser.add_argument("--config", default=None,
+                        help="YAML experiment config (see configs/); without it the defaults plus the overrides run")
     parser.add_argument("--validate-only", action="store_true", help="check the config, print it, build nothing")
-    parser.add_argument("overrides", nargs="*", help="a.b=value overrides of existing keys")
+    parser.add_argument("overrides", nargs="*",
+                        help="a.b=value overrides of existing keys (verl's keys too: README 'Coming from verl')")
     return parser.parse_args(argv)
 
 
 def report(lines: list[str], rank: int, header: str) -> None:
-    """Rank 0 prints the problems, one per line, once for the whole job (no traceback)."""
-    if rank == 0:
+    """Rank 0 prints the lines (problems, notes), one per line, once for the whole job (no traceback)."""
+    if rank == 0 and lines:
         print("\n".join([header, *(f"  - {line}" for line in lines)]), file=sys.stderr, flush=True)
 
 
 def main(argv=None) -> int:
     args = parse_args(sys.argv[1:] if argv is None else argv)
     rank, _, world_size = torchrun_env()
+    notes: list[str] = []
     try:
-        cfg = load_config(args.config, args.overrides, world_size=None if args.validate_only else world_size)
+        cfg = load_config(args.config, args.overrides, world_size=None if args.validate_only else world_size,
+                          notes=notes)
     except ConfigError as e:
+        report(notes, rank, "verl keys translated:")
         report(e.errors, rank, "invalid config:")
         return EXIT_STARTUP
+    report(notes, rank, "verl keys translated:")
     if args.validate_only:
         print(dump_yaml(cfg), end="")
         return 0

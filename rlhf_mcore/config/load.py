@@ -12,8 +12,11 @@ from typing import Any
 
 import yaml
 
+from rlhf_mcore.config import verl_keys
 from rlhf_mcore.config.schema import MOVED_KEYS, Config
 from rlhf_mcore.registry import suggest
+
+FILE_LIST_KEYS = ("data.train_files", "data.val_files")  # comma-separated paths; list forms are joined
 
 
 class ConfigError(ValueError):
@@ -148,19 +151,61 @@ def _set_dotted(data: dict, dotted: str, value: str, errors: list[str]) -> None:
         node = node.setdefault(part, {})
 
 
-def parse_overrides(overrides: list[str], data: dict, errors: list[str]) -> None:
+def _file_list(value: Any) -> Any:
+    """A list of files as one comma-separated string: [a, b], "['a','b']" (verl's form) or "a,b".
+
+    >>> _file_list("['a.parquet','b.parquet']"), _file_list(["a", "b"]), _file_list("a")
+    ('a.parquet,b.parquet', 'a,b', 'a')
+    """
+    if isinstance(value, str) and value.strip().startswith("["):
+        try:
+            value = yaml.safe_load(value)
+        except yaml.YAMLError:
+            return value
+    return ",".join(map(str, value)) if isinstance(value, (list, tuple)) else value
+
+
+def _set(data: dict, dotted: str, value: Any, errors: list[str], notes: list[str], our_keys: set) -> None:
+    """Set one key, ours or verl's (translated with a note, `verl_keys`)."""
+    if verl_keys.is_verl_key(dotted, our_keys):
+        pairs, note, error = verl_keys.translate(dotted, value)
+        errors += [error] if error else []
+        notes += [note] if note else []
+    else:
+        pairs = [(dotted, value)]
+    for key, val in pairs:
+        _set_dotted(data, key, _file_list(val) if key in FILE_LIST_KEYS else val, errors)
+
+
+def parse_overrides(overrides: list[str], data: dict, errors: list[str], notes: list[str] | None = None) -> None:
+    notes = [] if notes is None else notes
+    our_keys = set(all_keys())
     for item in overrides:
         if "=" not in item:
             errors.append(f"{item}: an override must look like a.b=value (got {item!r}). Add =value.")
             continue
         key, value = item.split("=", 1)
-        _set_dotted(data, key.strip(), value, errors)
+        _set(data, key.strip(), value, errors, notes, our_keys)
+
+
+def _apply_yaml_aliases(data: dict, errors: list[str], notes: list[str]) -> None:
+    """A YAML file may use verl's keys too (their overrides file): translate them, and join file lists."""
+    our_keys = set(all_keys())
+    for dotted, value in verl_keys.extract_verl(data, our_keys):
+        _set(data, dotted, value, errors, notes, our_keys)
+    section = data.get("data")
+    if isinstance(section, dict):
+        for key in ("train_files", "val_files"):
+            if key in section:
+                section[key] = _file_list(section[key])
 
 
 def load_config(path: str | None = None, overrides: list[str] = (), world_size: int | None = None,
-                check: bool = True) -> Config:
+                check: bool = True, notes: list[str] | None = None) -> Config:
     """Read YAML, apply overrides, check every rule (only types and names with check=False); raise ConfigError
-    listing all problems."""
+    listing all problems. Without a path the defaults are the base. `notes` (if given) receives one line per
+    verl key translated or ignored (`verl_keys`)."""
+    notes = [] if notes is None else notes
     from rlhf_mcore.config.validate import validate
 
     errors: list[str] = []
@@ -175,7 +220,8 @@ def load_config(path: str | None = None, overrides: list[str] = (), world_size: 
             raise ConfigError([f"--config: {path} is not valid YAML ({e})."]) from None
         if not isinstance(data, dict):
             raise ConfigError([f"--config: {path} must hold a mapping of sections (got {type(data).__name__})."])
-    parse_overrides(list(overrides), data, errors)
+        _apply_yaml_aliases(data, errors, notes)
+    parse_overrides(list(overrides), data, errors, notes)
     cfg = _build(Config, data, "", errors)
     if not errors and check:
         errors += cfg.section_errors() + validate(cfg, world_size)

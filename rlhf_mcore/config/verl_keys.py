@@ -1,0 +1,260 @@
+"""verl's dotted config keys, accepted as aliases of ours: a verl command line or overrides YAML runs as is.
+
+One table, three kinds of entry (`VERL_KEYS`):
+  alias     the verl key sets one or more of our keys, the value converted where the meaning differs
+            (`enable_gradient_checkpointing=True` -> `model.recompute=full`);
+  ignored   the key has no effect here (FSDP offload, vLLM's own TP); accepted with a note that says why;
+  rejected  we cannot honour it; one error that says what to use instead.
+Each translated key gives one info line naming ours. A key under verl's `actor_rollout_ref.` that the
+table lacks is an error with a did-you-mean over the table. Our own keys always win: a key that exists in
+our schema is never translated (`data.train_files`, `trainer.save_freq`, ... mean the same in both).
+The README's "Coming from verl" table is `markdown_table()` (a test keeps the two equal).
+"""
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Callable
+
+from rlhf_mcore.registry import suggest
+
+_ARR = "actor_rollout_ref"
+
+
+@dataclasses.dataclass(frozen=True)
+class VerlKey:
+    ours: tuple[str, ...] = ()  # our keys this one sets (empty: ignored or rejected)
+    convert: Callable[[Any], Any] | None = None  # verl value -> our value (None: as is)
+    note: str = ""  # ignored: why it has no effect; rejected: what to use instead
+    rejected: bool = False
+    only: str | None = None  # ignored keys with one meaningful value: any other value is an error
+
+
+def alias(*ours: str, convert=None, note: str = "") -> VerlKey:
+    return VerlKey(ours=ours, convert=convert, note=note)
+
+
+def ignored(why: str, only: str | None = None) -> VerlKey:
+    return VerlKey(note=why, only=only)
+
+
+def rejected(fix: str) -> VerlKey:
+    return VerlKey(note=fix, rejected=True)
+
+
+def _truthy(value: Any) -> bool:
+    return str(value).strip().lower() in ("true", "1", "yes")
+
+
+def _recompute(value: Any) -> str:
+    return "full" if _truthy(value) else "none"
+
+
+def _engine(value: Any) -> str:
+    """verl's rollout.name -> rollout.engine: sglang stays sglang; vllm/hf decode with our native engine."""
+    return "sglang" if str(value).strip().lower() == "sglang" else "native"
+
+
+def _resume_mode(value: Any) -> str:
+    value = str(value).strip()
+    return value if value in ("auto", "disable") else "auto"  # resume_path: the path key sets trainer.resume
+
+
+_FSDP = ("FSDP options have no effect: megatron shards the model with parallel.tp/pp and "
+         "parallel.use_distributed_optimizer")
+_LOGPROB_MB = "log-prob passes use the update's micro-batches (actor.micro_batch_size_per_gpu)"
+_ROLLOUT_TP = "the native engine decodes in the training layout; SGLang runs inference TP=1 per GPU"
+_WORLD = "the world size comes from torchrun (--nproc_per_node x nodes); parallel.tp/pp split it"
+
+VERL_KEYS: dict[str, VerlKey] = {
+    # model
+    f"{_ARR}.model.path": alias("model.hf_path"),
+    f"{_ARR}.model.use_remove_padding": alias("data.use_sequence_packing"),
+    f"{_ARR}.model.enable_gradient_checkpointing": alias("model.recompute", convert=_recompute),
+    f"{_ARR}.model.use_fused_kernels": ignored("the fused log-prob kernel is chosen by device (diagnose shows it)"),
+    f"{_ARR}.model.trust_remote_code": ignored("models are built from config.json by our model registry"),
+    f"{_ARR}.model.lora_rank": rejected("LoRA is not supported yet; drop the key (full fine-tuning runs)"),
+    # actor
+    f"{_ARR}.actor.optim.lr": alias("actor.optim.lr"),
+    f"{_ARR}.actor.optim.weight_decay": alias("actor.optim.weight_decay"),
+    f"{_ARR}.actor.optim.lr_warmup_steps": alias("actor.optim.lr_warmup_steps"),
+    f"{_ARR}.actor.optim.min_lr_ratio": alias("actor.optim.min_lr_ratio"),
+    f"{_ARR}.actor.optim.lr_warmup_steps_ratio": rejected("set actor.optim.lr_warmup_steps (a step count)"),
+    f"{_ARR}.actor.grad_clip": alias("actor.optim.grad_clip"),
+    f"{_ARR}.actor.ppo_mini_batch_size": alias("actor.ppo_mini_batch_size"),
+    f"{_ARR}.actor.ppo_micro_batch_size_per_gpu": alias("actor.micro_batch_size_per_gpu"),
+    f"{_ARR}.actor.ppo_micro_batch_size": rejected(
+        f"set {_ARR}.actor.ppo_micro_batch_size_per_gpu (verl deprecated the global micro-batch size)"),
+    f"{_ARR}.actor.ppo_epochs": alias("actor.ppo_epochs"),
+    f"{_ARR}.actor.use_dynamic_bsz": alias("actor.use_dynamic_bsz"),
+    f"{_ARR}.actor.ppo_max_token_len_per_gpu": alias("actor.max_tokens_per_gpu"),
+    f"{_ARR}.actor.clip_ratio": alias("actor.clip_ratio_low", "actor.clip_ratio_high"),
+    f"{_ARR}.actor.clip_ratio_low": alias("actor.clip_ratio_low"),
+    f"{_ARR}.actor.clip_ratio_high": alias("actor.clip_ratio_high"),
+    f"{_ARR}.actor.clip_ratio_c": alias("actor.clip_ratio_c"),
+    f"{_ARR}.actor.loss_agg_mode": alias("actor.loss_agg_mode"),
+    f"{_ARR}.actor.entropy_coeff": alias("actor.entropy_coeff"),
+    f"{_ARR}.actor.use_kl_loss": alias("actor.use_kl_loss"),
+    f"{_ARR}.actor.kl_loss_coef": alias("actor.kl_loss_coef"),
+    f"{_ARR}.actor.kl_loss_type": alias("actor.kl_loss_type"),
+    f"{_ARR}.actor.policy_loss.loss_mode": alias("actor.policy_loss"),
+    f"{_ARR}.actor.megatron.tensor_model_parallel_size": alias("parallel.tp"),
+    f"{_ARR}.actor.megatron.pipeline_model_parallel_size": alias("parallel.pp"),
+    f"{_ARR}.actor.megatron.use_distributed_optimizer": alias("parallel.use_distributed_optimizer"),
+    f"{_ARR}.actor.fsdp_config.": ignored(_FSDP),
+    f"{_ARR}.actor.strategy": ignored("the strategy is megatron-core, always"),
+    # rollout
+    f"{_ARR}.rollout.name": alias("rollout.engine", convert=_engine,
+                                  note="vllm is not embedded: vllm/hf decode with the native engine"),
+    f"{_ARR}.rollout.n": alias("rollout.n"),
+    f"{_ARR}.rollout.temperature": alias("rollout.temperature"),
+    f"{_ARR}.rollout.top_p": alias("rollout.top_p"),
+    f"{_ARR}.rollout.top_k": alias("rollout.top_k"),
+    f"{_ARR}.rollout.response_length": alias("rollout.max_response_length"),
+    f"{_ARR}.rollout.gpu_memory_utilization": alias("rollout.sglang.gpu_memory_utilization"),
+    f"{_ARR}.rollout.val_kwargs.temperature": alias("rollout.val_temperature"),
+    f"{_ARR}.rollout.val_kwargs.": ignored("validation samples once per prompt at rollout.val_temperature"),
+    f"{_ARR}.rollout.tensor_model_parallel_size": ignored(_ROLLOUT_TP),
+    f"{_ARR}.rollout.log_prob_micro_batch_size_per_gpu": ignored(_LOGPROB_MB),
+    f"{_ARR}.rollout.log_prob_micro_batch_size": ignored(_LOGPROB_MB),
+    f"{_ARR}.rollout.log_prob_use_dynamic_bsz": ignored(_LOGPROB_MB),
+    f"{_ARR}.rollout.log_prob_max_token_len_per_gpu": ignored(_LOGPROB_MB),
+    f"{_ARR}.rollout.enforce_eager": ignored("the native engine graphs decode per rollout.native.cuda_graphs"),
+    f"{_ARR}.rollout.free_cache_engine": ignored("engine memory is always released during training"),
+    f"{_ARR}.rollout.enable_chunked_prefill": ignored("vLLM option"),
+    f"{_ARR}.rollout.max_num_batched_tokens": ignored("vLLM option"),
+    f"{_ARR}.rollout.mode": ignored("rollout is always in-process and synchronous"),
+    # reference
+    f"{_ARR}.ref.log_prob_micro_batch_size_per_gpu": ignored(_LOGPROB_MB),
+    f"{_ARR}.ref.log_prob_micro_batch_size": ignored(_LOGPROB_MB),
+    f"{_ARR}.ref.fsdp_config.": ignored(_FSDP),
+    # data
+    "data.max_response_length": alias("rollout.max_response_length"),
+    "data.truncation": ignored("prompts longer than data.max_prompt_length are filtered "
+                               "(data.filter_overlong_prompts) or rejected, never cut"),
+    "data.prompt_key": rejected("prompts are read from verl's 'prompt' column; rename the column"),
+    "data.return_raw_chat": ignored("prompts are chat-templated by the tokenizer"),
+    # critic
+    "critic.model.path": ignored("the critic starts from the actor's weights (or critic.load)"),
+    "critic.model.": ignored(_FSDP),
+    "critic.ppo_micro_batch_size_per_gpu": alias("critic.micro_batch_size_per_gpu"),
+    "critic.ppo_max_token_len_per_gpu": alias("critic.max_tokens_per_gpu"),
+    "critic.grad_clip": alias("critic.optim.grad_clip"),
+    "critic.strategy": ignored("the strategy is megatron-core, always"),
+    # algorithm
+    "algorithm.kl_ctrl.kl_coef": alias("algorithm.kl_coef"),
+    "algorithm.kl_ctrl.type": alias("algorithm.kl_ctrl_type"),
+    "algorithm.kl_ctrl.target_kl": alias("algorithm.target_kl"),
+    "algorithm.kl_ctrl.horizon": alias("algorithm.kl_horizon"),
+    "algorithm.norm_adv_by_std_in_grpo": alias("algorithm.norm_adv_by_std"),
+    # reward
+    "reward_model.enable": ignored("a reward model runs when reward.model_path is set"),
+    "reward_model.model.path": alias("reward.model_path"),
+    "custom_reward_function.path": rejected("set reward.custom_fn=path/to/file.py:function_name"),
+    "custom_reward_function.name": rejected("set reward.custom_fn=path/to/file.py:function_name"),
+    # trainer
+    "trainer.n_gpus_per_node": ignored(_WORLD),
+    "trainer.nnodes": ignored(_WORLD),
+    "trainer.total_training_steps": alias("trainer.total_steps"),
+    "trainer.default_local_dir": alias("trainer.output_dir"),
+    "trainer.resume_mode": alias("trainer.resume", convert=_resume_mode),
+    "trainer.resume_from_path": alias("trainer.resume"),
+    "trainer.max_actor_ckpt_to_keep": alias("trainer.max_checkpoints_to_keep"),
+    "trainer.critic_warmup": ignored("the critic and the actor train from the first step (verl's default)", only="0"),
+    "trainer.balance_batch": ignored("with data.use_sequence_packing, rows are balanced across DP ranks by tokens"),
+    "trainer.log_val_generations": ignored("validation logs its scores, not its generations"),
+    "trainer.device": ignored("the device is CUDA when present, else CPU"),
+}
+
+
+def lookup(dotted: str) -> VerlKey | None:
+    """The table entry for a verl key: an exact key, or the longest prefix entry (keys ending in '.')."""
+    if dotted in VERL_KEYS:
+        return VERL_KEYS[dotted]
+    prefixes = [k for k in VERL_KEYS if k.endswith(".") and dotted.startswith(k)]
+    return VERL_KEYS[max(prefixes, key=len)] if prefixes else None
+
+
+def is_verl_key(dotted: str, our_keys) -> bool:
+    """Translate this key? Never one of ours; always one under actor_rollout_ref."""
+    return dotted not in our_keys and (dotted.startswith(f"{_ARR}.") or lookup(dotted) is not None)
+
+
+def translate(dotted: str, value: Any) -> tuple[list[tuple[str, Any]], str | None, str | None]:
+    """(our (key, value) pairs, an info note or None, an error or None) for one verl key.
+
+    >>> translate("actor_rollout_ref.actor.optim.lr", "1e-6")
+    ([('actor.optim.lr', '1e-6')], 'verl key actor_rollout_ref.actor.optim.lr -> actor.optim.lr', None)
+    >>> translate("actor_rollout_ref.model.enable_gradient_checkpointing", "True")[0]
+    [('model.recompute', 'full')]
+    >>> translate("trainer.nnodes", "1")[1]
+    'verl key trainer.nnodes ignored: the world size comes from torchrun (--nproc_per_node x nodes); \
+parallel.tp/pp split it'
+    """
+    entry = lookup(dotted)
+    if entry is None:
+        known = [k for k in VERL_KEYS if not k.endswith(".")]
+        return [], None, (f"{dotted}: unknown verl key (got {value!r}).{suggest(dotted, known)} "
+                          "See README 'Coming from verl' for the keys we translate.")
+    if entry.rejected:
+        return [], None, f"{dotted}: not supported here (got {value!r}). Instead, {entry.note}."
+    if entry.only is not None and str(value).strip() != entry.only:
+        return [], None, f"{dotted}: only {entry.only} is supported here (got {value!r}): {entry.note}. Drop the key."
+    if not entry.ours:
+        return [], f"verl key {dotted} ignored: {entry.note}", None
+    converted = entry.convert(value) if entry.convert else value
+    note = f"verl key {dotted} -> {', '.join(entry.ours)}"
+    if entry.convert and str(converted) != str(value):
+        note += f"={converted}"
+    if entry.note and str(converted) != str(value):
+        note += f" ({entry.note})"
+    return [(ours, converted) for ours in entry.ours], note, None
+
+
+def flatten(data: dict, prefix: str = "") -> list[tuple[str, Any]]:
+    """Nested YAML mapping -> [(dotted key, leaf value)].
+
+    >>> flatten({"a": {"b": 1, "c": {"d": [2]}}, "e": 3})
+    [('a.b', 1), ('a.c.d', [2]), ('e', 3)]
+    """
+    items = []
+    for key, value in data.items():
+        if isinstance(value, dict) and value:
+            items += flatten(value, f"{prefix}{key}.")
+        else:
+            items.append((f"{prefix}{key}", value))
+    return items
+
+
+def extract_verl(data: dict, our_keys) -> list[tuple[str, Any]]:
+    """Remove the verl keys from a loaded YAML mapping (in place); return them, dotted, in file order."""
+    found = [(k, v) for k, v in flatten(data) if is_verl_key(k, our_keys)]
+    for dotted, _ in found:
+        parts, node = dotted.split("."), data
+        for part in parts[:-1]:
+            node = node[part]
+        del node[parts[-1]]
+    _prune_empty(data)
+    return found
+
+
+def _prune_empty(node: dict) -> None:
+    for key in list(node):
+        if isinstance(node[key], dict):
+            _prune_empty(node[key])
+            if not node[key]:
+                del node[key]
+
+
+def markdown_table() -> str:
+    """The README's table: verl key | ours (or what happens)."""
+    rows = ["| verl key | rlhf-mcore |", "|---|---|"]
+    for key, entry in VERL_KEYS.items():
+        shown = f"{key}*" if key.endswith(".") else key
+        if entry.rejected:
+            what = f"error: {entry.note}"
+        elif not entry.ours:
+            what = f"ignored: {entry.note}"
+        else:
+            what = ", ".join(f"`{k}`" for k in entry.ours) + (f" ({entry.note})" if entry.note else "")
+        rows.append(f"| `{shown}` | {what} |")
+    return "\n".join(rows)
