@@ -1,7 +1,7 @@
 """Decode attention of the native engine's graphed step: the split-KV Triton kernel against the SDPA path,
 and both against the time to read the keys and values they must read once (the memory floor).
 
-    python -m tools.bench.bench_decode_attention --out tools/bench/results        # GPU
+    python -m tools.bench.bench_decode_attention --out /tmp/bench                  # GPU
     python -m tools.bench.bench_decode_attention --device cpu --batch 4 --length 64 # CPU smoke (sdpa only)
 
 Per shape (rows b, query heads H, key groups G, head dim D, cache length T, decode position pos; every

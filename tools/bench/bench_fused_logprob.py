@@ -1,6 +1,6 @@
 """Benchmark fused chunked log-prob/entropy against full logits + log_softmax (forward + backward).
 
-    python -m tools.bench.bench_fused_logprob --out tools/bench/results     # GPU, the default problem
+    python -m tools.bench.bench_fused_logprob --out /tmp/bench               # GPU, the default problem
     python -m tools.bench.bench_fused_logprob --device cpu --batch 2 --seq 64 --vocab 4096 --hidden 64
 
 Default problem: Qwen2.5-0.5B-like head, vocab 151936, hidden 896, 8 x 2048 tokens, bf16. Prints a table

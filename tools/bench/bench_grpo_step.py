@@ -57,7 +57,7 @@ QWEN = dict(family="qwen2", num_layers=24, hidden_size=896, ffn_hidden_size=4864
 TINY = dict(num_layers=2, hidden_size=64, ffn_hidden_size=128, num_attention_heads=4, num_query_groups=2,
             vocab_size=300, dtype="fp32")
 PHASES = ("gen", "reward", "old_log_prob", "adv", "update_actor", "sync_weights")
-PEAK_TFLOPS = 790.0  # measured bf16 dense matmul rate of the H200 (tools/bench/RESULTS.md)
+PEAK_TFLOPS = 790.0  # measured bf16 dense matmul rate of the H200 (benchmarks/2026-11-30-training-step)
 
 
 def parse_args(argv=None):

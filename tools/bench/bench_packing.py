@@ -1,6 +1,6 @@
 """Sequence packing vs padded micro-batches: padding fraction, log-prob and update time, peak memory.
 
-    python -m tools.bench.bench_packing --out tools/bench/results            # H200: all GPU scenarios
+    python -m tools.bench.bench_packing --out /tmp/packing                  # H200: all GPU scenarios
     python -m tools.bench.bench_packing --scenarios tiny --repeats 1         # CPU dry run
 
 Scenarios (random weights of the named shape, bf16 on GPU; padded = the preset's micro_batch_size_per_gpu rows
@@ -8,13 +8,15 @@ per micro-batch, each trimmed to its longest row; the update runs per mini-batch
 - `uniform`: Qwen2.5-0.5B dims, prompt lengths uniform in [64, 256], responses uniform in [32, 256], one
   mini-batch of configs/qwen2.5-0.5b_gsm8k_grpo.yaml (64 prompts x 5 = 320 rows, 8 rows per micro-batch).
 - `gsm8k_real`: SmolLM2-135M dims, the (prompt, response) lengths of a real rollout batch of the SmolLM2
-  GSM8K preset (every row of results/gsm8k_rollout_lengths.json, made by python -m tools.bench.gsm8k_rollout_lengths
+  GSM8K preset (every row of benchmarks/2026-12-01-packing/gsm8k_rollout_lengths.json, made by
+  python -m tools.bench.gsm8k_rollout_lengths
   with the real model and tokenizer: 192 rows = 24 prompts x 8 there; the preset's step is 64 x 8),
   mini-batches of 128 rows, 32 per micro-batch.
 - `gsm8k_real_ppo`: the same rows' first 64 in configs/gsm8k_ppo_smollm2.yaml's batches (64 rows, mini-batches
   of 32, 16 rows per micro-batch).
 - `gsm8k`: the same shape with lengths drawn from the recorded GPU run's length statistics (clipped normals
-  with the mean, std, min and max of results/gpu_grpo_smollm2_gsm8k_metrics.jsonl), as measured before.
+  with the mean, std, min and max of benchmarks/2026-12-01-packing/length_stats_metrics.jsonl, the metrics of
+  a SmolLM2 GSM8K GRPO run of 2026-11-30), as measured before.
 Packed modes: `auto` (actor.max_tokens_per_gpu=0: micro_batch_size_per_gpu x the batch's longest row,
 `packing.token_budget`, the preset's default) and fixed budgets (--budgets).
 Both passes are the real ones: `forward_collect` with the actor loss (old log-probs) over the whole batch and
@@ -48,9 +50,9 @@ from rlhf_mcore.trainer.optim import build_train_state, zero_grads
 from rlhf_mcore.trainer.schedule import forward_collect, run_schedule, split_micro_batches
 from tools.bench.bench_train_step import PRESETS
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-METRICS = os.path.join(HERE, "results", "gpu_grpo_smollm2_gsm8k_metrics.jsonl")
-ROLLOUT = os.path.join(HERE, "results", "gsm8k_rollout_lengths.json")
+DATA = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "benchmarks", "2026-12-01-packing")
+METRICS = os.path.join(DATA, "length_stats_metrics.jsonl")
+ROLLOUT = os.path.join(DATA, "gsm8k_rollout_lengths.json")
 
 
 def uniform_lengths(rows: int, rng: random.Random, prompt=(64, 256), response=(32, 256)) -> list[tuple[int, int]]:

@@ -1,7 +1,7 @@
 """Actor forward + backward step time, tokens/s, MFU and peak memory per attention backend, in one run.
 
     python -m tools.bench.bench_train_step --preset qwen2.5-0.5b --backends sdpa,local --seq-len 2048 \
-        --micro-batch 8 --out tools/bench/results
+        --micro-batch 8 --out /tmp/bench
     torchrun --nproc_per_node 4 -m tools.bench.bench_train_step --preset qwen2.5-7b --tp 2 --pp 2 --sp 1 \
         --dist-opt 1 --optimizer-step 1 --backends sdpa --seq-len 2048 --micro-batch 2 --num-micro 8
 

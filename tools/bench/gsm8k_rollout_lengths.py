@@ -1,7 +1,7 @@
 """The row lengths of a real SmolLM2 GSM8K rollout batch, for tools/bench/bench_packing.py (`gsm8k_real`).
 
     python -m tools.bench.gsm8k_rollout_lengths --hf-dir /tmp/smollm2_hf \
-        --out tools/bench/results/gsm8k_rollout_lengths.json
+        --out benchmarks/2026-12-01-packing/gsm8k_rollout_lengths.json
 
 What the first step of configs/gsm8k_grpo_smollm2.yaml rolls out: `data.train_batch_size` = 64 GSM8K train
 prompts (data/gsm8k, verl's prompt text from tools/prepare_gsm8k.py, the chat template and tokenizer of the
@@ -12,7 +12,8 @@ model's EOS ids (the stop token counts, as in our engine). The prompts are a see
 statistics next to those the recorded GPU run logged at step 1, as a check that the rollout is like it.
 Generation is Hugging Face `generate` (CPU or GPU), so the lengths come from the real model and tokenizer.
 The JSON is rewritten after every generate call: a run stopped early keeps whole prompt groups (the recorded
-results/gsm8k_rollout_lengths.json holds 24 prompts x 8, what a shared 2-core CPU made in ~45 minutes).
+benchmarks/2026-12-01-packing/gsm8k_rollout_lengths.json holds 24 prompts x 8, what a shared 2-core CPU made in
+~45 minutes).
 """
 from __future__ import annotations
 
@@ -32,7 +33,7 @@ from tools.prepare_gsm8k import gsm8k_rows
 
 REPO = Path(__file__).resolve().parents[2]
 
-RECORDED = REPO / "tools" / "bench" / "results" / "gpu_learning_smollm2_gsm8k_metrics.jsonl"
+RECORDED = REPO / "benchmarks" / "2026-12-01-smollm2-gsm8k-learning" / "metrics.jsonl"
 
 
 def stop_ids(hf_dir: str, tokenizer) -> list[int]:
