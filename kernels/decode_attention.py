@@ -11,7 +11,7 @@ in the input dtype.
 
 Why a kernel: torch 2.11 sends this shape (7 query heads per key group, one position) to cuDNN's flash
 kernel, which pads the queries to a full tile and reads the whole allocated cache, ~63 us per layer at
-b 512, T 384 on an H200 (tools/bench/RESULTS.md). Here one program per (row, group, key split) loads the
+b 512, T 384 on an H200 (benchmarks/2026-12-01-rollout). Here one program per (row, group, key split) loads the
 group's rep query heads as one [16, D] tile, so each cached key is read once for all of them, and stops at
 its row's `pos`: slots not yet decoded are never read. When rows x groups are too few to fill the GPU, the keys are
 split and a second kernel merges the partial softmaxes. `pos` and `key_valid` are read on the device, so
@@ -21,7 +21,7 @@ The trainer's attention numbers: on an H200 (torch 2.11) SDPA runs the trainer's
 decode query on cuDNN's flash kernel, with identical outputs. This kernel reproduces them: with 128-key tiles
 aligned at slot 0, visited in order, fp32 statistics as here, 99.99%+ of its bf16 outputs equal cuDNN's
 bitwise (64-key tiles: 94%; reversed order: 85%; an fma in the exponent: 99.98%; measured at b 512, T 384,
-SmolLM2 and Qwen2.5-0.5B heads, tools/bench/RESULTS.md). A split merges partial softmaxes in another order,
+SmolLM2 and Qwen2.5-0.5B heads, benchmarks/2026-12-01-rollout). A split merges partial softmaxes in another order,
 so rows are only split when a split still reads MIN_SPLIT keys (long caches, few rows).
 
 `reference_decode_attention` is the plain-torch definition the tests compare against.

@@ -1,7 +1,7 @@
 """Every patch megatron-core 0.16.1 needs to run on a machine without CUDA, in one place.
 
 Applied by `apply_cpu_patches()` only when `torch.cuda.is_available()` is False; on a GPU this module
-changes nothing. Each patch names the call sites it serves (measured in shared/notes/megatron-core-cpu.md).
+changes nothing. Each patch names the call sites it serves.
 `tests/test_cpu_compat.py` fails loudly if a megatron-core upgrade moves a call site out from under a patch.
 """
 from __future__ import annotations

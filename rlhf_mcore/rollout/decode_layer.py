@@ -180,7 +180,7 @@ def decode_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bias: to
     group-major head order): the rep = H / G query heads of a group are passed to SDPA as rep query
     positions against that group's keys, so one fused kernel reads each cached key once. torch 2.11 runs
     this on cuDNN's flash kernel (with a bool mask too): ~63 us per layer at b 512, T 384 on an H200, about
-    2.5x the time to read the layer's cache once (tools/bench/RESULTS.md)."""
+    2.5x the time to read the layer's cache once (benchmarks/2026-12-01-rollout)."""
     _, b, heads, d = q.shape
     groups = k.size(1)
     qg = q[0].reshape(b, groups, heads // groups, d)  # [b, G, rep, D]

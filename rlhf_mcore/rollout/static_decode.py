@@ -12,7 +12,7 @@ It runs the actor's own parameters (embedding, norms, QKV / output projections, 
   column the trainer's forward sees it at (RoPE of that position). Each row has its own device-resident
   position `pos[i]`; the cache holds rotated keys [L, B, G, T, D], written by indexing at (row, pos[i]).
   With left padding instead, a row's positions, RoPE roundings and attention tiles would all be shifted
-  from the trainer's, and its log-probs with them (0.027 mean gap on SmolLM2 / GSM8K, RESULTS.md);
+  from the trainer's, and its log-probs with them (0.027 mean gap on SmolLM2 / GSM8K, docs/architecture.md);
 - a decode query attends to the slots <= its row's position (a right-padded prompt's padding slots are
   overwritten by response tokens before they are reached), through one of `decode_layer.DECODE_ATTENTION`
   (`attention`, from `rollout.native.decode_attention`): "triton", the split-KV kernel of
