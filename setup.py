@@ -4,6 +4,8 @@ setup(
     name="rlhf-mcore",
     version="0.1.0",
     description="RL post-training (PPO, GRPO and variants) for LLMs on megatron-core, one SPMD program.",
+    license="Apache-2.0",  # SPDX expression; the text is LICENSE at the top level
+    license_files=["LICENSE"],
     # kernels/ is imported as rlhf_mcore.kernels, never as `kernels`: a wheel installs it as rlhf_mcore/kernels/,
     # and rlhf_mcore/kernels.py points the import name at that folder (or at kernels/ in a source tree)
     packages=find_packages(include=["rlhf_mcore", "rlhf_mcore.*"]) + ["rlhf_mcore.kernels"],
