@@ -6,6 +6,8 @@ with a did-you-mean suggestion, never a warning.
 from __future__ import annotations
 
 import dataclasses
+import json
+import os
 import types
 import typing
 from typing import Any
@@ -235,4 +237,29 @@ def to_dict(cfg) -> dict:
 
 
 def dump_yaml(cfg) -> str:
-    return yaml.safe_dump(to_dict(cfg), sort_keys=False)
+    """The config as it will run. With model.hf_path the architecture comes from its config.json: those
+    fields are left out of the model section (they would be ignored) and shown below it as comments."""
+    data = to_dict(cfg)
+    resolved = _hf_model_fields(cfg.model)
+    if resolved is None:
+        return yaml.safe_dump(data, sort_keys=False)
+    for key in resolved:
+        data["model"].pop(key, None)
+    model = yaml.safe_dump({"model": data.pop("model")}, sort_keys=False)
+    lines = [f"  # read from {os.path.join(cfg.model.hf_path, 'config.json')}:"]
+    lines += [f"  #   {line}" for line in yaml.safe_dump(resolved, sort_keys=False).splitlines()]
+    return model + "\n".join(lines) + "\n" + yaml.safe_dump(data, sort_keys=False)
+
+
+def _hf_model_fields(model) -> dict | None:
+    """The architecture fields as config.json sets them, or None without a readable hf_path."""
+    from rlhf_mcore.models.hf_fields import model_fields_from_hf
+
+    path = os.path.join(model.hf_path, "config.json") if model.hf_path else ""
+    if not path or not os.path.isfile(path):
+        return None
+    try:
+        with open(path) as f:
+            return model_fields_from_hf(json.load(f), path, model.init_std)
+    except (OSError, ValueError):  # unreadable or unsupported: the config check reports it
+        return None

@@ -1,7 +1,7 @@
 """HF `config.json` dict -> megatron `TransformerConfig`, the one conversion every model build uses.
 
 A run without `model.hf_path` describes its model inline; `hf_config_from_model_config` turns those
-fields into the same HF-style dict, so there is a single path from config to megatron.
+fields into the same HF-style dict (`models.hf_fields`), so there is a single path from config to megatron.
 """
 from __future__ import annotations
 
@@ -12,40 +12,20 @@ import os
 import torch
 import torch.nn.functional as F
 
-from rlhf_mcore.models.registry import MODEL_FAMILIES, ModelSpec, spec_for_hf_config
+from rlhf_mcore.models.registry import ModelSpec, spec_for_hf_config
 
 
 def load_hf_config(model_cfg) -> dict:
     """The HF config dict of the policy: read from model.hf_path, or built from the inline fields."""
     if not model_cfg.hf_path:
+        from rlhf_mcore.models.hf_fields import hf_config_from_model_config  # keeps the import chain short
+
         return hf_config_from_model_config(model_cfg)
     path = os.path.join(model_cfg.hf_path, "config.json")
     if not os.path.isfile(path):
         raise ValueError(f"model.hf_path: no config.json in {model_cfg.hf_path!r}. Point it at an HF model directory.")
     with open(path) as f:
         return json.load(f)
-
-
-def hf_config_from_model_config(m) -> dict:
-    """Inline model fields -> the HF config dict of that family (what transformers would write)."""
-    spec = MODEL_FAMILIES.get(m.family)
-    return {
-        "architectures": [spec.architectures[0]],
-        "model_type": spec.model_types[0],
-        "num_hidden_layers": m.num_layers,
-        "hidden_size": m.hidden_size,
-        "intermediate_size": m.ffn_hidden_size,
-        "num_attention_heads": m.num_attention_heads,
-        "num_key_value_heads": m.num_query_groups or m.num_attention_heads,
-        "vocab_size": m.vocab_size,
-        "max_position_embeddings": m.max_position_embeddings,
-        "rope_theta": m.rope_theta,
-        "rms_norm_eps": m.norm_eps,
-        "tie_word_embeddings": m.tie_embeddings,
-        "hidden_act": "silu",
-        "attention_bias": spec.qkv_bias,
-        "initializer_range": m.init_std,
-    }
 
 
 def rope_theta(hf: dict, source: str) -> float:

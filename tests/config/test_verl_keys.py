@@ -116,3 +116,35 @@ def test_cli_runs_a_verl_command_line(model_dir):
     assert done.returncode == 0, done.stderr
     assert "verl key actor_rollout_ref.model.path -> model.hf_path" in done.stderr
     assert "max_response_length: 1024" in done.stdout
+
+
+def test_verl_ppo_quickstart_runs_on_defaults(model_dir):
+    """verl's quickstart (PPO, Qwen2.5-0.5B, GSM8K): no adv_estimator, so verl's default gae, with a critic."""
+    cfg = load_config(None, [
+        f"data.train_files={TRAIN}", f"data.val_files={TEST}", "data.train_batch_size=256",
+        "data.max_prompt_length=512", "data.max_response_length=512", f"actor_rollout_ref.model.path={model_dir}",
+        "actor_rollout_ref.actor.optim.lr=1e-6", "actor_rollout_ref.actor.ppo_mini_batch_size=64",
+        "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=4",
+        "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu=8",
+        "actor_rollout_ref.rollout.tensor_model_parallel_size=1",
+        "actor_rollout_ref.rollout.gpu_memory_utilization=0.4",
+        "actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu=4", "critic.optim.lr=1e-5",
+        f"critic.model.path={model_dir}", "critic.ppo_micro_batch_size_per_gpu=4", "algorithm.kl_ctrl.kl_coef=0.001",
+        "trainer.logger=console", "trainer.val_before_train=False", "trainer.n_gpus_per_node=1", "trainer.nnodes=1",
+        "trainer.save_freq=10", "trainer.test_freq=10", "trainer.total_epochs=15"], world_size=1)
+    assert cfg.algorithm.adv_estimator == "gae" and cfg.rollout.n == 1
+    assert (cfg.critic.optim.lr, cfg.critic.micro_batch_size_per_gpu, cfg.algorithm.kl_coef) == (1e-5, 4, 0.001)
+
+
+def test_resolved_dump_shows_config_json_values_and_loads_back(model_dir):
+    """--validate-only / run_dir/config.yaml: the architecture as config.json sets it, not the unused defaults."""
+    from rlhf_mcore.config.load import dump_yaml
+
+    cfg = load_config(None, [f"model.hf_path={model_dir}", "trainer.total_steps=1"], world_size=1)
+    text = dump_yaml(cfg)
+    assert f"# read from {model_dir}/config.json:" in text and "#   family: qwen2" in text
+    assert "#   num_layers: 2" in text and "#   rope_theta: 10000.0" in text and "#   tie_embeddings: false" in text
+    assert "\n  num_layers:" not in text  # the ignored inline field is not printed as if it ran
+    path = model_dir / "dumped.yaml"
+    path.write_text(text)
+    assert load_config(str(path), world_size=1) == cfg
