@@ -329,9 +329,25 @@ class RewardConfig:
         return errs + positive(f"{p}.max_error_steps", self.max_error_steps)
 
 
+FILTER_METRICS = ("acc", "format", "reward", "score", "seq_reward", "seq_final_reward")  # per-sample values
+
+
+@dataclass(**DC)
+class FilterGroupsConfig:
+    """algorithm.filter_groups: DAPO's dynamic sampling (verl's keys; `rlhf_mcore.trainer.dynamic_sampling`)."""
+
+    enable: bool = False  # drop groups whose `metric` is equal on all n samples, generate until the batch is full
+    metric: str = "acc"  # acc | format | reward (shaped) | score (reward fn's) | seq_reward | seq_final_reward
+    max_num_gen_batches: int = 0  # generation rounds a step may take before the run stops; 0 = no limit
+
+    def _checks(self, p: str) -> list[str]:
+        return choice(f"{p}.metric", self.metric, FILTER_METRICS) + positive(
+            f"{p}.max_num_gen_batches", self.max_num_gen_batches, allow_zero=True)
+
+
 @dataclass(**DC)
 class AlgorithmConfig:
-    adv_estimator: str = "grpo"  # rlhf_mcore.algorithms.ADVANTAGES
+    adv_estimator: str = "gae"  # rlhf_mcore.algorithms.ADVANTAGES (gae: verl's default)
     gamma: float = 1.0
     lam: float = 1.0
     norm_adv_by_std: bool = True  # false = Dr.GRPO
@@ -343,9 +359,11 @@ class AlgorithmConfig:
     kl_horizon: int = 10000
     returns_through_masked: bool = False  # reinforce_plus_plus: true = returns pass mask-0 tokens; false = verl
     gpg_paper_alpha: bool = False  # gpg: true = alpha B/(B-M) of the paper; false = verl's B/#nonzero scores
+    filter_groups: FilterGroupsConfig = field(default_factory=FilterGroupsConfig)
 
     def _checks(self, p: str) -> list[str]:
         errs = in_range(f"{p}.gamma", self.gamma, 0.0, 1.0) + in_range(f"{p}.lam", self.lam, 0.0, 1.0)
+        errs += self.filter_groups._checks(f"{p}.filter_groups")
         errs += positive(f"{p}.kl_coef", self.kl_coef, allow_zero=True) + positive(f"{p}.target_kl", self.target_kl)
         return errs + positive(f"{p}.kl_horizon", self.kl_horizon)
 
@@ -354,8 +372,8 @@ class AlgorithmConfig:
 class TrainerConfig:
     total_steps: int = 0  # 0 = run total_epochs over the train set
     total_epochs: int = 1
-    save_freq: int = -1  # -1 = only at the end
-    test_freq: int = -1  # -1 = never
+    save_freq: int = -1  # -1 = only at the end (verl's -1: never); 0 = never; N = every N steps and at the end
+    test_freq: int = -1  # -1 or 0 = never (as verl); N = every N steps and at the end
     val_before_train: bool = False
     output_dir: str = "runs/default"
     seed: int = 1
@@ -368,13 +386,16 @@ class TrainerConfig:
     time_limit_min: float = 0.0  # stop (validate, save, export) after the step that passes this; 0 = off
     export_hf: bool = True  # write the final actor as an HF checkpoint
     max_bad_steps: int = 3  # stop after this many steps in a row whose update was skipped (non-finite)
+    save_on_signal: bool = True  # SIGTERM/SIGINT: finish the step, save it, exit 7 (rlhf_mcore.trainer.signals)
 
     def _checks(self, p: str) -> list[str]:
         errs = positive(f"{p}.total_steps", self.total_steps, allow_zero=True)
-        for key in ("save_freq", "test_freq"):
-            if getattr(self, key) < -1:
-                errs.append(f"{p}.{key}: must be -1, 0 or positive (got {getattr(self, key)}). "
-                            "Use -1 (at the end only), 0 (never) or N (every N steps).")
+        if self.save_freq < -1:
+            errs.append(f"{p}.save_freq: must be -1, 0 or positive (got {self.save_freq}). Use -1 (at the end "
+                        "only; verl's -1 saves never), 0 (never) or N (every N steps and at the end).")
+        if self.test_freq < -1:
+            errs.append(f"{p}.test_freq: must be -1, 0 or positive (got {self.test_freq}). Use -1 or 0 (never, "
+                        "as verl) or N (every N steps and at the end).")
         if not self.output_dir.strip():
             errs.append(f"{p}.output_dir: must name a directory (got {self.output_dir!r}). Set e.g. runs/my_run.")
         errs += in_range(f"{p}.seed", self.seed, 0, 2**32 - 1, fix="numpy seeds must fit in 32 bits.")

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 
+from rlhf_mcore.config.environment import environment_errors
 from rlhf_mcore.config.schema import Config
 from rlhf_mcore.registry import suggest
 
@@ -26,28 +27,25 @@ def _model_shape(cfg: Config) -> tuple[dict | None, list[str]]:
         except (OSError, json.JSONDecodeError) as e:
             return None, [f"model.hf_path: cannot read {path} (got {m.hf_path!r}): {e}. "
                           "Point it at an HF model directory."]
+        from rlhf_mcore.models.registry import spec_for_hf_config
+
+        try:
+            windowed = spec_for_hf_config(hf, f"model.hf_path: {path}").has_sliding_window
+        except ValueError as e:  # an architecture the model registry lacks: the message names the supported ones
+            return None, [str(e)]
         return {"layers": hf.get("num_hidden_layers"), "heads": hf.get("num_attention_heads"),
                 "groups": hf.get("num_key_value_heads") or hf.get("num_attention_heads"),
+                "ffn": hf.get("intermediate_size"), "ffn_key": f"{path}: intermediate_size",
                 "positions": hf.get("max_position_embeddings"), "positions_key": f"{path}: max_position_embeddings",
-                "window": _sliding_window(hf), "window_key": f"{path}: sliding_window"}, []
+                "window": hf.get("sliding_window") if windowed else None, "window_key": f"{path}: sliding_window"}, []
     missing = [k for k in REQUIRED_INLINE if getattr(m, k) is None]
     if missing:
         return None, [f"model.{k}: required when model.hf_path is empty (got None). Set it, or set "
                       "model.hf_path to an HF model directory." for k in missing]
     return {"layers": m.num_layers, "heads": m.num_attention_heads,
-            "groups": m.num_query_groups or m.num_attention_heads, "positions": m.max_position_embeddings,
+            "groups": m.num_query_groups or m.num_attention_heads, "ffn": m.ffn_hidden_size,
+            "ffn_key": "model.ffn_hidden_size", "positions": m.max_position_embeddings,
             "positions_key": "model.max_position_embeddings"}, []
-
-
-def _sliding_window(hf: dict) -> int | None:
-    """The attention window of a family that honours `sliding_window` (Mistral; Qwen2 leaves it off), else None."""
-    from rlhf_mcore.models.registry import spec_for_hf_config
-
-    try:
-        windowed = spec_for_hf_config(hf).has_sliding_window
-    except ValueError:  # an unsupported architecture is reported when the model is built
-        return None
-    return hf.get("sliding_window") if windowed else None
 
 
 def _parallel_rules(cfg: Config, shape: dict, world_size: int | None) -> list[str]:
@@ -58,6 +56,9 @@ def _parallel_rules(cfg: Config, shape: dict, world_size: int | None) -> list[st
     if shape["groups"] % p.tp:
         errs.append(f"parallel.tp: must divide the number of KV groups {shape['groups']} (got {p.tp}). "
                     "Pick a divisor of num_key_value_heads.")
+    if shape["ffn"] and shape["ffn"] % p.tp:  # megatron splits the MLP's inner dimension over TP
+        errs.append(f"parallel.tp: must divide {shape['ffn_key']}={shape['ffn']} (got {p.tp}). "
+                    "Pick a divisor of the MLP size.")
     if shape["layers"] % p.pp:
         errs.append(f"parallel.pp: must divide the number of layers {shape['layers']} (got {p.pp}). "
                     "Pick a divisor of the layer count.")
@@ -149,7 +150,7 @@ def registry_fields(cfg: Config) -> list[tuple[str, object, tuple[str, ...], str
         MISMATCH_MODES,
         POLICY_LOSSES,
     )
-    from rlhf_mcore.models.build import LAYER_SPECS
+    from rlhf_mcore.models.layer_specs import LAYER_SPECS
     from rlhf_mcore.models.registry import MODEL_FAMILIES
     from rlhf_mcore.rewards.penalties import FORMAT_CHECKS
     from rlhf_mcore.rollout.base import ROLLOUT_ENGINES
@@ -194,6 +195,28 @@ def _algorithm_rules(cfg: Config) -> list[str]:
     if name in ADVANTAGES and estimator_needs(name).groups and cfg.rollout.n < 2:
         errs.append(f"rollout.n: {cfg.algorithm.adv_estimator} compares samples of the same prompt and needs "
                     f"at least 2 (got {cfg.rollout.n}). Set rollout.n=4 or more.")
+    return errs + _filter_groups_rules(cfg)
+
+
+def _filter_groups_rules(cfg: Config) -> list[str]:
+    """Dynamic sampling compares the n samples of a prompt: a group estimator with rollout.n >= 2."""
+    from rlhf_mcore.algorithms import ADVANTAGES, estimator_needs
+
+    a, key = cfg.algorithm, "algorithm.filter_groups"
+    if not a.filter_groups.enable:
+        return []
+    errs = []
+    if a.adv_estimator in ADVANTAGES and not estimator_needs(a.adv_estimator).groups:
+        groups = ", ".join(n for n in ADVANTAGES.choices() if estimator_needs(n).groups)
+        errs.append(f"{key}.enable: needs a group estimator, whose baseline comes from the prompt's samples "
+                    f"(got algorithm.adv_estimator={a.adv_estimator}). Use one of {groups}, or set it to false.")
+    if cfg.rollout.n < 2:
+        errs.append(f"{key}.enable: needs rollout.n >= 2 samples per prompt to compare (got {cfg.rollout.n}). "
+                    "Set rollout.n=4 or more, or set it to false.")
+    if a.filter_groups.metric == "seq_final_reward" and a.use_kl_in_reward:
+        errs.append(f"{key}.metric: the KL penalty enters the reward after the groups are chosen, so "
+                    "seq_final_reward would ignore it (got seq_final_reward with algorithm.use_kl_in_reward=true). "
+                    "Use seq_reward.")
     return errs
 
 
@@ -219,6 +242,6 @@ def validate(cfg: Config, world_size: int | None = None) -> list[str]:
         errs += _parallel_rules(cfg, shape, world_size)
     model_parallel = cfg.parallel.tp * cfg.parallel.pp
     dp = world_size // model_parallel if world_size and world_size % model_parallel == 0 else 1
-    errs += _registry_rules(cfg)
+    errs += _registry_rules(cfg) + environment_errors(cfg)
     return errs + _batch_rules(cfg, dp) + _length_rules(cfg, shape) + _packing_rules(cfg) + _algorithm_rules(cfg) + \
         _file_rules(cfg)

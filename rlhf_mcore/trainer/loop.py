@@ -4,34 +4,46 @@ refresh -> log."""
 from __future__ import annotations
 
 import time
+from functools import partial
 
 from rlhf_mcore.logs import timer
+from rlhf_mcore.parallel import torchrun_env
 from rlhf_mcore.trainer import phases
+from rlhf_mcore.trainer.dynamic_sampling import fill_batch
 from rlhf_mcore.trainer.losses import actor_loss
 from rlhf_mcore.trainer.metrics import reduce_outputs
 from rlhf_mcore.trainer.optim import lr_at
 from rlhf_mcore.trainer.rollout_memory import rollout_memory, sync_weights
 from rlhf_mcore.trainer.run import Run, finish_run, start_run
+from rlhf_mcore.trainer.signals import ExitSignals, agree_stop, stop_on_signal
 from rlhf_mcore.trainer.step_log import step_metrics
+
+
+def rollout_round(run: Run, step: int, timings: dict, round_index: int = 0) -> tuple:
+    """Phases 1-2 on the next prompt batch: generate, score -> (batch, reward metrics, per-sample values)."""
+    cfg = run.cfg
+    prompts = run.sampler.next_batch()
+    with timer("gen", timings), rollout_memory(run) as engine:
+        rollout = engine.generate([list(p.prompt_ids) for p in prompts], phases.sampling_params(
+            cfg, run.stop_ids, step, round_index=round_index), show_progress=run.ctx.is_logging_rank)
+        baseline = phases.greedy_baseline(engine, run.scorer, prompts, cfg, run.stop_ids, step) \
+            if run.needs_greedy_baseline else None
+    with timer("reward", timings):
+        return phases.score(run, rollout, prompts, baseline)
 
 
 def train_step(run: Run, step: int) -> dict:
     cfg, ctx, roles, losses, timings = run.cfg, run.ctx, run.roles, run.losses, {}
-    prompts = run.sampler.next_batch()
-    with timer("gen", timings), rollout_memory(run) as engine:
-        rollout = engine.generate([list(p.prompt_ids) for p in prompts], phases.sampling_params(
-            cfg, run.stop_ids, step), show_progress=ctx.is_logging_rank)
-        baseline = phases.greedy_baseline(engine, run.scorer, prompts, cfg, run.stop_ids, step) \
-            if run.needs_greedy_baseline else None
+    generate = partial(rollout_round, run, step, timings)
+    batch, reward_metrics = fill_batch(run, generate(), generate, timings)  # more rounds: algorithm.filter_groups
     with timer("reward", timings):
-        batch, reward_metrics = phases.score(run, rollout, prompts, baseline)
         batch = phases.balance_dp(batch, cfg, ctx, [run.rows_per_mini(r) for r in roles.trainable()])
     on_policy = phases.is_on_policy(cfg, batch.num_rows, run.rows_per_mini("actor"))
     batch = phases.forward_passes(roles, losses, batch, cfg, ctx, timings, on_policy)  # old/ref log-probs, values
     with timer("adv", timings):
         batch, mismatch_metrics = phases.rollout_correction(batch, cfg.actor)
         batch, adv_metrics, reward_kl = phases.compute_advantages(batch, cfg, run.kl_ctrl.value, ctx)
-    reports = []
+    reports = [mismatch_metrics]  # reduced over DP with the loss functions' reports (trainer/metrics.py)
     if roles.critic is not None:
         with timer("update_critic", timings):
             reports += phases.update_role("critic", roles.critic, batch, losses.critic, cfg.critic,
@@ -43,7 +55,7 @@ def train_step(run: Run, step: int) -> dict:
                                       phases.micro_batching(cfg, cfg.actor))
     with timer("sync_weights", timings):
         sync_metrics = sync_weights(run)
-    extra = {**reward_metrics, **adv_metrics, **mismatch_metrics, **sync_metrics}
+    extra = {**reward_metrics, **adv_metrics, **sync_metrics}
     metrics = step_metrics(batch, reduce_outputs(reports, ctx), extra, timings, ctx,
                            max_response_length=cfg.rollout.max_response_length)
     if reward_kl is not None:  # KL in the reward: the controller adapts its coefficient to the measured KL
@@ -56,6 +68,11 @@ def out_of_time(cfg, started: float) -> bool:
 
 
 def train(cfg) -> Run:
+    with ExitSignals(rank=torchrun_env()[0]) as signals:  # a signal is noted; a second one exits at once
+        return _train(cfg, signals)
+
+
+def _train(cfg, signals: ExitSignals) -> Run:
     started = time.perf_counter()
     run = start_run(cfg)
     run.losses = phases.build_loss_fns(cfg, run.ctx, run.roles, update_loss=actor_loss)  # bound once
@@ -73,7 +90,11 @@ def train(cfg) -> Run:
             run.log_step(step, metrics)
             if stop is not None:
                 raise stop
-            last = step == run.total_steps or run.agree(out_of_time(cfg, started))
+            timed_out, signum, by_rank = (False, 0, -1) if step == run.total_steps else \
+                agree_stop(run.ctx, out_of_time(cfg, started), signals)  # one all-reduce: every rank's verdict
+            if signum:
+                raise stop_on_signal(run, step, signum, by_rank)  # save this step, then exit (trainer/signals.py)
+            last = step == run.total_steps or timed_out
             if run.val_sampler is not None and t.test_freq > 0 and (step % t.test_freq == 0 or last):
                 run.log_validation(step)
             if t.save_freq > 0 and step % t.save_freq == 0 and not last:

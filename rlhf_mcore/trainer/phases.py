@@ -24,13 +24,16 @@ from rlhf_mcore.trainer.schedule import forward_collect, run_schedule, split_mic
 from rlhf_mcore.trainer.step_batch import StepBatch
 
 
-def sampling_params(cfg, eos_ids: tuple[int, ...], step: int, validation: bool = False) -> SamplingParams:
+def sampling_params(cfg, eos_ids: tuple[int, ...], step: int, validation: bool = False,
+                    round_index: int = 0) -> SamplingParams:
+    """`round_index`: the step's generation round (dynamic sampling draws more prompt batches per step)."""
     r = cfg.rollout
     return SamplingParams(
         n=1 if validation else r.n, max_new_tokens=r.max_response_length,
         temperature=r.val_temperature if validation else r.temperature,
         top_p=1.0 if validation else r.top_p, top_k=-1 if validation else r.top_k,
-        stop_token_ids=eos_ids, stop_strings=tuple(r.stop), seed=cfg.trainer.seed * 1_000_003 + step,
+        stop_token_ids=eos_ids, stop_strings=tuple(r.stop),
+        seed=cfg.trainer.seed * 1_000_003 + step + (round_index << 32),
     )
 
 
@@ -62,15 +65,20 @@ def make_batch(rollout: RolloutBatch, scores: torch.Tensor, group_index: torch.T
         group_index=group_index, response_lengths=rollout.response_lengths, prompt_lengths=rollout.prompt_lengths)
 
 
-def score(run, rollout: RolloutBatch, prompts, baseline: torch.Tensor | None) -> tuple[StepBatch, dict]:
+def score(run, rollout: RolloutBatch, prompts, baseline: torch.Tensor | None) -> tuple[StepBatch, dict, dict]:
     """The step batch with its scores: the reward functions' (+ the reward model's, when there is one) and
-    the greedy baseline's rewards (None unless the estimator needs them)."""
-    scores, metrics = run.scorer(rollout, prompts, run.cfg.rollout.n)
-    batch = make_batch(rollout, scores, run.group_index(len(prompts)), run.seq_len).replace(baseline_rewards=baseline)
+    the greedy baseline's rewards (None unless the estimator needs them); the step metrics; and the
+    per-sample values that `algorithm.filter_groups.metric` may name (`schema.FILTER_METRICS`), each [B]."""
+    scored, metrics = run.scorer.score_step(rollout, prompts, run.cfg.rollout.n)
+    batch = make_batch(rollout, scored.scores, run.group_index(len(prompts)), run.seq_len).replace(
+        baseline_rewards=baseline)
     if run.roles.reward is not None:
         rm_scores = reward_model_pass(run.roles, batch, run.cfg, run.ctx)
         batch = batch.replace(token_level_scores=batch.token_level_scores + rm_scores)
-    return batch, metrics
+    seq_reward = batch.token_level_scores.sum(-1).cpu()  # the KL penalty is not in it yet (verl: token_level_rewards)
+    values = {"acc": scored.acc, "format": scored.formatted, "reward": scored.scores.cpu(), "score": scored.raw,
+              "seq_reward": seq_reward, "seq_final_reward": seq_reward}
+    return batch, metrics, values
 
 
 def seq_multiple(cfg) -> int:

@@ -131,7 +131,8 @@ class Run:
         skipped = sum(metrics.get(f"{role}/skipped_update_frac", 0.0) for role in ("actor", "critic"))
         self.num_skipped_steps += skipped > 0
         metrics["training/num_skipped_steps"] = float(self.num_skipped_steps)
-        calls = self.cfg.data.train_batch_size * self.cfg.rollout.n
+        rounds = int(metrics.get("filter_groups/num_gen_batches", 1))  # dynamic sampling scores several batches
+        calls = self.cfg.data.train_batch_size * self.cfg.rollout.n * rounds
         failed = metrics.get("reward/errors", 0.0) + metrics.get("reward/timeouts", 0.0)
         metrics["reward/error_frac"] = failed / calls
         if skipped == 0:
@@ -251,6 +252,7 @@ def _build_run(cfg, ctx, lock: RunLock | None, resume_path: str | None) -> Run:
             f.write(dump_yaml(cfg))
     start_step = int(read_meta(resume_path)["step"]) if resume_path else 0
     tokenizer = load_run_tokenizer(cfg)
+    stop_ids = stop_token_ids(cfg, tokenizer, announce=ctx.is_logging_rank)  # logged before any model
     hf_config = load_hf_config(cfg.model)
     roles = build_roles(cfg, hf_config, ctx)
     engine = build_rollout_engine(cfg.rollout, engine_setup(cfg, roles, hf_config, tokenizer, ctx))
@@ -259,7 +261,7 @@ def _build_run(cfg, ctx, lock: RunLock | None, resume_path: str | None) -> Run:
     kl_args = {"value": a.kl_coef} if a.kl_ctrl_type == "fixed" else \
         {"value": a.kl_coef, "target_kl": a.target_kl, "horizon": a.kl_horizon}
     run = Run(cfg=cfg, ctx=ctx, roles=roles, engine=engine, tokenizer=tokenizer,
-              stop_ids=stop_token_ids(cfg, tokenizer), sampler=sampler,
+              stop_ids=stop_ids, sampler=sampler,
               val_sampler=val_sampler, scorer=Scorer(cfg, tokenizer, ctx),
               kl_ctrl=KL_CONTROLLERS.get(a.kl_ctrl_type)(**kl_args), total_steps=_total_steps(cfg, sampler),
               run_dir=run_dir, resume_path=resume_path, lock=lock, start_step=start_step,

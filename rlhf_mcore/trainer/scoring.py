@@ -26,6 +26,7 @@ class Scored:
     formatted: torch.Tensor  # [B] 1.0 when the response holds an answer in the expected format
     num_errors: float  # reward calls that failed on this DP rank
     num_timeouts: float
+    raw: torch.Tensor | None = None  # [B] the reward functions' score, before shaping (verl's "score")
 
     def columns(self) -> dict[str, list[float]]:
         return {"reward": self.scores.cpu().tolist(), "acc": self.acc.tolist(), "format": self.formatted.tolist()}
@@ -106,7 +107,7 @@ class Scorer:
                              [p.ground_truth for p in rows], [p.extra_info for p in rows],
                              custom_fn=r.custom_fn or None, timeout_s=r.timeout_s, num_workers=r.num_workers,
                              format_score=r.format_score)
-        scores = torch.tensor(result.scores, dtype=torch.float32)
+        scores = raw = torch.tensor(result.scores, dtype=torch.float32)
         acc, fmt = accuracy_and_format(result, responses, r.answer_format)
         if r.overlong_buffer > 0:
             scores = scores + torch.tensor(overlong_penalties(
@@ -117,7 +118,7 @@ class Scorer:
         if r.post_answer_penalty > 0:
             scores = scores + torch.tensor(post_answer_penalties(responses, r.answer_format, r.post_answer_penalty))
         counts = torch.tensor([float(result.num_errors), float(result.num_timeouts)])
-        return torch.cat([scores, torch.tensor(acc), torch.tensor(fmt), counts])
+        return torch.cat([scores, torch.tensor(acc), torch.tensor(fmt), raw, counts])
 
     def score(self, rollout, prompts, n: int, responses: list[str] | None = None) -> Scored:
         """Scores of this DP rank's rows (prompt i's samples are rows i*n .. i*n+n-1), equal on its MP ranks."""
@@ -128,15 +129,20 @@ class Scorer:
             responses = responses if responses is not None else decode_responses(rollout, self.tokenizer.decode)
             packed = self._score_here(rollout, rows, responses).to(self.ctx.device)
         else:
-            packed = torch.empty(3 * num + 2, device=self.ctx.device)
+            packed = torch.empty(4 * num + 2, device=self.ctx.device)
         if mp.size() > 1:
             dist.broadcast(packed, src=dist.get_process_group_ranks(mp)[0], group=mp)
         host = packed.cpu()
-        return Scored(packed[:num], host[num:2 * num], host[2 * num:3 * num], float(host[3 * num]),
-                      float(host[3 * num + 1]))
+        return Scored(packed[:num], host[num:2 * num], host[2 * num:3 * num], float(host[4 * num]),
+                      float(host[4 * num + 1]), raw=host[3 * num:4 * num])
 
     def __call__(self, rollout, prompts, n: int) -> tuple[torch.Tensor, dict]:
         """(shaped scores [B] on the device, step metrics: errors, accuracy, format rate, per data_source)."""
+        scored, metrics = self.score_step(rollout, prompts, n)
+        return scored.scores, metrics
+
+    def score_step(self, rollout, prompts, n: int) -> tuple[Scored, dict]:
+        """(this rank's per-sample `Scored`, step metrics reduced over DP) of a training rollout."""
         scored = self.score(rollout, prompts, n)
         sources = [p.data_source for p in prompts for _ in range(n)]
         sums = gather_source_sums(source_sums(sources, scored.columns()), self.ctx)
@@ -152,4 +158,4 @@ class Scorer:
                    "critic/format/mean": overall["format"][0] / max(overall["format"][1], 1),
                    "response_length/clip_ratio": float(counts[2] / counts[3].clamp(min=1))}
         metrics.update(source_means(sums, "train/{src}/{name}/mean"))
-        return scored.scores, metrics
+        return scored, metrics

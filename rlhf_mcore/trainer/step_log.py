@@ -80,4 +80,8 @@ def format_step_line(step: int, total: int, m: dict) -> str:
     for label, key, fmt in LINE_FIELDS:
         parts.append(f"{label} {fmt.format(m[key]) if key in m else '-'}")
     phases = " ".join(f"{p} {m[f'timing_s/{p}']:.1f}s" for p in PHASES if f"timing_s/{p}" in m)
-    return " | ".join([parts[0], " ".join(parts[1:5]), " ".join(parts[5:11]), " ".join(parts[11:]), phases])
+    groups = [" ".join(parts[1:5]), " ".join(parts[5:11]), " ".join(parts[11:])]
+    if "filter_groups/num_gen_batches" in m:  # dynamic sampling (algorithm.filter_groups.enable)
+        groups.append("rounds {:.0f} kept {:.0f} filtered {:.0f}".format(
+            *(m.get(f"filter_groups/{k}", 0.0) for k in ("num_gen_batches", "num_kept", "num_filtered"))))
+    return " | ".join([parts[0], *groups, phases])
