@@ -12,7 +12,6 @@ import contextlib
 import sys
 
 from rlhf_mcore.config.load import ConfigError, dump_yaml, load_config
-from rlhf_mcore.parallel import exit_with_launcher, torchrun_env
 from rlhf_mcore.trainer.guards import EXIT_STARTUP, RunStopped, collective_timeout_error, is_collective_timeout
 
 
@@ -35,16 +34,18 @@ def report(lines: list[str], rank: int, header: str) -> None:
 
 def main(argv=None) -> int:
     args = parse_args(sys.argv[1:] if argv is None else argv)
+    from rlhf_mcore.parallel import exit_with_launcher, torchrun_env  # imports torch: after --help has exited
+
     rank, _, world_size = torchrun_env()
     notes: list[str] = []
     try:
         cfg = load_config(args.config, args.overrides, world_size=None if args.validate_only else world_size,
                           notes=notes)
     except ConfigError as e:
-        report(notes, rank, "verl keys translated:")
+        report(notes, rank, "config notes:")
         report(e.errors, rank, "invalid config:")
         return EXIT_STARTUP
-    report(notes, rank, "verl keys translated:")
+    report(notes, rank, "config notes:")
     if args.validate_only:
         print(dump_yaml(cfg), end="")
         return 0

@@ -224,6 +224,8 @@ def load_config(path: str | None = None, overrides: list[str] = (), world_size: 
             raise ConfigError([f"--config: {path} must hold a mapping of sections (got {type(data).__name__})."])
         _apply_yaml_aliases(data, errors, notes)
     parse_overrides(list(overrides), data, errors, notes)
+    if str(data.get("trainer", {}).get("save_freq", "")).strip() == "-1":
+        notes.append("trainer.save_freq=-1 saves at the end only (verl's -1 never saves: set 0 for that)")
     cfg = _build(Config, data, "", errors)
     if not errors and check:
         errors += cfg.section_errors() + validate(cfg, world_size)

@@ -148,3 +148,13 @@ def test_resolved_dump_shows_config_json_values_and_loads_back(model_dir):
     path = model_dir / "dumped.yaml"
     path.write_text(text)
     assert load_config(str(path), world_size=1) == cfg
+
+
+def test_save_and_test_freq_say_what_each_value_does():
+    notes: list[str] = []
+    load_config(None, ["trainer.save_freq=-1"], check=False, notes=notes)
+    assert notes == ["trainer.save_freq=-1 saves at the end only (verl's -1 never saves: set 0 for that)"]
+    with pytest.raises(ConfigError) as info:
+        load_config(os.path.join(ROOT, "configs", "tiny_grpo.yaml"), ["trainer.save_freq=-2", "trainer.test_freq=-3"])
+    assert [e.split(":")[0] for e in info.value.errors] == ["trainer.save_freq", "trainer.test_freq"]
+    assert "0 (never)" in info.value.errors[0] and "-1 or 0 (never, as verl)" in info.value.errors[1]
