@@ -8,6 +8,8 @@ the guard's exit code on every rank, with no traceback:
     4  the reward functions fail for too many calls, several steps in a row
     5  a collective operation timed out (another rank froze, died or is far slower)
     6  no space left on the device of trainer.output_dir
+    7  stopped by SIGTERM or SIGINT (on any rank) after the step, with its checkpoint saved (`trainer.signals`)
+    8  a second SIGTERM or SIGINT: exited at once, without saving (the last published checkpoint is intact)
 
 The counters are plain objects (no torch.distributed): every rank feeds them the same global numbers, so
 every rank stops at the same step.
@@ -17,6 +19,7 @@ from __future__ import annotations
 import dataclasses
 
 EXIT_STARTUP, EXIT_DIVERGED, EXIT_REWARD_HEALTH, EXIT_COLLECTIVE_TIMEOUT, EXIT_DISK_FULL = 2, 3, 4, 5, 6
+EXIT_SIGNAL, EXIT_SIGNAL_FORCED = 7, 8
 
 
 class RunStopped(RuntimeError):
@@ -47,6 +50,10 @@ class CollectiveTimeoutError(RunStopped):
 
 class DiskFullError(RunStopped):
     exit_code = EXIT_DISK_FULL
+
+
+class StoppedBySignal(RunStopped):
+    exit_code = EXIT_SIGNAL
 
 
 @dataclasses.dataclass
