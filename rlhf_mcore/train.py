@@ -3,7 +3,9 @@
 `--validate-only` prints the resolved config (exit 0) or every error (exit 2) and builds nothing.
 Exit codes: 0 done, 2 a problem found before the model is built (config, paths, data, rewards, a locked
 output directory), 3 training diverged, 4 the rewards keep failing, 5 a collective timed out, 6 the disk is
-full (`rlhf_mcore.trainer.guards`). Only rank 0 prints the problems; every rank exits with the same code.
+full, 7 stopped by SIGTERM/SIGINT after saving the step's checkpoint, 8 a second SIGTERM/SIGINT: exited at once
+without saving (`rlhf_mcore.trainer.guards`, `rlhf_mcore.trainer.signals`). Only rank 0 prints the problems;
+every rank exits with the same code.
 """
 from __future__ import annotations
 
