@@ -5,59 +5,26 @@ critic      -> GPTModel with a per-token `ScalarHead` (value)
 reward      -> GPTModel with a `ScalarHead` read at the last valid token (score)
 All live on every rank, in the same TP/PP/DP groups.
 
-The transformer-layer ModuleSpec: Transformer Engine when importable, else megatron's local spec with SDPA
-core attention. `local` keeps megatron's stock attention (benchmarks compare the two).
+The transformer-layer ModuleSpec comes from `rlhf_mcore.models.layer_specs` (by model.attention_backend).
 """
 from __future__ import annotations
 
-import importlib.util
 import logging
 
 import torch
-from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
 from megatron.core.transformer.transformer_block import TransformerBlockSubmodules, get_num_layers_to_build
 
-from rlhf_mcore.models.attention import SDPAttention
 from rlhf_mcore.models.heads import HiddenStatesHead, ScalarHead
 from rlhf_mcore.models.init import init_output_weight, seeded_layer_spec
+from rlhf_mcore.models.layer_specs import LAYER_SPECS, resolve_backend
 from rlhf_mcore.models.norm import RMSNorm
 from rlhf_mcore.models.packed import enable_position_rope
 from rlhf_mcore.models.roles import role_spec
 from rlhf_mcore.models.transformer_config import padded_vocab_size, rope_theta, to_transformer_config
-from rlhf_mcore.registry import Registry
 
 log = logging.getLogger(__name__)
 EMBEDDING_SEED = 31337
 _logged_backend: set[str] = set()
-LAYER_SPECS: Registry = Registry("attention backend")
-
-
-def have_transformer_engine() -> bool:
-    return importlib.util.find_spec("transformer_engine") is not None
-
-
-@LAYER_SPECS.register("te")
-def te_spec():
-    if not have_transformer_engine():
-        raise ValueError("model.attention_backend: 'te' needs transformer_engine, which is not importable "
-                         "(got te). Install transformer-engine or use model.attention_backend=sdpa.")
-    from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_with_transformer_engine_spec
-
-    return get_gpt_layer_with_transformer_engine_spec()
-
-
-@LAYER_SPECS.register("local")
-def local_spec():
-    spec = get_gpt_layer_local_spec(normalization="RMSNorm")
-    spec.submodules.input_layernorm = spec.submodules.pre_mlp_layernorm = RMSNorm  # sequence-parallel safe
-    return spec
-
-
-@LAYER_SPECS.register("sdpa")
-def sdpa_spec():
-    spec = local_spec()
-    spec.submodules.self_attention.submodules.core_attention = SDPAttention
-    return spec
 
 
 def block_spec(layer_spec, backend: str, config, pp_rank: int):
@@ -66,12 +33,6 @@ def block_spec(layer_spec, backend: str, config, pp_rank: int):
         return layer_spec
     num = get_num_layers_to_build(config, pp_rank=pp_rank)
     return TransformerBlockSubmodules(layer_specs=[layer_spec] * num, layer_norm=RMSNorm)
-
-
-def resolve_backend(name: str) -> str:
-    if name == "auto":
-        return "te" if have_transformer_engine() else "sdpa"
-    return name
 
 
 def choose_layer_spec(name: str):

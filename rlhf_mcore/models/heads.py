@@ -15,10 +15,14 @@ TP identical copies).
 from __future__ import annotations
 
 import torch
-from megatron.core.tensor_parallel.mappings import gather_from_sequence_parallel_region
-from megatron.core.transformer.utils import make_sharded_tensors_for_checkpoint
 
 HEAD_INIT_SEED = 20240917
+
+
+def gather_sequence(hidden, tp_group):  # [s/tp, b, h] -> [s, b, h]; megatron is loaded once a model exists
+    from megatron.core.tensor_parallel.mappings import gather_from_sequence_parallel_region
+
+    return gather_from_sequence_parallel_region(hidden, tensor_parallel_output_grad=False, group=tp_group)
 
 
 class HiddenStatesHead(torch.nn.Module):
@@ -31,8 +35,7 @@ class HiddenStatesHead(torch.nn.Module):
 
     def forward(self, hidden, weight=None, runtime_gather_output=None):  # hidden [s, b, h]
         if self.sequence_parallel:
-            hidden = gather_from_sequence_parallel_region(hidden, tensor_parallel_output_grad=False,
-                                                          group=self.tp_group)
+            hidden = gather_sequence(hidden, self.tp_group)
         return hidden, None
 
     def sharded_state_dict(self, prefix="", sharded_offsets=(), metadata=None):
@@ -56,11 +59,12 @@ class ScalarHead(torch.nn.Module):
 
     def forward(self, hidden, weight=None, runtime_gather_output=None):  # hidden [s, b, h] -> [s, b, n]
         if self.sequence_parallel:
-            hidden = gather_from_sequence_parallel_region(hidden, tensor_parallel_output_grad=False,
-                                                          group=self.tp_group)
+            hidden = gather_sequence(hidden, self.tp_group)
         return torch.matmul(hidden, self.weight.t()), None
 
     def sharded_state_dict(self, prefix="", sharded_offsets=(), metadata=None):
+        from megatron.core.transformer.utils import make_sharded_tensors_for_checkpoint
+
         state = self.state_dict(prefix="", keep_vars=True)
         return make_sharded_tensors_for_checkpoint(state, prefix, {}, sharded_offsets)
 

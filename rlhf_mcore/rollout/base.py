@@ -96,6 +96,7 @@ class EngineSetup:
 @dataclasses.dataclass(frozen=True)
 class EngineTraits:
     section: str  # the rollout.<section> config sub-section holding the engine's options
+    requires: tuple[str, ...] = ()  # modules it imports when built (config validation checks they are installed)
 
 
 ROLLOUT_ENGINES: Registry = Registry("rollout engine", traits=EngineTraits)

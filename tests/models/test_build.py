@@ -5,8 +5,9 @@ import pytest
 import torch
 
 from rlhf_mcore.models.attention import bottom_right_causal_mask
-from rlhf_mcore.models.build import build_model, choose_layer_spec, have_transformer_engine
+from rlhf_mcore.models.build import build_model, choose_layer_spec
 from rlhf_mcore.models.heads import lm_output_weight
+from rlhf_mcore.models.layer_specs import have_transformer_engine
 from rlhf_mcore.models.registry import spec_for_hf_config
 from rlhf_mcore.models.transformer_config import load_hf_config, padded_vocab_size, to_transformer_config
 from tests.conftest import tiny_model_config

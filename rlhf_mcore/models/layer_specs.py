@@ -1,0 +1,51 @@
+"""The transformer-layer ModuleSpec registry, by `model.attention_backend`: Transformer Engine when importable,
+else megatron's local spec with SDPA core attention; `local` keeps megatron's stock attention (benchmarks
+compare the two). megatron is imported when a spec is built, so config validation can list the names
+without it."""
+from __future__ import annotations
+
+import importlib.util
+
+from rlhf_mcore.registry import Registry
+
+LAYER_SPECS: Registry = Registry("attention backend")
+
+
+def have_transformer_engine() -> bool:
+    return importlib.util.find_spec("transformer_engine") is not None
+
+
+def resolve_backend(name: str) -> str:
+    if name == "auto":
+        return "te" if have_transformer_engine() else "sdpa"
+    return name
+
+
+@LAYER_SPECS.register("te")
+def te_spec():
+    if not have_transformer_engine():
+        raise ValueError("model.attention_backend: 'te' needs transformer_engine, which is not importable "
+                         "(got te). Install transformer-engine or use model.attention_backend=sdpa.")
+    from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_with_transformer_engine_spec
+
+    return get_gpt_layer_with_transformer_engine_spec()
+
+
+@LAYER_SPECS.register("local")
+def local_spec():
+    from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
+
+    from rlhf_mcore.models.norm import RMSNorm
+
+    spec = get_gpt_layer_local_spec(normalization="RMSNorm")
+    spec.submodules.input_layernorm = spec.submodules.pre_mlp_layernorm = RMSNorm  # sequence-parallel safe
+    return spec
+
+
+@LAYER_SPECS.register("sdpa")
+def sdpa_spec():
+    from rlhf_mcore.models.attention import SDPAttention
+
+    spec = local_spec()
+    spec.submodules.self_attention.submodules.core_attention = SDPAttention
+    return spec
