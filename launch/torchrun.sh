@@ -2,6 +2,11 @@
 # One node: launch the SPMD trainer on every local GPU (or NPROC CPU ranks).
 #   launch/torchrun.sh configs/gsm8k_grpo_smollm2.yaml [a.b=value ...]
 #   NPROC=2 DRY_RUN=1 launch/torchrun.sh configs/tiny_grpo.yaml trainer.total_steps=2   # print, don't run
+# A rank that dies (kill -9, OOM, a crash) makes torchrun restart every rank, up to MAX_RESTARTS (3) times; each
+# attempt resumes from the newest intact checkpoint (trainer.resume=auto, put before your overrides so that an
+# explicit trainer.resume=... still wins; MAX_RESTARTS=0 while debugging a run that fails at start-up).
+# SIGTERM/SIGINT to torchrun is passed on to the ranks, which save and exit 7 (no restart);
+# TORCH_ELASTIC_SHUTDOWN_TIMEOUT (s, 120 here) is how long torchrun waits for that save before SIGKILL.
 set -euo pipefail
 CONFIG=${1:?usage: launch/torchrun.sh CONFIG [a.b=value ...]}
 shift
@@ -13,7 +18,8 @@ if [[ ! -x "$PYTHON" ]]; then
   echo "torchrun.sh: $PYTHON not found (run \`make venv\`, or set PYTHON=...); using python3" >&2
   PYTHON=python3
 fi
-CMD=("$PYTHON" -m torch.distributed.run --standalone --nproc_per_node "$NPROC" --local-ranks-filter 0
-     -m rlhf_mcore.train --config "$CONFIG" "$@")
+export TORCH_ELASTIC_SHUTDOWN_TIMEOUT=${TORCH_ELASTIC_SHUTDOWN_TIMEOUT:-120}
+CMD=("$PYTHON" -m torch.distributed.run --standalone --nproc_per_node "$NPROC" --max-restarts "${MAX_RESTARTS:-3}"
+     --local-ranks-filter 0 -m rlhf_mcore.train --config "$CONFIG" trainer.resume=auto "$@")
 if [[ -n "${DRY_RUN:-}" ]]; then printf '%q ' "${CMD[@]}"; echo; exit 0; fi
 exec "${CMD[@]}"

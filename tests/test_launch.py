@@ -1,4 +1,5 @@
-"""launch/torchrun.sh and launch/slurm.sbatch find the repository's venv (DRY_RUN prints the command)."""
+"""launch/torchrun.sh and launch/slurm.sbatch find the repository's venv and restart dead ranks with
+trainer.resume=auto (DRY_RUN prints the command; the restart itself: tests/reliability/test_auto_restart.py)."""
 import os
 import shutil
 import subprocess
@@ -27,7 +28,19 @@ def test_torchrun_script_uses_the_repo_venv(tmp_path):
     python = fake_repo(tmp_path)
     out, err = dry_run(str(tmp_path / "launch" / "torchrun.sh"), {"NPROC": "2"}, cwd="/")
     assert out.startswith(f"{python} -m torch.distributed.run --standalone --nproc_per_node 2") and err == ""
-    assert out.rstrip().endswith("-m rlhf_mcore.train --config configs/tiny_grpo.yaml a.b=1")
+    assert out.rstrip().endswith("-m rlhf_mcore.train --config configs/tiny_grpo.yaml trainer.resume=auto a.b=1")
+
+
+def test_launch_scripts_restart_dead_ranks_with_resume_auto(tmp_path):
+    """torchrun restarts the ranks MAX_RESTARTS (3) times; each attempt resumes (user overrides come after)."""
+    fake_repo(tmp_path)
+    script = str(tmp_path / "launch" / "torchrun.sh")
+    assert " --max-restarts 3 " in dry_run(script, {"NPROC": "2"}, cwd="/")[0]
+    assert " --max-restarts 0 " in dry_run(script, {"NPROC": "2", "MAX_RESTARTS": "0"}, cwd="/")[0]
+    out, _ = dry_run(str(tmp_path / "launch" / "slurm.sbatch"), {"SLURM_SUBMIT_DIR": str(tmp_path),
+                                                                "MAX_RESTARTS": "5"}, cwd=str(tmp_path))
+    assert " --max-restarts 5 " in out and out.rstrip().endswith("trainer.resume=auto a.b=1")
+    assert "#SBATCH --signal=TERM@300" in (tmp_path / "launch" / "slurm.sbatch").read_text()
 
 
 def test_slurm_script_uses_the_venv_of_the_submit_dir(tmp_path):

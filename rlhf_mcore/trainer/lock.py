@@ -3,6 +3,10 @@
 The file records who holds it (pid, host, start time). A second run on the directory is refused with that
 record. The kernel drops the lock when its process dies (even by kill -9), so the lock of a dead run is taken
 over, with a warning that names it. A clean exit empties the file (the lock stays, the record goes).
+
+An attempt that torchrun restarted (`--max-restarts`, TORCHELASTIC_RESTART_COUNT > 0) waits up to
+`RESTART_WAIT_S` for the lock: the killed attempt's forked children (megatron's checkpoint writers) share its
+open lock file and hold the lock until they finish.
 """
 from __future__ import annotations
 
@@ -16,6 +20,7 @@ from pathlib import Path
 
 log = logging.getLogger(__name__)
 LOCK_FILE = "run.lock"
+RESTART_WAIT_S = 60.0
 
 
 class RunDirLocked(RuntimeError):
@@ -32,12 +37,15 @@ class RunLock:
         self.path = Path(run_dir) / LOCK_FILE
         self._fd: int | None = None
 
-    def acquire(self) -> RunLock:
-        """Take the lock or raise RunDirLocked naming its holder."""
+    def acquire(self, wait_s: float | None = None) -> RunLock:
+        """Take the lock or raise RunDirLocked naming its holder; retry for `wait_s` seconds first (default:
+        RESTART_WAIT_S in an attempt restarted by torchrun, else 0)."""
+        if wait_s is None:
+            wait_s = RESTART_WAIT_S if int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") or 0) > 0 else 0.0
         self.path.parent.mkdir(parents=True, exist_ok=True)
         fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
         try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            _flock_within(fd, wait_s)
         except BlockingIOError:
             record = _read_record(fd)
             os.close(fd)
@@ -72,6 +80,19 @@ class RunLock:
 
     def __exit__(self, *exc) -> None:
         self.release()
+
+
+def _flock_within(fd: int, wait_s: float, every_s: float = 0.5) -> None:
+    """flock(LOCK_EX), retried every `every_s` for `wait_s` seconds; BlockingIOError once that has passed."""
+    deadline = time.monotonic() + wait_s
+    while True:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            return
+        except BlockingIOError:
+            if time.monotonic() >= deadline:
+                raise
+            time.sleep(every_s)
 
 
 def _read_record(fd: int) -> dict:

@@ -34,3 +34,23 @@ def test_lock_of_a_killed_run_is_taken_over_with_a_warning(tmp_path, caplog):
         assert f'"pid": {os.getpid()}' in (tmp_path / LOCK_FILE).read_text()
     assert f"taking over the lock of a run that is gone (pid {dead_pid} on host" in caplog.text
     assert (tmp_path / LOCK_FILE).read_text() == ""
+
+
+def test_a_restarted_attempt_waits_for_the_killed_attempts_children_to_let_go(tmp_path, monkeypatch):
+    """A forked child (megatron's checkpoint writer) shares the killed rank's lock file: the restarted attempt
+    (TORCHELASTIC_RESTART_COUNT > 0) waits for it, a first attempt is refused at once."""
+    import pytest
+
+    from rlhf_mcore.trainer.lock import RunDirLocked
+
+    code = f"from rlhf_mcore.trainer.lock import RunLock; RunLock({str(tmp_path)!r}).acquire(); import os, time\n" \
+           "if os.fork() == 0:\n    os.close(1); os.close(2); time.sleep(2.0); os._exit(0)\n" \
+           "print('forked', flush=True); os.kill(os.getpid(), 9)"
+    proc = subprocess.run([sys.executable, "-c", code], env=env(), cwd=ROOT, capture_output=True, text=True)
+    assert proc.returncode == -signal.SIGKILL and proc.stdout == "forked\n"
+    monkeypatch.setenv("TORCHELASTIC_RESTART_COUNT", "0")
+    with pytest.raises(RunDirLocked):
+        RunLock(tmp_path).acquire()
+    monkeypatch.setenv("TORCHELASTIC_RESTART_COUNT", "1")
+    with RunLock(tmp_path):
+        assert f'"pid": {os.getpid()}' in (tmp_path / LOCK_FILE).read_text()
