@@ -57,6 +57,11 @@ def first_valid(mask: Tensor) -> Tensor:
     return valid & (valid.long().cumsum(dim=1) == 1)
 
 
+# metrics that are a mean over other positions than the valid tokens: metric -> mask [B, T] -> those positions
+# (the trainer weighs each metric by the count of its positions when it reduces them over micro-batches)
+METRIC_POSITIONS = {"mismatch_first_abs_diff": first_valid}
+
+
 @torch.no_grad()
 def compute_mismatch_weights(
     old_logp: Tensor,  # [B, T] trainer log-probs of the sampled tokens (pi_old)

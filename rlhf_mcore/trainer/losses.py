@@ -1,7 +1,8 @@
 """Loss functions of the trainable roles, in megatron's schedule contract.
 
 Each is called on the last pipeline stage as loss_fn(micro_batch, output, non_loss_data=False):
-training returns (loss_sum, count, metrics) for megatron's per-token path; forward-only
+training returns (loss_sum, count, metrics) for megatron's per-token path, each metric paired with its
+weight, the valid tokens (or rows) it is a mean over (`metrics.weighted`: reduced like the loss); forward-only
 (non_loss_data=True) returns per-token tensors aligned with the tokens. The maths is the registered
 pure functions of `rlhf_mcore.algorithms`; this module only wires micro-batch fields to them. Packed
 micro-batches compute log-probs / values on the packed tokens, then go back to the row layout (`to_rows`).
@@ -14,21 +15,25 @@ import torch.nn.functional as F
 from rlhf_mcore.algorithms.aggregate import aggregate_loss
 from rlhf_mcore.algorithms.kl import kl_penalty
 from rlhf_mcore.algorithms.losses import POLICY_LOSSES, PolicyLossInputs, agg_mode_for, compute_entropy_bonus
-from rlhf_mcore.algorithms.mismatch import compute_mismatch_weights
-from rlhf_mcore.algorithms.stats import masked_mean
+from rlhf_mcore.algorithms.mismatch import METRIC_POSITIONS, compute_mismatch_weights
+from rlhf_mcore.algorithms.stats import masked_count, masked_mean
 from rlhf_mcore.algorithms.value import compute_value_loss
 from rlhf_mcore.data.packing import is_packed, to_rows
 from rlhf_mcore.models.logprobs import token_logprobs, token_sum_pi_squared
+from rlhf_mcore.trainer.metrics import weighted
 
 
 def rollout_mismatch(old_logp, rollout_logp, mask, actor_cfg):
     """(importance weights pi_old / pi_rollout, or None when actor.rollout_correction=none;
-    rollout/mismatch_* metrics). old_logp / rollout_logp / mask [B, T]."""
+    rollout/mismatch_* metrics, each (value, weight): the count of the positions it is a mean over,
+    `mismatch.METRIC_POSITIONS`, else the valid tokens). old_logp / rollout_logp / mask [B, T]."""
     level = actor_cfg.rollout_correction
     weights, metrics = compute_mismatch_weights(
         old_logp, rollout_logp, mask, level=level if level != "none" else "token",
         mode=actor_cfg.rollout_correction_mode, threshold=actor_cfg.rollout_correction_threshold)
-    return (None if level == "none" else weights), {f"rollout/{k}": v for k, v in metrics.items()}
+    tokens = masked_count(mask)
+    counts = {k: masked_count(METRIC_POSITIONS[k](mask)) if k in METRIC_POSITIONS else tokens for k in metrics}
+    return (None if level == "none" else weights), {f"rollout/{k}": (v, counts[k]) for k, v in metrics.items()}
 
 
 def policy_loss_inputs(mb: dict, logp: torch.Tensor, old_logp: torch.Tensor, is_weights, actor_cfg) -> PolicyLossInputs:
@@ -67,7 +72,7 @@ def actor_loss(mb, output, non_loss_data=False, *, model, tp_group, actor_cfg, t
         is_weights, mismatch = rollout_mismatch(old_logp, mb["rollout_logp"], mask, actor_cfg)
     per_token, metrics = POLICY_LOSSES.get(actor_cfg.policy_loss)(
         policy_loss_inputs(mb, logp, old_logp, is_weights, actor_cfg))
-    metrics = {**mismatch, **{f"actor/{k}": v for k, v in metrics.items()}}
+    metrics = {f"actor/{k}": v for k, v in metrics.items()}  # token means over the valid tokens
     metrics["actor/pg_loss"] = masked_mean(per_token.detach(), mask)
     if actor_cfg.entropy_coeff:
         bonus, _ = compute_entropy_bonus(entropy, mask, actor_cfg.entropy_coeff)
@@ -80,7 +85,8 @@ def actor_loss(mb, output, non_loss_data=False, *, model, tp_group, actor_cfg, t
     mode = agg_mode_for(actor_cfg.policy_loss, actor_cfg.loss_agg_mode, actor_cfg.honor_loss_agg_mode)
     loss_sum, count, _ = aggregate_loss(per_token, mask, mode, norm_length=norm_length, num_rows=num_rows,
                                         sum_norm_per_seq=actor_cfg.sum_norm_per_seq)
-    return loss_sum, count, {**metrics, "actor/loss_sum": loss_sum.detach(), "actor/loss_count": count}
+    return loss_sum, count, {**mismatch, **weighted(metrics, masked_count(mask)),
+                             "actor/loss_sum": loss_sum.detach(), "actor/loss_count": count}
 
 
 def shift_values(output: torch.Tensor) -> torch.Tensor:
@@ -95,9 +101,10 @@ def critic_loss(mb, output, non_loss_data=False, *, cliprange_value):
     mask = mb["response_mask"]
     per_token, metrics = compute_value_loss(values, mb["returns"], mb["values"], mask, cliprange_value)
     loss_sum, count, _ = aggregate_loss(per_token, mask, "token-mean")
-    metrics = {f"critic/{k}": v for k, v in metrics.items()}
+    metrics = {f"critic/{k}": v for k, v in metrics.items()}  # token means over the valid tokens
     metrics["critic/vf_loss"] = masked_mean(per_token.detach(), mask)
-    return loss_sum, count, {**metrics, "critic/loss_sum": loss_sum.detach(), "critic/loss_count": count}
+    return loss_sum, count, {**weighted(metrics, masked_count(mask)), "critic/loss_sum": loss_sum.detach(),
+                             "critic/loss_count": count}
 
 
 def reward_model_scores(mb, output, non_loss_data=True):
