@@ -3,7 +3,8 @@ this rank at exact points of the run, so that a test hits "mid-rollout" or "mid-
 
     SIGNAL_AT="rlhf_mcore.trainer.phases:optimizer_step:3,rlhf_mcore.checkpoint.save_load:_save_role:2"
 
-sends SIGTERM to itself just before the 3rd call of phases.optimizer_step and the 2nd of save_load._save_role.
+sends SIGTERM to itself just before the 3rd call of phases.optimizer_step and the 2nd of save_load._save_role
+(`module:Class.method:n` works too).
 SIGNAL_RANK (default: every rank) picks the rank; only the first attempt under torchrun is signalled.
 """
 from __future__ import annotations
@@ -34,8 +35,11 @@ def signal_before_call(original, nth: int, signum: int = signal.SIGTERM):
 def install(spec: str) -> None:
     for item in filter(None, spec.split(",")):
         module_name, name, nth = item.split(":")
-        module = importlib.import_module(module_name)
-        setattr(module, name, signal_before_call(getattr(module, name), int(nth)))
+        owner = importlib.import_module(module_name)
+        *path, name = name.split(".")  # Class.method too
+        for part in path:
+            owner = getattr(owner, part)
+        setattr(owner, name, signal_before_call(getattr(owner, name), int(nth)))
 
 
 if __name__ == "__main__":

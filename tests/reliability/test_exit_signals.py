@@ -1,8 +1,11 @@
 """SIGTERM mid-rollout, mid-update and mid-save (in process, one rank): the run stops after that step with exit
 code 7 and a verified checkpoint of it, releases the run-directory lock, and a run resumed with resume=auto ends
-with metrics equal, bitwise, to a run that was never interrupted. The signal is sent by the process to itself
-just before a named call (`signal_worker.signal_before_call`), so each test hits its phase every time."""
+with metrics equal, bitwise, to a run that was never interrupted. A second SIGTERM during the signal's save (a
+subprocess) exits 8 at once, and the previous checkpoint still verifies and is still `latest`. The signal is sent
+by the process to itself just before a named call (`signal_worker`), so each test hits its phase every time."""
 import signal
+import sys
+import time
 
 import pytest
 
@@ -13,7 +16,8 @@ from rlhf_mcore.checkpoint.verify import checkpoint_problems
 from rlhf_mcore.rollout.native import NativeRolloutEngine
 from rlhf_mcore.trainer import phases
 from rlhf_mcore.trainer.guards import EXIT_SIGNAL, StoppedBySignal
-from tests.reliability.helpers import TIMING_KEYS, metrics, tiny_cfg
+from tests.conftest import free_port
+from tests.reliability.helpers import TIMING_KEYS, env, metrics, overrides_for, start, tiny_cfg, train_cmd, wait_for
 from tests.reliability.signal_worker import signal_before_call
 
 # 2 optimizer steps per step (mini-batch 1 prompt of 2): "mid-update" falls between the two
@@ -75,3 +79,30 @@ def test_sigterm_with_save_on_signal_false_stops_without_saving(tmp_path, monkey
         trainer_mod.train(cfg)
     assert "not saved (trainer.save_on_signal=false); there is no checkpoint" in stopped.value.lines[0]
     assert list_checkpoints(tmp_path / "run") == []
+
+
+def test_a_second_sigterm_mid_save_exits_at_once_and_the_last_checkpoint_still_verifies(tmp_path, straight):
+    run_dir = tmp_path / "run"
+    spec = "rlhf_mcore.trainer.phases:optimizer_step:3,rlhf_mcore.checkpoint.save_load:_save_role:2"  # step 2
+    cmd = [sys.executable, "-m", "tests.reliability.signal_worker",
+           *train_cmd(*overrides_for(tmp_path, *SMALL, "trainer.save_freq=1"))[3:]]
+    log = tmp_path / "run.log"
+    proc = start(cmd, log, {**env(0, 1, free_port()), "SIGNAL_AT": spec})
+    try:
+        assert wait_for(lambda: "before call 2 of _save_role" in log.read_text(), 300, every_s=0.05), \
+            log.read_text()[-3000:]
+        second_sent = time.monotonic()
+        rc = proc.wait(timeout=60)
+        took = time.monotonic() - second_sent
+    finally:
+        proc.kill()
+    out = log.read_text()
+    assert rc == 8 and "second exit signal (SIGTERM): exiting now with code 8, without saving" in out, out[-3000:]
+    assert took < 5, took  # at once: no step, no save, no collective to wait for
+    print(f"second SIGTERM: exited {took:.2f}s after it was sent")
+    assert [s for s, _ in list_checkpoints(run_dir)] == [1] and checkpoint_problems(run_dir / "global_step_1") == []
+    assert (run_dir / LATEST_FILE).read_text().strip() == "1"
+    assert list(run_dir.glob("global_step_2.tmp-*"))  # the save cut short: never published, removed at the next start
+    resumed = trainer_mod.train(tiny_cfg(tmp_path, *SMALL, "trainer.save_freq=1"))
+    assert resumed.start_step == 1 and comparable(metrics(run_dir)) == straight
+    assert not list(run_dir.glob("global_step_*.tmp-*"))
