@@ -31,6 +31,7 @@ import torch
 from rlhf_mcore.algorithms import KL_CONTROLLERS
 from rlhf_mcore.config import (
     ActorConfig,
+    AlgorithmConfig,
     Config,
     DataConfig,
     ModelConfig,
@@ -51,6 +52,7 @@ from rlhf_mcore.rollout.types import SamplingParams
 from rlhf_mcore.trainer import loop as trainer
 from rlhf_mcore.trainer.roles import build_roles
 from rlhf_mcore.trainer.run import Run, engine_setup
+from rlhf_mcore.trainer.scoring import Scored
 
 QWEN = dict(family="qwen2", num_layers=24, hidden_size=896, ffn_hidden_size=4864, num_attention_heads=14,
             num_query_groups=2, vocab_size=151936, tie_embeddings=True, dtype="bf16")
@@ -106,6 +108,7 @@ def build_config(args) -> Config:
     actor = ActorConfig(optim=OptimConfig(lr=1e-6), ppo_mini_batch_size=args.prompts,
                         micro_batch_size_per_gpu=args.micro_batch)
     return Config(model=ModelConfig(**(TINY if args.tiny else QWEN)), rollout=rollout, actor=actor,
+                  algorithm=AlgorithmConfig(adv_estimator="grpo"),  # the default is verl's gae (a critic)
                   parallel=ParallelConfig(tp=args.tp, pp=args.pp),
                   data=DataConfig(train_batch_size=args.prompts, max_prompt_length=args.prompt_len),
                   trainer=TrainerConfig(seed=1, logger=[], total_steps=1000))
@@ -125,10 +128,15 @@ class RandomPrompts:
         return [types.SimpleNamespace(prompt_ids=p) for p in ids]
 
 
-def random_scores(rollout, prompts, n: int):
-    """Rewards in [0, 1) drawn per sample (GRPO needs spread within a group, not meaning)."""
-    g = torch.Generator().manual_seed(int(rollout.tokens[:, -1].sum()) % 2**31)
-    return torch.rand(rollout.tokens.size(0), generator=g).to(rollout.tokens.device), {}
+class RandomScores:
+    """The run's scorer (`trainer.scoring.Scorer`'s `score_step`): rewards in [0, 1) drawn per sample (GRPO needs
+    spread within a group, not meaning); no accuracy or format."""
+
+    def score_step(self, rollout, prompts, n: int) -> tuple[Scored, dict]:
+        g = torch.Generator().manual_seed(int(rollout.tokens[:, -1].sum()) % 2**31)
+        scores = torch.rand(rollout.tokens.size(0), generator=g)  # [B]
+        zeros = torch.zeros_like(scores)
+        return Scored(scores.to(rollout.tokens.device), zeros, zeros, 0.0, 0.0, raw=scores), {}
 
 
 def build_run(cfg, ctx, args) -> Run:
@@ -145,7 +153,7 @@ def build_run(cfg, ctx, args) -> Run:
     run = Run(cfg=cfg, ctx=ctx, roles=roles, engine=engine, tokenizer=tokenizer, stop_ids=(),
               sampler=RandomPrompts(cfg.data.train_batch_size // ctx.dims.dp, cfg.data.max_prompt_length,
                                     hf["vocab_size"], ctx.dp_rank),
-              val_sampler=None, scorer=random_scores, kl_ctrl=KL_CONTROLLERS.get("fixed")(value=0.0),
+              val_sampler=None, scorer=RandomScores(), kl_ctrl=KL_CONTROLLERS.get("fixed")(value=0.0),
               total_steps=1 << 30, run_dir=tempfile.mkdtemp(), metric_logger=MetricLogger("", [], False))
     run.engine_start_s = time.perf_counter() - start
     return run
