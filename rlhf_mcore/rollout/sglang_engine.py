@@ -24,9 +24,13 @@ What differs from the native engine, by design of SGLang:
 """
 from __future__ import annotations
 
+import atexit
+import functools
+import inspect
 import json
 import logging
 import os
+import sys
 import tempfile
 import time
 from typing import Callable, Iterable, Optional
@@ -120,6 +124,35 @@ def sglang_sampling(params: SamplingParams) -> dict:
             "ignore_eos": not params.stop_token_ids}
 
 
+def resource_tracker_pid() -> Optional[int]:
+    """The pid of this process's multiprocessing resource tracker (None while none runs)."""
+    from multiprocessing import resource_tracker
+
+    return getattr(resource_tracker._resource_tracker, "_pid", None)  # noqa: SLF001 - no public accessor
+
+
+def shutdown_server(server) -> None:
+    """`server.shutdown()` that spares this process's multiprocessing resource tracker.
+
+    sglang.Engine.shutdown kills every child process of this one (`kill_process_tree(os.getpid(),
+    include_parent=False)`), the resource tracker included. The next release of a named semaphore or shared
+    memory block (at exit: loky's, torch's) then relaunches a tracker that never saw that name, and it prints
+    "resource_tracker: process died unexpectedly" and a KeyError traceback. So the tree kill skips the tracker
+    (SGLang's `skip_pid`), and the engine's own atexit shutdown, a second tree kill at exit, is unregistered.
+    """
+    module = sys.modules.get(type(server).__module__)
+    kill, tracker = getattr(module, "kill_process_tree", None), resource_tracker_pid()
+    spare = callable(kill) and tracker is not None and "skip_pid" in inspect.signature(kill).parameters
+    if spare:
+        module.kill_process_tree = functools.partial(kill, skip_pid=tracker)
+    try:
+        server.shutdown()
+    finally:
+        if spare:
+            module.kill_process_tree = kill
+        atexit.unregister(server.shutdown)
+
+
 def per_gpu_rows(replica_rows: int, gpus_per_replica: int, micro_batch_size: int) -> int:
     """Sequences one GPU decodes at once: its share of its replica's rows (or rollout.micro_batch_size).
 
@@ -174,7 +207,7 @@ class SGLangRolloutEngine:
         self.ctx, self.pad_id, self.decode = setup.ctx, setup.pad_id, setup.decode
         self.hf_cfg, self.bucket_bytes, self.engine = setup.hf_config, bucket_bytes, server
         self.weights = weights or FullWeights(setup.model, setup.ctx)
-        self.encode, self.prefill_prompts_once = encode, True
+        self.encode, self.prefill_prompts_once, self.stopped = encode, True, False
 
     @classmethod
     def build(cls, options, setup: EngineSetup) -> "SGLangRolloutEngine":
@@ -255,7 +288,10 @@ class SGLangRolloutEngine:
         self.engine.resume_memory_occupation()
 
     def shutdown(self) -> None:
-        self.engine.shutdown()
+        """Stop the engine's processes (once; later calls do nothing), without tracebacks at exit."""
+        if not self.stopped:
+            self.stopped = True
+            shutdown_server(self.engine)
 
     @staticmethod
     def layout_errors(parallel) -> list[str]:
