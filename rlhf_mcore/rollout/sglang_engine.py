@@ -114,7 +114,9 @@ def cut_at_stop_string(response: Response, stop_strings, decode: Optional[Decode
 
 
 def sglang_sampling(params: SamplingParams) -> dict:
-    """Our stop tokens only: without any, the model's own EOS must not end a response either (ignore_eos).
+    """The run's stop set (`rlhf_mcore.stop_tokens`): SGLang stops at these ids and at its model's own eos
+    (config.json's, which the set holds), so both engines end responses at the same tokens. Without stop ids
+    the model's eos must not end a response either (ignore_eos).
 
     >>> sglang_sampling(SamplingParams(max_new_tokens=4))["ignore_eos"]
     True

@@ -28,6 +28,7 @@ from pathlib import Path
 import torch
 
 from rlhf_mcore.data.dataset import build_prompt_dataset
+from rlhf_mcore.stop_tokens import stop_set, stop_sources
 from rlhf_mcore.tokenizer import load_tokenizer
 from tools.prepare_gsm8k import gsm8k_rows
 
@@ -37,12 +38,8 @@ RECORDED = REPO / "benchmarks" / "2026-12-01-smollm2-gsm8k-learning" / "metrics.
 
 
 def stop_ids(hf_dir: str, tokenizer) -> list[int]:
-    """EOS plus generation_config's eos ids (rlhf_mcore.trainer.inputs.stop_token_ids)."""
-    ids = [tokenizer.eos_id]
-    with open(os.path.join(hf_dir, "generation_config.json")) as f:
-        extra = json.load(f).get("eos_token_id", [])
-    ids += extra if isinstance(extra, list) else [extra]
-    return list(dict.fromkeys(int(i) for i in ids if i is not None))
+    """The run's stop set (`rlhf_mcore.stop_tokens`, as rlhf_mcore.trainer.inputs.stop_token_ids resolves it)."""
+    return list(stop_set(stop_sources(tokenizer, hf_dir)))
 
 
 def response_lengths(new_tokens: torch.Tensor, stops: list[int]) -> list[int]:
