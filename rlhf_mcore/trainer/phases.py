@@ -221,6 +221,7 @@ def compute_advantages(batch: StepBatch, cfg, kl_coef: float, ctx) -> tuple[Step
                                                kl_coef, cfg.algorithm.kl_penalty)
         metrics.update({f"actor/reward_{k}": v for k, v in kl_metrics.items()})
         reward_kl = mean_over_dp(kl_metrics["kl"], batch.num_rows, ctx)  # every rank's controller sees one value
+        metrics["actor/reward_kl"] = reward_kl  # the global-batch mean, not this DP rank's
     full = {k: gather_dp(v, ctx) for k, v in (("rewards", rewards), ("mask", batch.response_mask),
                                               ("group", batch.group_index))}
     wanted = ("values", "baseline_rewards") + (("old_logp", "sum_pi_squared", "is_weights")
