@@ -7,6 +7,9 @@
 # explicit trainer.resume=... still wins; MAX_RESTARTS=0 while debugging a run that fails at start-up).
 # SIGTERM/SIGINT to torchrun is passed on to the ranks, which save and exit 7 (no restart);
 # TORCH_ELASTIC_SHUTDOWN_TIMEOUT (s, 120 here) is how long torchrun waits for that save before SIGKILL.
+# The console shows local rank 0's output; the other ranks write theirs to LOG_DIR (runs/torchrun)/<run id>/
+# attempt_<n>/<local rank>/{stdout,stderr}.log, and a rank that fails is named in torchrun's summary with its exit
+# code and traceback.
 set -euo pipefail
 CONFIG=${1:?usage: launch/torchrun.sh CONFIG [a.b=value ...]}
 shift
@@ -19,7 +22,9 @@ if [[ ! -x "$PYTHON" ]]; then
   PYTHON=python3
 fi
 export TORCH_ELASTIC_SHUTDOWN_TIMEOUT=${TORCH_ELASTIC_SHUTDOWN_TIMEOUT:-120}
+OTHERS=$(seq -s, -f %g:3 1 $((NPROC - 1)))  # 1:3,2:3,...: both streams of local ranks 1.. to their log files
 CMD=("$PYTHON" -m torch.distributed.run --standalone --nproc_per_node "$NPROC" --max-restarts "${MAX_RESTARTS:-3}"
-     --local-ranks-filter 0 -m rlhf_mcore.train --config "$CONFIG" trainer.resume=auto "$@")
+     --local-ranks-filter 0 --redirects "${OTHERS:-0}" --log-dir "${LOG_DIR:-runs/torchrun}"
+     -m rlhf_mcore.train --config "$CONFIG" trainer.resume=auto "$@")
 if [[ -n "${DRY_RUN:-}" ]]; then printf '%q ' "${CMD[@]}"; echo; exit 0; fi
 exec "${CMD[@]}"

@@ -52,7 +52,9 @@ def main(argv=None) -> int:
         print(dump_yaml(cfg), end="")
         return 0
     exit_with_launcher()
-    return run_training(cfg, rank)
+    from torch.distributed.elastic.multiprocessing.errors import record
+
+    return record(run_training)(cfg, rank)  # an uncaught error's traceback: in torchrun's summary, naming the rank
 
 
 def run_training(cfg, rank: int) -> int:

@@ -4,6 +4,8 @@ import os
 import shutil
 import subprocess
 
+import pytest
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
@@ -53,3 +55,35 @@ def test_slurm_script_uses_the_venv_of_the_submit_dir(tmp_path):
     assert out.startswith(f"srun --nodes 2 --ntasks-per-node 1 {python} -m torch.distributed.run") and err == ""
     _, err = dry_run(str(elsewhere / "slurm_script"), {"SLURM_SUBMIT_DIR": str(elsewhere)}, cwd=str(tmp_path))
     assert "not found (run `make venv`" in err
+
+
+FAIL_ON_RANK = """import os, time
+if os.environ.get("FAIL_RANK"):  # rlhf_mcore.train's call of train(cfg): raises on FAIL_RANK, the others wait
+    import rlhf_mcore.trainer.loop as loop
+
+    def train(cfg):
+        if os.environ["RANK"] == os.environ["FAIL_RANK"]:
+            raise RuntimeError("injected failure on rank " + os.environ["RANK"])
+        time.sleep(300)
+
+    loop.train = train
+"""
+
+
+@pytest.mark.dist
+def test_a_failing_rank_other_than_0_is_named_with_its_traceback(tmp_path):
+    """The console shows rank 0 only, yet rank 1's traceback and exit code reach the launcher's output (torchrun's
+    summary of the error file rlhf_mcore.train records), and its stderr stays in LOG_DIR."""
+    (tmp_path / "sitecustomize.py").write_text(FAIL_ON_RANK)
+    env = {**os.environ, "PYTHONPATH": str(tmp_path), "FAIL_RANK": "1", "NPROC": "2", "MAX_RESTARTS": "0",
+           "LOG_DIR": str(tmp_path / "logs")}
+    proc = subprocess.run(["bash", os.path.join(ROOT, "launch", "torchrun.sh"), "configs/tiny_grpo.yaml",
+                           f"trainer.output_dir={tmp_path / 'run'}"], capture_output=True, text=True, env=env,
+                          cwd=ROOT, timeout=300)
+    out = proc.stdout + proc.stderr
+    assert proc.returncode != 0
+    root_cause = out.split("Root Cause (first observed failure):")[1]
+    assert "rank      : 1 (local_rank: 1)" in root_cause and "exitcode  : 1" in root_cause
+    assert "RuntimeError: injected failure on rank 1" in root_cause and 'File "' in root_cause, out[-3000:]
+    (stderr_log,) = (tmp_path / "logs").glob("*/attempt_0/1/stderr.log")
+    assert "injected failure on rank 1" in stderr_log.read_text()
