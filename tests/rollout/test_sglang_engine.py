@@ -29,7 +29,6 @@ from rlhf_mcore.rollout.sglang_weights import FLATTENED, unflatten_bucket
 from rlhf_mcore.rollout.types import SamplingParams
 from tests.conftest import tiny_model_config
 
-
 HERE = os.path.dirname(os.path.abspath(__file__))
 SHUTDOWN_WORKER = os.path.join(HERE, "sglang_shutdown_worker.py")
 
