@@ -196,7 +196,7 @@ def to_response(out: dict) -> Response:
                     "stop" if reason == "stop" else "length")
 
 
-@ROLLOUT_ENGINES.register("sglang", section="sglang", requires=("sglang",))
+@ROLLOUT_ENGINES.register("sglang", section="sglang", requires=("sglang",), needs_cuda=True)
 class SGLangRolloutEngine:
     """One embedded engine per GPU (any training layout); see the module doc and `rollout.base`."""
 

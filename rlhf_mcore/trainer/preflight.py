@@ -63,15 +63,18 @@ def _vocab_errors(cfg) -> list[str]:
 
 
 def _engine_memory_errors(cfg) -> list[str]:
-    """The rollout engine's own copy of the model must fit one GPU (asked of the engine; none on CPU)."""
+    """The rollout engine's own copy of the model must fit one GPU (asked of the engine), and an engine that
+    declared needs_cuda needs one."""
     import torch
 
     from rlhf_mcore.models.full_weights import kv_bytes_per_token, num_params
     from rlhf_mcore.models.transformer_config import load_hf_config
     from rlhf_mcore.rollout.base import ROLLOUT_ENGINES, engine_options
 
+    engine = cfg.rollout.engine
     if not torch.cuda.is_available():
-        return []
+        return [f"rollout.engine: {engine} needs a CUDA GPU (got {engine} on a machine without CUDA). Use "
+                "rollout.engine=native."] if ROLLOUT_ENGINES.traits(engine).needs_cuda else []
     hf = load_hf_config(cfg.model)
     nbytes = 2 if cfg.model.dtype == "bf16" else 4
     seq = cfg.data.max_prompt_length + cfg.rollout.max_response_length

@@ -92,3 +92,13 @@ def test_custom_reward_that_hangs_or_exits_at_import_is_stopped_in_its_worker(tm
     exits = write_reward(tmp_path, "import os\nos._exit(3)")
     errs = preflight_errors(tiny_cfg(tmp_path, f"reward.custom_fn={exits}:score"))
     assert len(errs) == 1 and "reward worker died (exit code 3)" in errs[0], errs
+
+
+def test_an_engine_that_needs_cuda_stops_before_the_model_on_a_machine_without(tmp_path, monkeypatch):
+    import torch
+
+    monkeypatch.setattr("rlhf_mcore.config.environment.importable", lambda module: True)  # as if sglang were there
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    assert preflight_errors(tiny_cfg(tmp_path, "rollout.engine=sglang")) == [
+        "rollout.engine: sglang needs a CUDA GPU (got sglang on a machine without CUDA). Use rollout.engine=native."]
+    assert preflight_errors(tiny_cfg(tmp_path)) == []  # native decodes on CPU
