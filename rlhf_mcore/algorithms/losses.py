@@ -41,7 +41,7 @@ class PolicyLossInputs:
     clip_cov_lb: float = 1.0  # clip_cov: covariance window lower bound
     clip_cov_ub: float = 5.0  # clip_cov: covariance window upper bound
     kl_cov_ratio: float = 2e-4  # kl_cov: fraction of valid tokens that get the KL penalty
-    kl_cov_coef: float = 1.0  # kl_cov: penalty coefficient
+    kl_cov_coef: float = 0.1  # kl_cov: penalty coefficient (verl's policy_loss.ppo_kl_coef)
     generator: torch.Generator | None = None  # clip_cov random selection (same device as the tensors)
     tau_pos: float = 1.0  # sapo: gate temperature for A > 0
     tau_neg: float = 1.05  # sapo: gate temperature for A <= 0

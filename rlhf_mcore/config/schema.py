@@ -270,10 +270,14 @@ class ActorConfig(UpdateConfig):
     tau_pos: float = 1.0  # sapo: gate temperature for positive advantages
     tau_neg: float = 1.05  # sapo: gate temperature for non-positive advantages
     bypass_loss_type: str = "ppo_clip"  # bypass_mode: ppo_clip | reinforce (IS level: rollout_correction)
+    kl_cov_ratio: float = 2e-4  # kl_cov: fraction of valid tokens that get the KL penalty (verl's default)
+    kl_cov_coef: float = 0.1  # kl_cov: coefficient of that penalty (verl's policy_loss.ppo_kl_coef)
 
     def _checks(self, p: str) -> list[str]:
         errs = self._update_checks(p)
         errs += positive(f"{p}.tau_pos", self.tau_pos) + positive(f"{p}.tau_neg", self.tau_neg)
+        errs += in_range(f"{p}.kl_cov_ratio", self.kl_cov_ratio, 0.0, 1.0, lo_open=True, fix="Use e.g. 0.0002.")
+        errs += positive(f"{p}.kl_cov_coef", self.kl_cov_coef, allow_zero=True)
         errs += choice(f"{p}.bypass_loss_type", self.bypass_loss_type, ("ppo_clip", "reinforce"))
         errs += positive(f"{p}.clip_ratio_low", self.clip_ratio_low, allow_zero=True)
         errs += positive(f"{p}.clip_ratio_high", self.clip_ratio_high, allow_zero=True)
@@ -289,6 +293,7 @@ class CriticConfig(UpdateConfig):
     optim: OptimConfig = field(default_factory=lambda: OptimConfig(lr=1e-5))
     load: str = ""  # megatron dist-checkpoint of the critic ("" = start from the actor's weights)
     cliprange_value: float = 0.5
+    loss_agg_mode: str = ""  # "" = actor.loss_agg_mode, as verl's critic.yaml; token-mean whatever the actor's
 
     def _checks(self, p: str) -> list[str]:
         return self._update_checks(p) + positive(f"{p}.cliprange_value", self.cliprange_value)

@@ -161,6 +161,7 @@ def registry_fields(cfg: Config) -> list[tuple[str, object, tuple[str, ...], str
         ("rollout.engine", ROLLOUT_ENGINES, (), ""),
         ("actor.policy_loss", POLICY_LOSSES, (), "name"),
         ("actor.loss_agg_mode", LOSS_AGG_MODES, (), ""),
+        ("critic.loss_agg_mode", LOSS_AGG_MODES, ("",), ""),
         ("actor.kl_loss_type", KL_ESTIMATORS, (), "name"),
         ("actor.rollout_correction", MISMATCH_LEVELS, ("none",), ""),
         ("actor.rollout_correction_mode", MISMATCH_MODES, (), ""),

@@ -97,6 +97,8 @@ VERL_KEYS: dict[str, VerlKey] = {
     f"{_ARR}.actor.kl_loss_coef": alias("actor.kl_loss_coef"),
     f"{_ARR}.actor.kl_loss_type": alias("actor.kl_loss_type"),
     f"{_ARR}.actor.policy_loss.loss_mode": alias("actor.policy_loss"),
+    f"{_ARR}.actor.policy_loss.ppo_kl_coef": alias("actor.kl_cov_coef"),
+    f"{_ARR}.actor.policy_loss.kl_cov_ratio": alias("actor.kl_cov_ratio"),
     f"{_ARR}.actor.megatron.tensor_model_parallel_size": alias("parallel.tp"),
     f"{_ARR}.actor.megatron.pipeline_model_parallel_size": alias("parallel.pp"),
     f"{_ARR}.actor.megatron.use_distributed_optimizer": alias("parallel.use_distributed_optimizer"),

@@ -44,6 +44,7 @@ def policy_loss_inputs(mb: dict, logp: torch.Tensor, old_logp: torch.Tensor, is_
         is_weights=is_weights, tau_pos=a.tau_pos, tau_neg=a.tau_neg, rollout_logp=mb.get("rollout_logp"),
         bypass_loss_type=a.bypass_loss_type, bypass_is_threshold=a.rollout_correction_threshold,
         bypass_is_level=None if a.rollout_correction == "none" else a.rollout_correction,
+        kl_cov_ratio=a.kl_cov_ratio, kl_cov_coef=a.kl_cov_coef,
     )
 
 
@@ -94,17 +95,26 @@ def shift_values(output: torch.Tensor) -> torch.Tensor:
     return F.pad(output[..., 0][:, :-1].float(), (1, 0))
 
 
-def critic_loss(mb, output, non_loss_data=False, *, cliprange_value):
+def critic_loss(mb, output, non_loss_data=False, *, cliprange_value, loss_agg_mode="token-mean", norm_length=None,
+                num_rows=None, sum_norm_per_seq=False):
+    """The value loss aggregated with `loss_agg_mode` (critic.loss_agg_mode, resolved by `critic_agg_mode`);
+    norm_length / num_rows / sum_norm_per_seq as for the actor (seq-mean-token-sum-norm)."""
     values = to_rows(output[..., 0].float(), mb, shift=True) if is_packed(mb) else shift_values(output)
     if non_loss_data:
         return {"values": values.detach()}
     mask = mb["response_mask"]
     per_token, metrics = compute_value_loss(values, mb["returns"], mb["values"], mask, cliprange_value)
-    loss_sum, count, _ = aggregate_loss(per_token, mask, "token-mean")
+    loss_sum, count, _ = aggregate_loss(per_token, mask, loss_agg_mode, norm_length=norm_length, num_rows=num_rows,
+                                        sum_norm_per_seq=sum_norm_per_seq)
     metrics = {f"critic/{k}": v for k, v in metrics.items()}  # token means over the valid tokens
     metrics["critic/vf_loss"] = masked_mean(per_token.detach(), mask)
     return loss_sum, count, {**weighted(metrics, masked_count(mask)), "critic/loss_sum": loss_sum.detach(),
                              "critic/loss_count": count}
+
+
+def critic_agg_mode(cfg) -> str:
+    """critic.loss_agg_mode, or the actor's when it is "" (verl's critic.yaml interpolates the actor's)."""
+    return cfg.critic.loss_agg_mode or cfg.actor.loss_agg_mode
 
 
 def reward_model_scores(mb, output, non_loss_data=True):

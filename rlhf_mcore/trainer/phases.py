@@ -18,7 +18,7 @@ from rlhf_mcore.algorithms.kl import apply_kl_penalty
 from rlhf_mcore.data.packing import plan_dp_split
 from rlhf_mcore.logs import heartbeat, progress, timer
 from rlhf_mcore.rollout.types import RolloutBatch, SamplingParams
-from rlhf_mcore.trainer.losses import actor_loss, critic_loss, reward_model_scores, rollout_mismatch
+from rlhf_mcore.trainer.losses import actor_loss, critic_agg_mode, critic_loss, reward_model_scores, rollout_mismatch
 from rlhf_mcore.trainer.optim import optimizer_step, zero_grads
 from rlhf_mcore.trainer.schedule import forward_collect, run_schedule, split_micro_batches, take
 from rlhf_mcore.trainer.step_batch import StepBatch
@@ -112,6 +112,13 @@ def actor_loss_fn(cfg, ctx, model, forward_only: bool = False, loss: Callable = 
                    with_sum_pi_squared=forward_only and needs_sum_pi_squared(cfg))
 
 
+def critic_loss_fn(cfg) -> Callable:
+    """The critic's loss function: value clipping, and critic.loss_agg_mode ("" = the actor's, as verl)."""
+    return partial(critic_loss, cliprange_value=cfg.critic.cliprange_value, loss_agg_mode=critic_agg_mode(cfg),
+                   norm_length=float(cfg.rollout.max_response_length),
+                   num_rows=cfg.critic.ppo_mini_batch_size * cfg.rollout.n)
+
+
 @dataclass(frozen=True, slots=True)
 class LossFns:
     """The roles' loss functions, bound to the config once at start-up (megatron's loss_fn contract)."""
@@ -124,7 +131,7 @@ class LossFns:
 
 def build_loss_fns(cfg, ctx, roles, update_loss: Callable = actor_loss) -> LossFns:
     """`update_loss`: the actor's loss function for its update (`losses.actor_loss`)."""
-    critic = partial(critic_loss, cliprange_value=cfg.critic.cliprange_value) if roles.critic is not None else None
+    critic = critic_loss_fn(cfg) if roles.critic is not None else None
     return LossFns(actor=actor_loss_fn(cfg, ctx, roles.actor.module, loss=update_loss),
                    old_logp=actor_loss_fn(cfg, ctx, roles.actor.module, forward_only=True),
                    ref=actor_loss_fn(cfg, ctx, roles.ref) if roles.ref is not None else None, critic=critic)

@@ -95,16 +95,18 @@ def ours_kl(c: dict, name: str) -> dict:
 
 
 def ours_agg_or_value(c: dict, key: str) -> dict:
-    kind, arg, *fp32 = key.split("/")
+    kind, arg, *rest = key.split("/")  # value/<clip>[/fp32][/<critic.loss_agg_mode>, default token-mean]
     mask = c["response_mask"]
     if kind == "agg":
         loss_sum, count, _ = aggregate_loss(c["loss_mat"], mask, arg, norm_length=64)
         return {"loss": loss_sum / count}
+    fp32, mode = "fp32" in rest, next((r for r in rest if r != "fp32"), "token-mean")
     prefix, dtype = ("critic_", torch.float32) if fp32 else ("", torch.float64)  # fp32: a fresh critic, V ~ 0
     vpreds = c[f"{prefix}vpreds"].to(dtype).requires_grad_(True)
     per_token, metrics = compute_value_loss(vpreds, c[f"{prefix}returns"].to(dtype), c[f"{prefix}values"].to(dtype),
                                             mask, float(arg))
-    loss_sum, count, _ = aggregate_loss(per_token, mask, "token-mean")
+    # verl's seq-mean-token-sum-norm divides by the mask width when given no loss_scale_factor (its critic)
+    loss_sum, count, _ = aggregate_loss(per_token, mask, mode, norm_length=mask.shape[-1])
     (grad,) = torch.autograd.grad(loss_sum / count, vpreds)
     return {"loss": loss_sum / count, "vf_clipfrac": metrics["vf_clipfrac"], "grad": grad}
 

@@ -24,6 +24,8 @@ POLICY_VARIANTS = (
                                              "rollout_is_threshold": 2.0}) for level in ("token", "sequence")]
     + [("bypass_mode", "seq-mean-token-sum", False, {"loss_type": "reinforce"})]
 )
+# value-loss aggregation modes compared besides token-mean (critic.loss_agg_mode; sum-norm: L = the mask width)
+VALUE_MODES = ("seq-mean-token-mean", "seq-mean-token-sum", "seq-mean-token-sum-norm")
 # estimator -> verl's default handle_zero_tail (the only one its trainer uses); each run with and without IS weights
 OTB_ZERO_TAIL = {"optimal_token_baseline": False, "tir_optimal_token_baseline": True}
 

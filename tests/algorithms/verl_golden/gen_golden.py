@@ -16,6 +16,7 @@ from __future__ import annotations
 import argparse
 import importlib
 import os
+import re
 import subprocess
 import sys
 import tempfile
@@ -27,11 +28,14 @@ import torch
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
-from cases import ACTOR, CASES, OTB_ZERO_TAIL, POLICY_VARIANTS, make_case  # noqa: E402
+from cases import ACTOR, CASES, OTB_ZERO_TAIL, POLICY_VARIANTS, VALUE_MODES, make_case  # noqa: E402
 
 COMMIT = "b178a3cd56f58b2d502255daba591e92833930a7"
 FILES = ("verl/trainer/ppo/core_algos.py", "verl/trainer/ppo/rollout_corr_helper.py",
          "verl/utils/torch_functional.py", "verl/utils/groupwise.py")
+DEFAULTS_FILE = "verl/trainer/config/_generated_ppo_trainer.yaml"  # verl's own flattening of ppo_trainer.yaml
+DEFAULTS_PREFIXES = {"actor_rollout_ref.actor.": "actor.", "actor_rollout_ref.rollout.": "rollout.",
+                     "critic.": "critic.", "algorithm.": "algorithm."}
 
 
 class _Cfg(dict):
@@ -167,14 +171,54 @@ def run_aggregation_and_value(core, c: dict) -> dict:
     for mode in ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum", "seq-mean-token-sum-norm"):
         scale = {"loss_scale_factor": 64} if mode == "seq-mean-token-sum-norm" else {}
         out[f"agg/{mode}"] = {"loss": core.agg_loss(c["loss_mat"], m, mode, **scale)}
-    for clip, prefix, dtype in ((0.2, "", torch.float64), (0.5, "", torch.float64), (0.2, "critic_", torch.float32)):
+    variants = [(0.2, "", torch.float64, "token-mean"), (0.5, "", torch.float64, "token-mean"),
+                (0.2, "critic_", torch.float32, "token-mean")]
+    variants += [(0.2, "", torch.float64, mode) for mode in VALUE_MODES]  # critic.loss_agg_mode
+    for clip, prefix, dtype, mode in variants:
         vpreds = c[f"{prefix}vpreds"].to(dtype).requires_grad_(True)
         returns, values = c[f"{prefix}returns"].to(dtype), c[f"{prefix}values"].to(dtype)
-        loss, clipfrac = core.compute_value_loss(vpreds, returns, values, m.to(dtype), clip)
+        loss, clipfrac = core.compute_value_loss(vpreds, returns, values, m.to(dtype), clip, loss_agg_mode=mode)
         (grad,) = torch.autograd.grad(loss, vpreds)
-        name = f"value/{clip}" + ("/fp32" if dtype == torch.float32 else "")
+        name = f"value/{clip}" + ("/fp32" if dtype == torch.float32 else "") + \
+            ("" if mode == "token-mean" else f"/{mode}")
         out[name] = {"loss": loss.detach().double(), "vf_clipfrac": clipfrac.detach().double(), "grad": grad.double()}
     return out
+
+
+def _flatten(node, prefix: str, out: dict) -> dict:
+    for key, value in node.items():
+        if isinstance(value, dict):
+            _flatten(value, f"{prefix}{key}.", out)
+        else:
+            out[f"{prefix}{key}"] = value
+    return out
+
+
+def read_defaults(git_dir: str, commit: str) -> tuple[dict, dict]:
+    """verl's config defaults at `commit`, as (resolved, raw) {dotted key: scalar} under our section names
+    (actor., rollout., critic., algorithm.). `${oc.select:key,default}` resolves to that key's value, else the
+    default, as OmegaConf does; other interpolations stay raw strings."""
+    import yaml
+
+    text = subprocess.run(["git", "--git-dir", git_dir, "show", f"{commit}:{DEFAULTS_FILE}"], check=True,
+                          capture_output=True, text=True).stdout
+    flat = _flatten(yaml.safe_load(text), "", {})
+    select = re.compile(r"\$\{oc\.select:([\w.]+),(.*)\}")
+
+    def resolve(value):
+        match = select.fullmatch(value) if isinstance(value, str) else None
+        if match is None:
+            return value
+        fallback = yaml.safe_load(match.group(2)) if match.group(2) else None
+        return resolve(flat.get(match.group(1), fallback))
+
+    resolved, raw = {}, {}
+    for key, value in flat.items():
+        for theirs, ours in DEFAULTS_PREFIXES.items():
+            if key.startswith(theirs):
+                resolved[ours + key[len(theirs):]] = resolve(value)
+                raw[ours + key[len(theirs):]] = value
+    return resolved, raw
 
 
 def run_kl_controllers(core) -> dict:
@@ -206,6 +250,7 @@ def main():
                    **run_kl(core, c), **run_aggregation_and_value(core, c)}
             golden["results"][case_name] = res
         golden["results"]["controllers"] = run_kl_controllers(core)
+    golden["defaults"], golden["defaults_raw"] = read_defaults(args.verl_git_dir, args.commit)
     torch.save(golden, args.out)
     num = sum(len(v) for v in golden["results"].values())
     print(f"wrote {args.out}: {num} results from verl {args.commit} ({os.path.getsize(args.out)} bytes)")
