@@ -57,16 +57,14 @@ def test_slurm_script_uses_the_venv_of_the_submit_dir(tmp_path):
     assert "not found (run `make venv`" in err
 
 
-FAIL_ON_RANK = """import os, time
+FAIL_ON_RANK = """import os, sys, time, types
 if os.environ.get("FAIL_RANK"):  # rlhf_mcore.train's call of train(cfg): raises on FAIL_RANK, the others wait
-    import rlhf_mcore.trainer.loop as loop
-
     def train(cfg):
         if os.environ["RANK"] == os.environ["FAIL_RANK"]:
             raise RuntimeError("injected failure on rank " + os.environ["RANK"])
         time.sleep(300)
 
-    loop.train = train
+    sys.modules["rlhf_mcore.trainer.loop"] = types.SimpleNamespace(train=train)  # the trainer is not imported
 """
 
 
