@@ -1,6 +1,7 @@
 """Run under torchrun by tests/trainer/test_metrics_invariance.py: one tiny GRPO update (actor only,
 on-policy: pi_old and the rollout mismatch come from the loss's own forward) and one PPO update (critic, then
-actor with old log-probs, batch-level importance weights, a KL loss and an entropy bonus) at several
+actor with old log-probs, batch-level importance weights, a KL loss and an entropy bonus; both roles aggregate
+with seq-mean-token-mean: the critic follows actor.loss_agg_mode) at several
 micro-batch layouts. Rank 0 writes {recipe: {layout: reduced metrics}} as JSON.
 
 The global batch is fixed; each DP rank takes its share of every mini-batch, so a mini-batch holds the same
@@ -36,7 +37,8 @@ COMMON = ["rollout.n=2", "actor.ppo_mini_batch_size=4", "critic.ppo_mini_batch_s
           "critic.optim.lr=1e-9", "actor.entropy_coeff=0.01", "actor.rollout_correction=token"]
 RECIPES = {
     "grpo": ("tiny_grpo.yaml", ["actor.use_kl_loss=true"]),
-    "ppo": ("tiny_ppo.yaml", ["actor.use_kl_loss=true", "actor.clip_ratio_high=0.28"]),
+    "ppo": ("tiny_ppo.yaml", ["actor.use_kl_loss=true", "actor.clip_ratio_high=0.28",
+                              "actor.loss_agg_mode=seq-mean-token-mean"]),  # the critic follows (verl)
 }
 
 
