@@ -135,6 +135,8 @@ VERL_KEYS: dict[str, VerlKey] = {
                                "(data.filter_overlong_prompts) or rejected, never cut"),
     "data.prompt_key": rejected("prompts are read from verl's 'prompt' column; rename the column"),
     "data.return_raw_chat": ignored("prompts are chat-templated by the tokenizer"),
+    "data.gen_batch_size": rejected("each generation round of algorithm.filter_groups draws data.train_batch_size "
+                                    "prompts; remove it (scale max_num_gen_batches by gen/train for verl's budget)"),
     # critic
     "critic.model.path": ignored("the critic starts from the actor's weights (or critic.load)"),
     "critic.model.": ignored(_FSDP),

@@ -23,6 +23,8 @@ from rlhf_mcore.trainer.optim import optimizer_step, zero_grads
 from rlhf_mcore.trainer.schedule import forward_collect, run_schedule, split_micro_batches, take
 from rlhf_mcore.trainer.step_batch import StepBatch
 
+ROUND_SEED_STRIDE = 1_000_033  # a step's generation rounds: distinct seeds, in the low 32 bits (CPU's mt19937)
+
 
 def sampling_params(cfg, eos_ids: tuple[int, ...], step: int, validation: bool = False,
                     round_index: int = 0) -> SamplingParams:
@@ -33,7 +35,7 @@ def sampling_params(cfg, eos_ids: tuple[int, ...], step: int, validation: bool =
         temperature=r.val_temperature if validation else r.temperature,
         top_p=1.0 if validation else r.top_p, top_k=-1 if validation else r.top_k,
         stop_token_ids=eos_ids, stop_strings=tuple(r.stop),
-        seed=cfg.trainer.seed * 1_000_003 + step + (round_index << 32),
+        seed=cfg.trainer.seed * 1_000_003 + step + round_index * ROUND_SEED_STRIDE,
     )
 
 

@@ -159,3 +159,15 @@ def test_constant_reward_groups_are_never_trained(tmp_path, mcore_ctx, monkeypat
         assert (t["advantages"].abs().sum(-1).view(-1, cfg.rollout.n).sum(1) > 0).all()  # every group has a gradient
     assert run.sampler.position == sum(rounds)  # one prompt batch drawn per round
     assert sum(m["filter_groups/num_kept"] + m["filter_groups/num_filtered"] for m in steps) == 4 * sum(rounds)
+
+
+def test_each_round_of_a_step_samples_with_its_own_seed():
+    """Rounds differ in the low 32 bits, the only ones a CPU generator (mt19937) uses; round 0 is the old seed."""
+    from rlhf_mcore.rollout.sampling import replica_seed
+
+    cfg = load_config(TINY_DAPO, [])
+    seeds = [phases.sampling_params(cfg, (0,), 5, round_index=r).seed for r in range(3)] + \
+        [phases.sampling_params(cfg, (0,), 6).seed]
+    assert seeds[0] == cfg.trainer.seed * 1_000_003 + 5
+    draws = [torch.rand(4, generator=torch.Generator().manual_seed(replica_seed(s, 0))).tolist() for s in seeds]
+    assert len({tuple(d) for d in draws}) == 4
