@@ -16,6 +16,7 @@ import yaml
 
 from rlhf_mcore.config import verl_keys
 from rlhf_mcore.config.schema import MOVED_KEYS, Config
+from rlhf_mcore.config.yaml_strict import YamlError, load_strict, read_config_file
 from rlhf_mcore.registry import suggest
 
 FILE_LIST_KEYS = ("data.train_files", "data.val_files")  # comma-separated paths; list forms are joined
@@ -60,8 +61,7 @@ def coerce(key: str, value: Any, tp) -> Any:
     if origin is list:
         (inner,) = typing.get_args(tp)
         if isinstance(value, str):
-            loaded = yaml.safe_load(value) if value.strip().startswith("[") else [v for v in value.split(",") if v]
-            value = loaded
+            value = _inline_list(key, value) if value.strip().startswith("[") else [v for v in value.split(",") if v]
         if not isinstance(value, list):
             raise ValueError(f"{key}: expected a list (got {value!r}). Write it as [a, b] or a,b.")
         return [coerce(f"{key}[{i}]", v, inner) for i, v in enumerate(value)]
@@ -78,6 +78,20 @@ def coerce(key: str, value: Any, tp) -> Any:
             raise ValueError(f"{key}: expected a string (got {value!r}). Write a single value.")
         return "" if value is None else str(value)
     raise ValueError(f"{key}: unsupported field type {_type_name(tp)}")
+
+
+def _inline_list(key: str, value: str) -> Any:
+    """`[a, b]` written on the command line, parsed as YAML; a syntax error names the key.
+
+    >>> _inline_list("trainer.logger", "[console")
+    Traceback (most recent call last):
+    ...
+    ValueError: trainer.logger: not a valid list (got '[console'). Write it as [a, b] or a,b.
+    """
+    try:
+        return load_strict(value)
+    except YamlError:
+        raise ValueError(f"{key}: not a valid list (got {value!r}). Write it as [a, b] or a,b.") from None
 
 
 def _number(key: str, value: Any, tp):
@@ -161,8 +175,8 @@ def _file_list(value: Any) -> Any:
     """
     if isinstance(value, str) and value.strip().startswith("["):
         try:
-            value = yaml.safe_load(value)
-        except yaml.YAMLError:
+            value = load_strict(value)
+        except YamlError:
             return value
     return ",".join(map(str, value)) if isinstance(value, (list, tuple)) else value
 
@@ -214,12 +228,14 @@ def load_config(path: str | None = None, overrides: list[str] = (), world_size: 
     data: dict = {}
     if path:
         try:
-            with open(path) as f:
-                data = yaml.safe_load(f) or {}
+            data = read_config_file(path) or {}
         except FileNotFoundError:
             raise ConfigError([f"--config: file not found (got {path!r}). Pass a YAML from configs/."]) from None
-        except yaml.YAMLError as e:
-            raise ConfigError([f"--config: {path} is not valid YAML ({e})."]) from None
+        except OSError as e:
+            raise ConfigError([f"--config: cannot read {path} ({e.strerror}) (got {path!r}). Pass a readable "
+                               "YAML file."]) from None
+        except YamlError as e:
+            raise ConfigError([str(e)]) from None
         if not isinstance(data, dict):
             raise ConfigError([f"--config: {path} must hold a mapping of sections (got {type(data).__name__})."])
         _apply_yaml_aliases(data, errors, notes)
