@@ -1,8 +1,8 @@
 """Run under torchrun by tests/trainer/test_metrics_invariance.py: one tiny GRPO update (actor only,
 on-policy: pi_old and the rollout mismatch come from the loss's own forward) and one PPO update (critic, then
 actor with old log-probs, batch-level importance weights, a KL loss and an entropy bonus; both roles aggregate
-with seq-mean-token-mean: the critic follows actor.loss_agg_mode) at several
-micro-batch layouts. Rank 0 writes {recipe: {layout: reduced metrics}} as JSON.
+with seq-mean-token-mean: the critic follows actor.loss_agg_mode) at several micro-batch layouts, at the TP / PP
+sizes of argv (DP: the rest of the world). Rank 0 writes {recipe: {layout: reduced metrics}} as JSON.
 
 The global batch is fixed; each DP rank takes its share of every mini-batch, so a mini-batch holds the same
 rows at any DP size. The learning rate is tiny: the second mini-batch sees (almost) the first one's weights,
@@ -101,11 +101,12 @@ def update(cfg, ctx, hf, batch: dict, mismatch: dict, split: dict, with_critic: 
     return reduce_outputs([mismatch, *reports], ctx)  # as loop.train_step does
 
 
-def main(out_path: str) -> None:
-    ctx = init_distributed(1, 1, seed=1234)
+def main(out_path: str, tp: str = "1", pp: str = "1") -> None:
+    ctx = init_distributed(int(tp), int(pp), seed=1234)  # DP fills the rest of the world
     results = {}
     for recipe, (config, overrides) in RECIPES.items():
-        cfg = load_config(f"configs/{config}", COMMON + overrides, check=False)
+        cfg = load_config(f"configs/{config}", [*COMMON, *overrides, f"parallel.tp={tp}", f"parallel.pp={pp}"],
+                          check=False)
         hf = load_hf_config(cfg.model)
         full = global_batch(hf["vocab_size"])
         mine = my_rows(ctx.dims.dp, ctx.dp_rank)

@@ -1,5 +1,6 @@
 """The loss functions' metrics are reduced like the loss (`trainer/metrics.py`): the same update reports the
-same numbers at micro-batch 1, 2, 4, packed, dynamic, and at 1 and 2 DP ranks (gloo, fp32, to 1e-6)."""
+same numbers at micro-batch 1, 2, 4, packed, dynamic, at 1 and 2 DP ranks, and at TP2 / PP2 (gloo, fp32, to
+1e-6)."""
 import json
 import os
 import subprocess
@@ -12,10 +13,15 @@ pytestmark = pytest.mark.dist
 TOL = 1e-6
 
 
-def run_worker(tmp_path, nproc: int) -> dict:
-    out = tmp_path / f"metrics_{nproc}.json"
+# name -> (ranks, TP, PP); DP = ranks / (TP x PP)
+PARALLEL = {"dp1": (1, 1, 1), "dp2": (2, 1, 1), "tp2": (2, 2, 1), "pp2": (2, 1, 2)}
+
+
+def run_worker(tmp_path, name: str) -> dict:
+    nproc, tp, pp = PARALLEL[name]
+    out = tmp_path / f"metrics_{name}.json"
     cmd = [sys.executable, "-m", "torch.distributed.run", f"--nproc_per_node={nproc}", "--standalone", "-m",
-           "tests.trainer.metrics_worker", str(out)]
+           "tests.trainer.metrics_worker", str(out), str(tp), str(pp)]
     proc = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT, timeout=900)
     assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
     return json.loads(out.read_text())
@@ -37,12 +43,12 @@ def deviations(runs: dict[str, dict]) -> dict[str, tuple[float, str]]:
 @pytest.fixture(scope="module")
 def results(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("metrics")
-    return {nproc: run_worker(tmp, nproc) for nproc in (1, 2)}
+    return {name: run_worker(tmp, name) for name in PARALLEL}
 
 
 @pytest.mark.parametrize("recipe", ["grpo", "ppo"])
-def test_metrics_do_not_depend_on_micro_batches_packing_or_dp(results, recipe):
-    runs = {f"dp{nproc} {layout}": m for nproc in (1, 2) for layout, m in results[nproc][recipe].items()}
+def test_metrics_do_not_depend_on_micro_batches_packing_or_layout(results, recipe):
+    runs = {f"{name} {layout}": m for name in PARALLEL for layout, m in results[name][recipe].items()}
     worst = deviations(runs)
     expected = {"actor/pg_loss", "actor/pg_clipfrac", "actor/ppo_kl", "actor/ratio_mean", "actor/ratio_max",
                 "actor/ratio_min", "actor/entropy", "actor/kl_loss", "actor/loss", "actor/grad_norm",
