@@ -22,6 +22,8 @@ if [[ ! -x "$PYTHON" ]]; then
   PYTHON=python3
 fi
 export TORCH_ELASTIC_SHUTDOWN_TIMEOUT=${TORCH_ELASTIC_SHUTDOWN_TIMEOUT:-120}
+# a fresh rendezvous store per attempt: the shared one keeps the dead attempt's keys (gloo's peer addresses)
+export TORCH_DISABLE_SHARE_RDZV_TCP_STORE=${TORCH_DISABLE_SHARE_RDZV_TCP_STORE:-1}
 OTHERS=$(seq -s, -f %g:3 1 $((NPROC - 1)))  # 1:3,2:3,...: both streams of local ranks 1.. to their log files
 CMD=("$PYTHON" -m torch.distributed.run --standalone --nproc_per_node "$NPROC" --max-restarts "${MAX_RESTARTS:-3}"
      --local-ranks-filter 0 --redirects "${OTHERS:-0}" --log-dir "${LOG_DIR:-runs/torchrun}"

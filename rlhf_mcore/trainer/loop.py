@@ -81,6 +81,7 @@ def _train(cfg, signals: ExitSignals) -> Run:
         if t.val_before_train and run.val_sampler is not None:
             run.log_validation(run.start_step)
         step = run.start_step
+        signals.arm()  # from here a signal waits for the end of the step (before, it exits at once)
         while step < run.total_steps:
             start = time.perf_counter()
             metrics = train_step(run, step)

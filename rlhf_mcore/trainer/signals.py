@@ -6,7 +6,8 @@ step that also carries rank 0's time-limit verdict (`agree_stop`), so a signal t
 all of them at the same step. Then `stop_on_signal` saves a verified checkpoint of that step (unless one is
 already there, or `trainer.save_on_signal=false`) and the run exits with `EXIT_SIGNAL` (7), releasing the
 run-directory lock on the way out. A signal during validation or a periodic save is seen at the end of the next
-step.
+step. Before the first step (start-up, when a rank may wait for a peer that died) a signal exits at once, with
+code 7: there is nothing to save yet.
 
 A second signal exits at once with `EXIT_SIGNAL_FORCED` (8), even while the main thread waits inside a
 collective or a kernel: the C-level handler writes the signal's number to a pipe (`signal.set_wakeup_fd`) that a
@@ -18,7 +19,9 @@ only after the new one verifies (`rlhf_mcore.checkpoint.save_load`).
 While the run is on, the main thread blocks both signals (the watcher receives them), and so every process it
 starts inherits the block: reward workers, megatron's checkpoint writers and their results queue survive the
 SIGTERM that torchrun and Slurm send to the whole process group, and the step and the save can finish. They end
-with their parent (PDEATHSIG, EOF, or the kill of a forced exit).
+with their parent: a process forked by the main thread (megatron's checkpoint writers) is SIGKILLed by the
+kernel when this one dies, so that a rank killed with -9 leaves nothing holding its sockets (its peers then see
+the loss at once) or the run-directory lock (a restarted attempt can take it).
 """
 from __future__ import annotations
 
@@ -31,11 +34,48 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
-from rlhf_mcore.trainer.guards import EXIT_SIGNAL_FORCED, StoppedBySignal
+from rlhf_mcore.trainer.guards import EXIT_SIGNAL, EXIT_SIGNAL_FORCED, StoppedBySignal
 
 log = logging.getLogger(__name__)
 EXIT_SIGNALS = (signal.SIGTERM, signal.SIGINT)
 _STOP_WATCHER = b"\0"
+
+
+_forks = {"hooked": False, "from_main": False}
+
+
+def _before_fork() -> None:
+    _forks["from_main"] = threading.current_thread() is threading.main_thread()
+
+
+def _after_fork_in_child() -> None:
+    """PR_SET_PDEATHSIG fires when the forking *thread* ends: only children of the main thread get it."""
+    if not _forks["from_main"]:
+        return
+    try:
+        import ctypes
+
+        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)  # 1 = PR_SET_PDEATHSIG
+    except (OSError, AttributeError):
+        pass  # not Linux
+
+
+def forked_children_die_with_this_process() -> None:
+    """Once per process: every later fork of the main thread dies (SIGKILL) with this process."""
+    if not _forks["hooked"]:
+        os.register_at_fork(before=_before_fork, after_in_child=_after_fork_in_child)
+        _forks["hooked"] = True
+
+
+def _start_resource_tracker() -> None:
+    """multiprocessing's resource tracker unblocks SIGINT and SIGTERM after it starts (Python 3.11): start it
+    before they are blocked, so that a later spawn (megatron's results queue) finds it running."""
+    try:
+        from multiprocessing import resource_tracker
+
+        resource_tracker.ensure_running()
+    except (ImportError, OSError):
+        pass
 
 
 def _note(signum, frame) -> None:
@@ -62,11 +102,14 @@ class ExitSignals:
     def __init__(self, rank: int = 0):
         self.rank = rank
         self.received = 0
+        self.armed = False
         self._saved: dict = {}
         self._pipe: tuple[int, int] | None = None
         self._thread: threading.Thread | None = None
 
     def __enter__(self) -> ExitSignals:
+        forked_children_die_with_this_process()
+        _start_resource_tracker()
         read_fd, write_fd = os.pipe()
         os.set_blocking(write_fd, False)
         self._pipe = (read_fd, write_fd)
@@ -76,6 +119,10 @@ class ExitSignals:
         self._saved["wakeup_fd"] = signal.set_wakeup_fd(write_fd, warn_on_full_buffer=False)
         self._saved["mask"] = signal.pthread_sigmask(signal.SIG_BLOCK, EXIT_SIGNALS)
         return self
+
+    def hold(self) -> None:
+        """Block both signals in the main thread again (a library may have unblocked them)."""
+        signal.pthread_sigmask(signal.SIG_BLOCK, EXIT_SIGNALS)
 
     def __exit__(self, *exc) -> None:
         signal.set_wakeup_fd(self._saved["wakeup_fd"])
@@ -97,15 +144,28 @@ class ExitSignals:
                 if signum in EXIT_SIGNALS:
                     self._on_signal(signum)
 
+    @staticmethod
+    def _exit(code: int) -> None:
+        for handler in logging.getLogger().handlers:
+            handler.flush()
+        kill_descendants()
+        os._exit(code)
+
+    def arm(self) -> None:
+        """Training starts: from now on the first signal waits for the end of the step. Before, there is
+        nothing to save, and a rank may be stuck in start-up (a peer that died): it exits at once."""
+        self.armed = True
+
     def _on_signal(self, signum: int) -> None:
         name = signal.Signals(signum).name
+        if not self.armed:
+            log.warning("rank %d: received %s before training started: exiting now with code %d (nothing to save)",
+                        self.rank, name, EXIT_SIGNAL)
+            self._exit(EXIT_SIGNAL)
         if self.received:
             log.error("rank %d: second exit signal (%s): exiting now with code %d, without saving; the last "
                       "published checkpoint is intact", self.rank, name, EXIT_SIGNAL_FORCED)
-            for handler in logging.getLogger().handlers:
-                handler.flush()
-            kill_descendants()
-            os._exit(EXIT_SIGNAL_FORCED)
+            self._exit(EXIT_SIGNAL_FORCED)
         self.received = signum
         log.warning("rank %d: received %s: finishing this step, then saving a checkpoint and exiting (send it "
                     "again to exit at once, without saving)", self.rank, name)
@@ -114,6 +174,7 @@ class ExitSignals:
 def agree_stop(ctx, out_of_time: bool, signals: ExitSignals) -> tuple[bool, int, int]:
     """Collective, one small all-reduce per step: (rank 0 is out of time, the exit signal any rank received or
     0, the highest rank that received one), the same on every rank."""
+    signals.hold()
     signaled = signals.received
     flags = torch.tensor([float(out_of_time and ctx.rank == 0), float(signaled), float(ctx.rank if signaled else -1)],
                          device=ctx.device)
