@@ -30,6 +30,8 @@ TRAINER_STATE_FILE = "trainer_state.json"
 RNG_DIR = "rng"
 TMP_MARK = ".tmp-"
 FORMAT = "rlhf-mcore-checkpoint/1"
+FRESH_STARTS = ("disable", "restart")  # trainer.resume values that start from step 0 (see run_identity)
+REQUIRED_META = {"step": int, "roles": dict, "layout": dict}  # what loading reads from checkpoint.json
 _STEP_DIR = re.compile(rf"^{STEP_PREFIX}(\d+)$")
 _TMP_DIR = re.compile(rf"^{STEP_PREFIX}\d+{re.escape(TMP_MARK)}")
 
@@ -75,6 +77,23 @@ def list_checkpoints(run_dir: str | os.PathLike) -> list[tuple[int, Path]]:
     return sorted(found)
 
 
+def step_dirs(run_dir: str | os.PathLike) -> list[tuple[int, Path]]:
+    """Every `global_step_N` directory of a run, complete or not (checkpoint.json lost), oldest first."""
+    run_dir = Path(run_dir)
+    if not run_dir.is_dir():
+        return []
+    return sorted((int(m.group(1)), c) for c in run_dir.iterdir() if (m := _STEP_DIR.match(c.name)) and c.is_dir())
+
+
+def read_latest(run_dir: str | os.PathLike) -> int | None:
+    """The step the `latest` pointer names; None when there is no pointer or it is unreadable."""
+    try:
+        text = (Path(run_dir) / LATEST_FILE).read_text().strip()
+    except (OSError, UnicodeDecodeError):
+        return None
+    return int(text) if text.isdigit() else None
+
+
 def find_latest(run_dir: str | os.PathLike) -> str | None:
     """The newest complete checkpoint of `run_dir`: the `latest` pointer when it names a complete
     checkpoint, else the highest complete `global_step_N` (a save killed before the pointer was
@@ -118,6 +137,10 @@ def read_meta(path: str | os.PathLike) -> dict:
     if not isinstance(meta, dict) or meta.get("format") != FORMAT:
         meta = meta if isinstance(meta, dict) else {}
         raise CheckpointError(f"{meta_path}: unknown checkpoint format {meta.get('format')!r} (expected {FORMAT!r}).")
+    missing = [k for k, kind in REQUIRED_META.items() if not isinstance(meta.get(k), kind)]
+    if missing:
+        raise CheckpointError(f"{meta_path}: incomplete (missing or malformed: {', '.join(missing)}); the checkpoint "
+                              "is damaged.")
     return meta
 
 
@@ -143,31 +166,48 @@ def retire(path: Path) -> None:
     shutil.rmtree(doomed, ignore_errors=True)
 
 
+def run_id_of(path: Path) -> str | None:
+    """The run id a checkpoint was written by (None: saved before run ids, or checkpoint.json unreadable)."""
+    try:
+        return json.loads((path / META_FILE).read_text()).get("run_id")
+    except (OSError, ValueError, AttributeError):
+        return None
+
+
 def prune(run_dir: str | os.PathLike, keep: int, newest: Path) -> list[Path]:
-    """Keep `newest` and the `keep - 1` other complete checkpoints with the highest steps; delete the rest."""
+    """Keep `newest` and the `keep - 1` highest older checkpoints of the same run; delete the other older ones of
+    that run. Checkpoints of other runs, or newer than `newest`, are never touched. A checkpoint that cannot be
+    deleted is a warning: the run goes on."""
     if keep < 1:
         raise CheckpointError(f"trainer.max_checkpoints_to_keep: must be >= 1 (got {keep}). Set a positive value.")
-    others = [p for _, p in list_checkpoints(run_dir) if p != newest]
-    doomed = others[: max(0, len(others) - (keep - 1))]
+    newest = Path(newest)
+    run_id, step = run_id_of(newest), int(_STEP_DIR.match(newest.name).group(1))
+    older = [p for s, p in list_checkpoints(run_dir) if s < step and run_id_of(p) == run_id]
+    doomed, deleted = older[: max(0, len(older) - (keep - 1))], []
     for path in doomed:
-        retire(path)
-    if doomed:
-        log.info("deleted old checkpoint(s) %s (keeping %d)", ", ".join(p.name for p in doomed), keep)
-    return doomed
+        try:
+            retire(path)
+            deleted.append(path)
+        except OSError as e:
+            log.warning("%s: could not delete this old checkpoint (%s: %s); the run goes on. Delete it by hand, or "
+                        "fix its permissions.", path, type(e).__name__, e)
+    if deleted:
+        log.info("deleted old checkpoint(s) %s (keeping %d)", ", ".join(p.name for p in deleted), keep)
+    return deleted
 
 
 def resolve_resume(trainer_cfg, run_dir: str | os.PathLike) -> str | None:
-    """trainer.resume: 'auto' -> newest checkpoint of run_dir (None when there is none), 'disable' -> None,
-    anything else -> that checkpoint directory (or the newest checkpoint of that run directory)."""
+    """trainer.resume: 'auto' -> newest checkpoint of run_dir (None when there is none), 'disable' / 'restart' ->
+    None, anything else -> that checkpoint directory (or the newest checkpoint of that run directory)."""
     resume = str(trainer_cfg.resume)
-    if resume == "disable":
+    if resume in FRESH_STARTS:
         return None
     if resume == "auto":
         return find_latest(run_dir)
     path = Path(resume)
     if not path.exists():
         raise CheckpointError(f"trainer.resume: checkpoint not found (got {resume!r}). Pass an existing "
-                              "global_step_N directory, 'auto' (newest in trainer.output_dir) or 'disable'.")
+                              "global_step_N directory, 'auto' (newest in trainer.output_dir), 'disable' or 'restart'.")
     if not is_checkpoint(path) and (list_checkpoints(path) or (path / LATEST_FILE).exists()):
         latest = find_latest(path)
         if latest is None:

@@ -141,12 +141,13 @@ def _retire_old(final: Path, step: int, keep: int | None) -> None:
 
 
 def save_checkpoint(run_dir, step: int, states: dict, extra: dict | None, ctx, *, frozen: dict | None = None,
-                    keep: int | None = None) -> str:
+                    keep: int | None = None, run_id: str | None = None) -> str:
     """Write `run_dir/global_step_{step}` atomically and return its path.
 
     states: role -> TrainState (model + optimizer); frozen: role -> GPTModel saved without optimizer (only
     models that change during training); extra: JSON-able trainer state, returned by load_checkpoint;
-    keep: trainer.max_checkpoints_to_keep (None keeps every checkpoint)."""
+    keep: trainer.max_checkpoints_to_keep (None keeps every checkpoint); pruning deletes only older checkpoints
+    of the same run_id (recorded in checkpoint.json; `rlhf_mcore.checkpoint.run_identity`)."""
     start = time.perf_counter()
     frozen = frozen or {}
     _check_roles(states, frozen)
@@ -174,7 +175,7 @@ def save_checkpoint(run_dir, step: int, states: dict, extra: dict | None, ctx, *
         _everywhere("writing the trainer state",
                     lambda: rank0 and (tmp / TRAINER_STATE_FILE).write_text(extra_text + "\n"), ctx, where=tmp)
         meta = {"format": FORMAT, "step": step, "roles": roles, "layout": _layout(ctx), "files": record_checksums(tmp),
-                "megatron_core": _megatron_version(), "saved_at": time.strftime("%Y-%m-%dT%H:%M:%S")}
+                "megatron_core": _megatron_version(), "run_id": run_id, "saved_at": time.strftime("%Y-%m-%dT%H:%M:%S")}
 
         def finish():
             if rank0:
@@ -222,7 +223,7 @@ def _check_role_meta(path: Path, meta: dict, role: str, want_optimizer) -> None:
         raise CheckpointError(
             f"{path}: no role {role!r} in this checkpoint (it holds: {', '.join(sorted(meta['roles']))}). Resume "
             "with the roles it was saved with (algorithm.adv_estimator decides whether there is a critic) or "
-            "start fresh with trainer.resume=disable.")
+            "start over with trainer.resume=restart.")
     if want_optimizer is None:
         return
     if not saved["trainable"]:

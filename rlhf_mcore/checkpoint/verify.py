@@ -13,12 +13,16 @@ from pathlib import Path
 import torch.distributed as dist
 
 from rlhf_mcore.checkpoint.layout import (
+    FRESH_STARTS,
+    LATEST_FILE,
     META_FILE,
     CheckpointError,
     is_checkpoint,
-    list_checkpoints,
+    read_latest,
     read_meta,
     resolve_resume,
+    run_id_of,
+    step_dirs,
 )
 
 log = logging.getLogger(__name__)
@@ -106,19 +110,37 @@ def verify_checkpoint(path) -> None:
                               "checkpoint (trainer.resume=<path>, or trainer.resume=auto picks the newest intact one).")
 
 
+def _resume_order(run_dir) -> list[Path]:
+    """Every step directory, the most wanted first: the checkpoints of the run that `latest` names (newest
+    first), then the others by step. A save killed between its rename and the pointer still comes first."""
+    found = step_dirs(run_dir)
+    pointer = read_latest(run_dir)
+    head = dict(found).get(pointer)
+    run_id = run_id_of(head) if head is not None and is_checkpoint(head) else None
+    ours = [p for _, p in reversed(found) if head is not None and is_checkpoint(p) and run_id_of(p) == run_id]
+    return ours + [p for _, p in reversed(found) if p not in ours]
+
+
 def newest_intact(run_dir) -> str | None:
-    """Collective: the newest checkpoint of `run_dir` whose files all verify; damaged ones are skipped with a
-    warning that names the bad file. None when there is no checkpoint at all."""
-    found = list_checkpoints(run_dir)
-    for _, path in reversed(found):
+    """Collective: the newest checkpoint of `run_dir` whose files all verify (see _resume_order); damaged ones
+    are skipped with a warning that names the bad file. None when there is no checkpoint, no step directory
+    and no `latest` pointer at all; CheckpointError listing the damage when there are some but none verifies."""
+    damaged = []
+    for path in _resume_order(run_dir):
         problems = checkpoint_problems(path)
         if not problems:
             return str(path)
+        damaged.append(f"{path.name}: {problems[0]}")
         if _world()[0] == 0:
             log.warning("resume: skipping damaged checkpoint %s: %s; trying the previous one", path.name, problems[0])
-    if found:
-        raise CheckpointError(f"{run_dir}: none of its {len(found)} checkpoint(s) is intact (see the warnings above). "
-                              "Start fresh with trainer.resume=disable or another trainer.output_dir.")
+    pointer = Path(run_dir) / LATEST_FILE
+    if pointer.exists() and not damaged:
+        damaged.append(f"{pointer}: names step {read_latest(run_dir)}, and there is no global_step_N directory")
+    if damaged:
+        raise CheckpointError(f"{run_dir}: none of its {len(damaged)} checkpoint(s) is intact: {'; '.join(damaged)}. "
+                              "Nothing was changed. Repair or restore them, resume from a checkpoint elsewhere "
+                              "(trainer.resume=<path>), start over with trainer.resume=restart (moves them aside), or "
+                              "choose another trainer.output_dir.")
     return None
 
 
@@ -126,7 +148,7 @@ def pick_resume(trainer_cfg, run_dir) -> str | None:
     """Collective: the verified checkpoint that trainer.resume names (see layout.resolve_resume); 'auto' and a
     run directory give the newest intact checkpoint, an explicit global_step_N must verify itself."""
     resume = str(trainer_cfg.resume)
-    if resume == "disable":
+    if resume in FRESH_STARTS:
         return None
     if resume == "auto":
         return newest_intact(run_dir)

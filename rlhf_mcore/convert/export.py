@@ -3,7 +3,10 @@
 `export_actor_to_hf(run, path)` is collective and cheap for the ranks: rank 0 starts one single-process,
 CPU-only conversion (`python -m rlhf_mcore.convert.export ...`) while the others wait. That process
 builds the actor at TP1/PP1 (megatron reshards whatever layout the run used), loads `path/actor` and writes
-`run_dir/hf_export/global_step_N` with the converter's weight table (`rlhf_mcore.models.weights`).
+`run_dir/hf_export/global_step_N` with the converter's weight table (`rlhf_mcore.models.weights`). Once that
+process succeeds, rank 0 writes `export_complete.json` (the sha256 of the source's checkpoint.json) into it: an
+export without it (killed or failed), or of a checkpoint since saved again, is redone by the next run, after its
+hidden temporary directories are removed.
 Running it apart keeps the training process groups untouched and the GPUs free (a full TP1 copy of the
 model lives only in that process's host memory).
 """
@@ -11,9 +14,11 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import hashlib
 import json
 import logging
 import os
+import shutil
 import socket
 import subprocess
 import sys
@@ -27,26 +32,69 @@ from rlhf_mcore.trainer.guards import EXIT_DIVERGED, EXIT_STARTUP
 
 log = logging.getLogger(__name__)
 EXPORT_DIR = "hf_export"
+DONE_FILE = "export_complete.json"
 # torchrun's variables: the export process is a world of its own
 _RUN_ENV = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "GROUP_RANK", "GROUP_WORLD_SIZE", "ROLE_RANK",
             "ROLE_WORLD_SIZE", "ROLE_NAME", "MASTER_ADDR", "MASTER_PORT", "TORCHELASTIC_RUN_ID")
 
 
-def export_actor_to_hf(run, path) -> str:
-    """Collective: write the actor of checkpoint `path` to run_dir/hf_export/<checkpoint name>; return that dir."""
+def export_actor_to_hf(run, path, reuse: bool = False) -> str:
+    """Collective: write the actor of checkpoint `path` to run_dir/hf_export/<checkpoint name>; return that dir.
+    reuse: keep an export of `path` that finished (export_complete.json matches), else (re)do it."""
     out = Path(run.run_dir).resolve() / EXPORT_DIR / Path(path).name
     failed = 0
     if not dist.is_initialized() or dist.get_rank() == 0:
-        failed = _convert_in_subprocess(run.cfg.model, Path(path) / "actor", out)
+        if reuse and finished_export(out, path):
+            log.info("HF export %s: already complete for %s", out, Path(path).name)
+        else:
+            remove_unfinished(out)
+            failed = _convert_in_subprocess(run.cfg.model, Path(path) / "actor", out)
+            if not failed:
+                mark_done(out, path)
     if dist.is_initialized() and dist.get_world_size() > 1:
         flag = [failed]
         dist.broadcast_object_list(flag, src=0)
         failed = flag[0]
     if failed:
         raise RuntimeError(f"HF export of {path} failed (exit code {failed}); its output is in the log above. "
-                           "Set trainer.export_hf=false to skip it, or convert later with "
-                           "`python -m rlhf_mcore.convert.export --ckpt <global_step_N>/actor --out DIR`.")
+                           "The next run (trainer.resume=auto) redoes it; set trainer.export_hf=false to skip it, or "
+                           "convert later with `python -m rlhf_mcore.convert.export --ckpt <global_step_N>/actor "
+                           "--out DIR`.")
     return str(out)
+
+
+def _source_digest(ckpt) -> str:
+    with open(Path(ckpt) / "checkpoint.json", "rb") as f:
+        return hashlib.file_digest(f, "sha256").hexdigest()
+
+
+def mark_done(out: Path, ckpt) -> None:
+    record = {"checkpoint": str(Path(ckpt).resolve()), "checkpoint_json_sha256": _source_digest(ckpt),
+              "finished_at": time.strftime("%Y-%m-%dT%H:%M:%S%z")}
+    tmp = out / f".{DONE_FILE}.tmp"
+    tmp.write_text(json.dumps(record, indent=2) + "\n")
+    os.replace(tmp, out / DONE_FILE)
+
+
+def finished_export(out: Path, ckpt) -> bool:
+    """True when `out` holds a finished export of checkpoint `ckpt` (the same save of it)."""
+    try:
+        record = json.loads((Path(out) / DONE_FILE).read_text())
+        return record.get("checkpoint_json_sha256") == _source_digest(ckpt)
+    except (OSError, ValueError, AttributeError):
+        return False
+
+
+def remove_unfinished(out: Path) -> list[Path]:
+    """Delete what a killed export of `out` left: its hidden temporary siblings and an unmarked `out`."""
+    doomed = [p for p in out.parent.glob(f".{out.name}.*") if p.is_dir()] if out.parent.is_dir() else []
+    if out.exists() and not (out / DONE_FILE).is_file():
+        doomed.append(out)
+    for path in doomed:
+        shutil.rmtree(path, ignore_errors=True)
+    if doomed:
+        log.warning("HF export: removed unfinished %s (redoing the export)", ", ".join(p.name for p in doomed))
+    return doomed
 
 
 def _convert_in_subprocess(model_cfg, ckpt: Path, out: Path) -> int:

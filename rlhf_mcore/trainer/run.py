@@ -53,6 +53,7 @@ class Run:
     metric_logger: MetricLogger
     start_step: int = 0
     resume_path: str | None = None  # the verified checkpoint to resume from
+    run_id: str | None = None  # rank 0: this run's id, recorded in run.json and every checkpoint.json
     lock: RunLock | None = None  # rank 0: the output directory's lock
     history: list = dataclasses.field(default_factory=list)
     bad_steps: BadStepGuard | None = None
@@ -118,7 +119,8 @@ class Run:
         extra = {"step": step, "sampler": self.sampler.state_dict(), "kl_ctrl": self.kl_ctrl.state_dict()}
         try:
             path = save_checkpoint(self.run_dir, step, self.roles.trainable(), extra, self.ctx,
-                                   keep=self.cfg.trainer.max_checkpoints_to_keep if final else None)
+                                   keep=self.cfg.trainer.max_checkpoints_to_keep if final else None,
+                                   run_id=self.run_id)
             self.unconfirmed = None if final else path
             return path
         except save_load.NonFiniteWeightsError as e:
@@ -187,31 +189,39 @@ def _total_steps(cfg, sampler) -> int:
     return cfg.trainer.total_steps or cfg.trainer.total_epochs * sampler.steps_per_epoch
 
 
-def _start_checks(cfg, ctx) -> tuple[RunLock | None, str | None]:
-    """Before any model is built: rank 0 runs every preflight check and takes the output directory's lock, all
-    ranks share the verdict, then pick (and verify) the checkpoint to resume from. Raises StartupError."""
+def _start_checks(cfg, ctx) -> tuple[RunLock | None, str | None, str | None]:
+    """Before any model is built: rank 0 runs every preflight check, takes the output directory's lock and
+    claims the directory (trainer/run_dir.py), all ranks share the verdict, then pick (and verify) the
+    checkpoint to resume from; rank 0 records the run's id. Raises StartupError."""
     from rlhf_mcore.checkpoint import CheckpointError
+    from rlhf_mcore.checkpoint.run_identity import begin_run
     from rlhf_mcore.checkpoint.verify import pick_resume
     from rlhf_mcore.trainer.preflight import preflight_errors
+    from rlhf_mcore.trainer.run_dir import claim_run_dir
 
     lock, errors = None, []
     if ctx.is_logging_rank:
         errors = preflight_errors(cfg)
-        if not errors:
-            try:
-                lock = RunLock(cfg.trainer.output_dir).acquire()
-            except (RunDirLocked, OSError) as e:
-                errors = [str(e)]
+        try:
+            lock = None if errors else RunLock(cfg.trainer.output_dir).acquire()
+            errors = errors or claim_run_dir(cfg.trainer)
+        except (RunDirLocked, OSError) as e:
+            errors = [str(e)]
     verdict = [errors]
     if ctx.dims.world_size > 1:
         torch.distributed.broadcast_object_list(verdict, src=0)
-    if verdict[0]:
-        raise StartupError(verdict[0])
     try:
-        return lock, pick_resume(cfg.trainer, cfg.trainer.output_dir)
-    except CheckpointError as e:
+        if verdict[0]:
+            raise StartupError(verdict[0])
+        resume_path = pick_resume(cfg.trainer, cfg.trainer.output_dir)
+        explicit = str(cfg.trainer.resume) not in ("auto", "disable", "restart")
+        run_id = begin_run(cfg.trainer.output_dir, resume_path, explicit) if ctx.is_logging_rank else None
+        return lock, resume_path, run_id
+    except (CheckpointError, StartupError) as e:
         if lock is not None:
             lock.release()
+        if isinstance(e, StartupError):
+            raise
         raise StartupError(f"trainer.resume: {e}") from e
 
 
@@ -233,23 +243,23 @@ def start_run(cfg) -> Run:
     init_logger(rank)
     ctx = init_distributed(cfg.parallel.tp, cfg.parallel.pp, seed=cfg.trainer.seed,
                            timeout_min=cfg.parallel.collective_timeout_min)
-    lock, resume_path = _start_checks(cfg, ctx)
+    lock, resume_path, run_id = _start_checks(cfg, ctx)
     try:
-        return _build_run(cfg, ctx, lock, resume_path)
+        return _build_run(cfg, ctx, lock, resume_path, run_id)
     except BaseException:
         if lock is not None:
             lock.release()
         raise
 
 
-def _build_run(cfg, ctx, lock: RunLock | None, resume_path: str | None) -> Run:
+def _build_run(cfg, ctx, lock: RunLock | None, resume_path: str | None, run_id: str | None) -> Run:
     from rlhf_mcore.checkpoint.layout import read_meta
+    from rlhf_mcore.trainer.run_dir import write_config
 
     run_dir = cfg.trainer.output_dir
     if ctx.is_logging_rank:
         os.makedirs(run_dir, exist_ok=True)
-        with open(os.path.join(run_dir, "config.yaml"), "w") as f:
-            f.write(dump_yaml(cfg))
+        write_config(run_dir, dump_yaml(cfg))  # a changed config: named, and the previous one kept
     start_step = int(read_meta(resume_path)["step"]) if resume_path else 0
     tokenizer = load_run_tokenizer(cfg)
     stop_ids = stop_token_ids(cfg, tokenizer, announce=ctx.is_logging_rank)  # logged before any model
@@ -264,7 +274,7 @@ def _build_run(cfg, ctx, lock: RunLock | None, resume_path: str | None) -> Run:
               stop_ids=stop_ids, sampler=sampler,
               val_sampler=val_sampler, scorer=Scorer(cfg, tokenizer, ctx),
               kl_ctrl=KL_CONTROLLERS.get(a.kl_ctrl_type)(**kl_args), total_steps=_total_steps(cfg, sampler),
-              run_dir=run_dir, resume_path=resume_path, lock=lock, start_step=start_step,
+              run_dir=run_dir, resume_path=resume_path, run_id=run_id, lock=lock, start_step=start_step,
               metric_logger=MetricLogger(run_dir, cfg.trainer.logger, ctx.is_logging_rank, truncate_after=start_step,
                                          project=cfg.trainer.project_name, name=cfg.trainer.experiment_name,
                                          config=dataclasses.asdict(cfg)))
@@ -281,7 +291,7 @@ def start_message(start: int, total: int, run_dir: str) -> str:
     """
     if start >= total:
         return (f"run: already complete (step {start} of {total} in {run_dir}); nothing to train. Raise "
-                "trainer.total_steps to continue, or set trainer.resume=disable to start over.")
+                "trainer.total_steps to continue, or set trainer.resume=restart to start over.")
     if start:
         return f"run: resuming at step {start} of {total}; {total - start} steps to go; output in {run_dir}"
     return f"run: {total} steps; output in {run_dir}"
@@ -296,17 +306,20 @@ def engine_setup(cfg, roles: Roles, hf_config: dict, tokenizer, ctx) -> EngineSe
 
 
 def finish_run(run: Run, last: int) -> None:
-    """Final checkpoint, HF export of the actor, and a summary of where everything is."""
+    """Final checkpoint, HF export of the actor, and a summary of where everything is. A run that was already
+    complete names the checkpoint it resumed from, and redoes an export of it that never finished."""
     cfg = run.cfg
-    path = run.save(last, final=True) if cfg.trainer.save_freq != 0 and last > run.start_step else None
+    saved = run.save(last, final=True) if cfg.trainer.save_freq != 0 and last > run.start_step else None
+    path = saved or (run.resume_path if last == run.start_step else None)
     export = None
     if cfg.trainer.export_hf and path is not None:
         from rlhf_mcore.convert.export import export_actor_to_hf
 
-        export = export_actor_to_hf(run, path)
+        export = export_actor_to_hf(run, path, reuse=saved is None)
     if run.ctx.is_logging_rank:
         summary = {"run_dir": os.path.abspath(run.run_dir), "checkpoint": path, "hf_export": export,
-                   "metrics": os.path.join(run.run_dir, "metrics.jsonl")}
+                   "metrics": os.path.join(run.run_dir, "metrics.jsonl"), "run_id": run.run_id,
+                   "step": last}
         with open(os.path.join(run.run_dir, "summary.json"), "w") as f:
             json.dump(summary, f, indent=2)
         log.info("done. run directory: %s | checkpoint: %s | HF export: %s | metrics: %s",

@@ -12,7 +12,7 @@ def fake_checkpoint(run_dir, step, complete=True):
     path = run_dir / f"global_step_{step}"
     (path / "actor").mkdir(parents=True)
     if complete:
-        (path / META_FILE).write_text(json.dumps({"format": FORMAT, "step": step, "roles": {}}))
+        (path / META_FILE).write_text(json.dumps({"format": FORMAT, "step": step, "roles": {}, "layout": {}}))
     return path
 
 
