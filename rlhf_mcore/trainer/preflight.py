@@ -32,8 +32,9 @@ def _path_errors(cfg) -> list[str]:
         errs.append("model.tokenizer: no tokenizer (got ''). Set model.hf_path, model.tokenizer to a tokenizer dir "
                     "or .model file, or model.tokenizer=bytes for a tiny byte-level model.")
     resume = cfg.trainer.resume
-    if resume not in ("auto", "disable") and not os.path.exists(resume):
-        errs.append(f"trainer.resume: not found (got {resume!r}). Pass a global_step_N directory, 'auto' or 'disable'.")
+    if resume not in ("auto", "disable", "restart") and not os.path.exists(resume):
+        errs.append(f"trainer.resume: not found (got {resume!r}). Pass a global_step_N directory, 'auto', 'disable' "
+                    "or 'restart'.")
     out = os.path.abspath(cfg.trainer.output_dir)
     parent = out
     while not os.path.exists(parent):
