@@ -171,3 +171,18 @@ def test_each_round_of_a_step_samples_with_its_own_seed():
     assert seeds[0] == cfg.trainer.seed * 1_000_003 + 5
     draws = [torch.rand(4, generator=torch.Generator().manual_seed(replica_seed(s, 0))).tolist() for s in seeds]
     assert len({tuple(d) for d in draws}) == 4
+
+
+def test_reward_health_counts_the_calls_of_every_round():
+    """Failed reward calls are summed over the rounds, and so are the calls: the error fraction stays a fraction."""
+    from rlhf_mcore.trainer.guards import BadStepGuard, RewardHealthGuard
+    from rlhf_mcore.trainer.run import Run
+
+    cfg = load_config(TINY_DAPO, ["reward.max_error_steps=1"])  # 4 prompts x 4 samples a round
+    run = SimpleNamespace(cfg=cfg, num_skipped_steps=0, unconfirmed=None, bad_steps=BadStepGuard(3),
+                          reward_health=RewardHealthGuard(cfg.reward.max_error_frac, 1),
+                          _confirm_checkpoint=lambda: None)
+    metrics = {"reward/errors": 16.0, "filter_groups/num_gen_batches": 2.0}  # half of 2 rounds' 32 calls failed
+    assert Run.check_health(run, 1, metrics) is None and metrics["reward/error_frac"] == 0.5
+    metrics = {"reward/errors": 17.0, "filter_groups/num_gen_batches": 2.0}
+    assert Run.check_health(run, 2, metrics) is not None  # more than reward.max_error_frac=0.5: stop
