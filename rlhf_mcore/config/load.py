@@ -106,6 +106,8 @@ def _number(key: str, value: Any, tp):
         return number
     if not number.is_integer():
         raise ValueError(f"{key}: expected int (got {value!r}). {fix}")
+    if abs(number) >= 2**63:
+        raise ValueError(f"{key}: does not fit a 64-bit integer (got {value!r}). Write a smaller whole number.")
     return int(number)
 
 

@@ -237,7 +237,13 @@ def _file_rules(cfg: Config) -> list[str]:
 
 
 def validate(cfg: Config, world_size: int | None = None) -> list[str]:
-    """All cross-section errors. world_size=None skips the rules that need it (e.g. --validate-only)."""
+    """All cross-section errors. world_size=None skips the rules that need it (e.g. --validate-only). Sizes
+    past their bounds come alone: the other rules would compute with them."""
+    from rlhf_mcore.config.bounds import bound_errors
+
+    too_large = bound_errors(cfg)
+    if too_large:
+        return too_large
     shape, errs = _model_shape(cfg)
     if shape is not None:
         errs += _parallel_rules(cfg, shape, world_size)

@@ -46,7 +46,7 @@ def test_unknown_key_suggests_the_closest():
 
 def test_unknown_yaml_key_is_an_error(tmp_path):
     path = tmp_path / "c.yaml"
-    path.write_text(open(TINY).read() + "\nalgorithm:\n  adv_estimater: gae\n")
+    path.write_text(open(TINY).read().replace("algorithm:\n", "algorithm:\n  adv_estimater: gae\n"))
     errs = errors_of([], path=str(path))
     assert any(e.startswith("algorithm.adv_estimater: unknown key") and "adv_estimator" in e for e in errs)
 
