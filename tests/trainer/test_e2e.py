@@ -14,9 +14,11 @@ pytestmark = pytest.mark.dist
 # Metrics that must agree across layouts of one DP replica (same prompts, same sampling seeds).
 COMPARED = ("critic/score/mean", "response_length/mean", "actor/pg_loss", "actor/entropy", "actor/grad_norm",
             "critic/vf_loss", "critic/advantages/mean")
-# Metrics that do not depend on how rows fall into micro-batches.
+# Metrics that do not depend on how rows fall into micro-batches (the loss functions' metrics are weighted by
+# their tokens over the whole update, trainer/metrics.py).
 PACKING_INVARIANT = ("critic/score/mean", "response_length/mean", "actor/loss", "actor/grad_norm", "critic/loss",
-                     "critic/grad_norm", "critic/advantages/mean", "critic/values/mean")
+                     "critic/grad_norm", "critic/advantages/mean", "critic/values/mean", "actor/pg_loss",
+                     "actor/entropy", "critic/vf_loss")
 
 
 def run_worker(tmp_path, nproc: int, config: str, *overrides: str) -> dict:
@@ -94,8 +96,8 @@ def test_ppo_every_role_tp2_pp2(tmp_path):
 
 def test_sequence_packing_reproduces_padded_runs(tmp_path):
     """data.use_sequence_packing changes no global number: PPO on one rank (actor, critic, reference packed), and
-    GRPO at DP2 where packing also deals rows out to balance tokens over the DP ranks. (Per-micro-batch means
-    such as actor/pg_loss depend on how rows fall into micro-batches, so the exact global losses are compared.)"""
+    GRPO at DP2 where packing also deals rows out to balance tokens over the DP ranks: the exact global losses
+    and the loss functions' token-weighted metrics (actor/pg_loss, actor/entropy, critic/vf_loss)."""
     packed = ("data.use_sequence_packing=true", "actor.max_tokens_per_gpu=64")
     base = run_worker(tmp_path, 1, "tiny_ppo.yaml", "trainer.total_steps=2")
     result = run_worker(tmp_path, 1, "tiny_ppo.yaml", "trainer.total_steps=2", *packed)
