@@ -58,7 +58,8 @@ class ModelConfig:
     inline fields below must stay unset; without it they describe a fresh model (tests, tiny runs)."""
 
     hf_path: str = ""  # HF directory: config.json + tokenizer (+ weights for conversion)
-    load: str = ""  # megatron dist-checkpoint of the initial policy ("" = random init)
+    load: str = ""  # megatron dist-checkpoint of the initial policy (wins over hf_path's weights)
+    init: str = "auto"  # auto: model.load, else hf_path's safetensors, else random for an inline model | random
     tokenizer: str = ""  # tokenizer dir or SentencePiece .model ("" = hf_path)
     family: str = "llama"  # model registry name, used when hf_path is empty
     num_layers: Optional[int] = None
@@ -79,6 +80,9 @@ class ModelConfig:
 
     def _checks(self, p: str) -> list[str]:
         errs = choice(f"{p}.dtype", self.dtype, ("fp32", "bf16"))
+        errs += choice(f"{p}.init", self.init, ("auto", "random"))
+        if self.init == "random" and self.load:
+            errs.append(f"{p}.init: random contradicts {p}.load (got {self.load!r}). Drop one of them.")
         errs += choice(f"{p}.recompute", self.recompute, ("none", "full", "selective"))
         errs += positive(f"{p}.make_vocab_size_divisible_by", self.make_vocab_size_divisible_by)
         for key in ("num_layers", "hidden_size", "ffn_hidden_size", "num_attention_heads", "num_query_groups",

@@ -89,6 +89,19 @@ class LazyStateDict(Mapping):
         handle = self._handles[name]
         return handle[name] if isinstance(handle, dict) else handle.get_tensor(name)
 
+    def shape(self, name: str) -> tuple[int, ...]:
+        """The stored shape, without reading the tensor."""
+        handle = self._handles[name]
+        return tuple(handle[name].shape) if isinstance(handle, dict) else tuple(handle.get_slice(name).get_shape())
+
+    def read_slice(self, name: str, dim: int, start: int, stop: int) -> torch.Tensor:
+        """Rows (dim 0) or columns (dim 1) [start, stop) of a tensor; safetensors reads only those bytes."""
+        handle = self._handles[name]
+        if isinstance(handle, dict):
+            return handle[name].narrow(dim, start, stop - start).clone()
+        part = handle.get_slice(name)
+        return part[start:stop] if dim == 0 else part[:, start:stop]
+
     def __iter__(self) -> Iterator[str]:
         return iter(self._handles)
 

@@ -20,7 +20,7 @@ PROBE_SOLUTION = "The answer is 0. #### 0 \\boxed{0}"  # answer formats the buil
 
 def _path_errors(cfg) -> list[str]:
     m, errs = cfg.model, []
-    paths = (("model.load", m.load, "a dist-checkpoint (tools/convert_checkpoint.py), or '' for random weights"),
+    paths = (("model.load", m.load, "a dist-checkpoint (tools/convert_checkpoint.py), or '' for hf_path's weights"),
              ("critic.load", cfg.critic.load, "a dist-checkpoint, or '' to start from the actor's weights"),
              ("ref.load", cfg.ref.load, "a dist-checkpoint, or '' for a frozen copy of the actor"),
              ("reward.model_path", cfg.reward.model_path, "an HF *ForSequenceClassification dir or a checkpoint"),
@@ -31,6 +31,13 @@ def _path_errors(cfg) -> list[str]:
     if not m.tokenizer and not m.hf_path:
         errs.append("model.tokenizer: no tokenizer (got ''). Set model.hf_path, model.tokenizer to a tokenizer dir "
                     "or .model file, or model.tokenizer=bytes for a tiny byte-level model.")
+    if not errs:
+        from rlhf_mcore.models.hf_load import weight_source
+
+        try:
+            weight_source(m)  # no silent random start: model.load, hf_path's weights, or model.init=random
+        except ValueError as e:
+            errs.append(str(e))
     resume = cfg.trainer.resume
     if resume not in ("auto", "disable", "restart") and not os.path.exists(resume):
         errs.append(f"trainer.resume: not found (got {resume!r}). Pass a global_step_N directory, 'auto', 'disable' "

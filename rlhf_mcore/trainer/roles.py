@@ -10,6 +10,7 @@ import torch
 
 from rlhf_mcore.algorithms.advantages import estimator_needs
 from rlhf_mcore.models.build import build_model, count_parameters
+from rlhf_mcore.models.hf_load import has_hf_weights, load_hf_weights, weight_source
 from rlhf_mcore.models.roles import ROLES
 from rlhf_mcore.trainer.optim import TrainState, build_train_state
 
@@ -60,22 +61,35 @@ def needs_ref(cfg) -> bool:
     return cfg.actor.use_kl_loss or cfg.algorithm.use_kl_in_reward
 
 
-def reward_model_config(path: str) -> dict:
-    """The HF config of a converted reward model (tools/convert_checkpoint.py writes it to <path>/hf/)."""
+def reward_model_config(path: str) -> tuple[dict, bool]:
+    """(HF config, whether `path` is an HF directory with weights) of the reward model: an HF
+    *ForSequenceClassification directory, or a converted one (tools/convert_checkpoint.py writes <path>/hf/)."""
     import json
     import os
 
-    config = os.path.join(path, "hf", "config.json")
+    direct = os.path.isfile(os.path.join(path, "config.json")) and has_hf_weights(path)
+    config = os.path.join(path, "config.json") if direct else os.path.join(path, "hf", "config.json")
     if not os.path.isfile(config):
-        raise ValueError(f"reward.model_path: no hf/config.json in {path!r}. Convert the HF "
-                         "*ForSequenceClassification checkpoint first: tools/convert_checkpoint.py hf-to-mcore.")
+        raise ValueError(f"reward.model_path: no config.json with weights, nor hf/config.json, in {path!r}. Pass "
+                         "an HF *ForSequenceClassification directory or its tools/convert_checkpoint.py output.")
     with open(config) as f:
-        return json.load(f)
+        return json.load(f), direct
+
+
+def _init_actor(model, cfg, hf: dict, ctx, source: tuple[str, str]) -> None:
+    kind, where = source
+    if kind == "load":
+        _load_or_none(model, where, "actor")
+    elif kind == "hf":
+        log.info("actor: weights from HF %s", load_hf_weights(model, where, hf, ctx.tp_rank, ctx.dims.tp))
+    else:
+        log.info("actor: random initial weights (%s)", where)
 
 
 def build_roles(cfg, hf: dict, ctx) -> Roles:
+    source = weight_source(cfg.model)  # raises before any model is built
     actor_model = build_model("actor", hf, cfg.model, cfg.parallel, ctx)
-    _load_or_none(actor_model, cfg.model.load, "actor")
+    _init_actor(actor_model, cfg, hf, ctx, source)
     log.info("actor: %.1fM parameters on this rank", count_parameters(actor_model) / 1e6)
     ref = None
     if needs_ref(cfg):
@@ -88,7 +102,12 @@ def build_roles(cfg, hf: dict, ctx) -> Roles:
         critic = build_train_state(critic_model, cfg.critic.optim, cfg.parallel)
     reward = None
     if cfg.reward.model_path:
-        reward = build_model("reward", reward_model_config(cfg.reward.model_path), cfg.model, cfg.parallel, ctx)
-        _load_or_none(reward, cfg.reward.model_path, "reward model")
+        reward_hf, direct = reward_model_config(cfg.reward.model_path)
+        reward = build_model("reward", reward_hf, cfg.model, cfg.parallel, ctx)
+        if direct:
+            log.info("reward model: weights from HF %s",
+                     load_hf_weights(reward, cfg.reward.model_path, reward_hf, ctx.tp_rank, ctx.dims.tp))
+        else:
+            _load_or_none(reward, cfg.reward.model_path, "reward model")
     return Roles(actor=build_train_state(actor_model, cfg.actor.optim, cfg.parallel), critic=critic, ref=ref,
                  reward=reward)
