@@ -1,8 +1,9 @@
 """Two ranks under torchrun (gloo, CPU), launched as users do (launch/torchrun.sh: --max-restarts, resume=auto):
 a rank killed with -9 at a random moment after the first checkpoint makes torchrun restart the job, which
 resumes from the newest intact checkpoint and ends with metrics equal, bitwise, to an uninterrupted run's. A
-SIGTERM that reaches one rank only stops both at the same step (exit 7 each) with that step saved. The random
-moment and rank are printed with their seed (KILL_SEED=... replays them)."""
+SIGTERM that reaches one rank only stops both at the same step (exit 7 each) with that step saved; SIGTERM to
+torchrun (Slurm's preemption) reaches every rank, which save and stop without a restart. The random moment and
+rank are printed with their seed (KILL_SEED=... replays them)."""
 import os
 import random
 import signal
@@ -15,7 +16,17 @@ import pytest
 from rlhf_mcore.checkpoint import list_checkpoints
 from rlhf_mcore.checkpoint.verify import checkpoint_problems
 from tests.conftest import free_port
-from tests.reliability.helpers import ROOT, TIMING_KEYS, TINY, children, env, metrics, overrides_for, start
+from tests.reliability.helpers import (
+    ROOT,
+    TIMING_KEYS,
+    TINY,
+    children,
+    env,
+    metrics,
+    overrides_for,
+    start,
+    wait_for,
+)
 
 pytestmark = pytest.mark.dist
 TWO_RANKS = ("data.train_batch_size=2", "actor.ppo_mini_batch_size=1", "rollout.max_response_length=8",
@@ -101,6 +112,26 @@ def test_sigterm_to_one_rank_stops_both_at_the_same_step_with_it_saved(tmp_path,
     rc = finish(launch(tmp_path, "resume.log", max_restarts=0))
     out = (tmp_path / "resume.log").read_text()
     assert rc == 0 and f"resumed from {run_dir / 'global_step_3'} at step 3" in out, out[-4000:]
+    assert comparable(metrics(run_dir)) == straight
+
+
+def test_sigterm_to_torchrun_reaches_every_rank_which_save_and_stop_without_a_restart(tmp_path, straight):
+    """Slurm's preemption path: torchrun gets SIGTERM and passes it on to every rank (and their helper processes:
+    the whole process group); the ranks finish the step, save it, and torchrun ends without restarting."""
+    run_dir, log = tmp_path / "run", tmp_path / "torchrun.log"
+    proc = launch(tmp_path, "torchrun.log", max_restarts=3)
+    assert wait_for(lambda: "step 2/6" in log.read_text() or proc.poll() is not None, 300), log.read_text()[-4000:]
+    proc.send_signal(signal.SIGTERM)
+    rc = finish(proc)
+    out = log.read_text()
+    stopped = [line for line in out.splitlines() if line.startswith("  - stopped at step ")]
+    assert rc != 0 and len(stopped) == 1 and "saved and verified" in stopped[0], out[-4000:]
+    step = int(stopped[0].split()[4])
+    print(f"SIGTERM to torchrun after 'step 2/6': stopped at step {step}, rc={rc}")
+    assert "resumed from" not in out and list_checkpoints(run_dir)[-1][0] == step
+    assert all(checkpoint_problems(p) == [] for _, p in list_checkpoints(run_dir))
+    assert finish(launch(tmp_path, "resume.log", max_restarts=0)) == 0
+    assert f"resumed from {run_dir / f'global_step_{step}'}" in (tmp_path / "resume.log").read_text()
     assert comparable(metrics(run_dir)) == straight
 
 

@@ -1,4 +1,4 @@
-"""SIGTERM mid-rollout, mid-update and mid-save (in process, one rank): the run stops after that step with exit
+"""SIGINT mid-rollout, SIGTERM mid-update and mid-save (in process, one rank): the run stops after that step with exit
 code 7 and a verified checkpoint of it, releases the run-directory lock, and a run resumed with resume=auto ends
 with metrics equal, bitwise, to a run that was never interrupted. A second SIGTERM during the signal's save (a
 subprocess) exits 8 at once, and the previous checkpoint still verifies and is still `latest`. The signal is sent
@@ -37,10 +37,10 @@ def straight(tmp_path_factory, mcore_ctx):
     return comparable(metrics(out / "run"))
 
 
-def interrupt_then_resume(tmp_path, monkeypatch, target, name: str, nth: int, *overrides: str):
-    """Run with SIGTERM sent before the nth call of target.name: the stop; then resume=auto to the end."""
+def interrupt_then_resume(tmp_path, monkeypatch, target, name: str, nth: int, signum, *overrides: str):
+    """Run with `signum` sent before the nth call of target.name: the stop; then resume=auto to the end."""
     cfg = tiny_cfg(tmp_path, *SMALL, *overrides)
-    monkeypatch.setattr(target, name, signal_before_call(getattr(target, name), nth))
+    monkeypatch.setattr(target, name, signal_before_call(getattr(target, name), nth, signum))
     with pytest.raises(StoppedBySignal) as stopped:
         trainer_mod.train(cfg)
     monkeypatch.undo()
@@ -53,23 +53,26 @@ def interrupt_then_resume(tmp_path, monkeypatch, target, name: str, nth: int, *o
     return stopped.value, saved, latest, resumed, comparable(metrics(run_dir))
 
 
-@pytest.mark.parametrize("where, target, name, nth, overrides, stop_step, saved", [
-    ("mid-rollout", NativeRolloutEngine, "generate", 2, (), 2, [2]),  # step 2's rollout
-    ("mid-update", phases, "optimizer_step", 3, (), 2, [2]),  # between step 2's two optimizer steps
-    ("mid-save", save_load, "_save_role", 1, ("trainer.save_freq=1",), 2, [1, 2]),  # step 1's save; stops at 2
+@pytest.mark.parametrize("where, target, name, nth, signum, overrides, stop_step, saved", [
+    ("mid-rollout", NativeRolloutEngine, "generate", 2, signal.SIGINT, (), 2, [2]),  # step 2's rollout (Ctrl-C)
+    ("mid-update", phases, "optimizer_step", 3, signal.SIGTERM, (), 2, [2]),  # between step 2's optimizer steps
+    ("mid-save", save_load, "_save_role", 1, signal.SIGTERM, ("trainer.save_freq=1",), 2, [1, 2]),  # step 1's save
 ])
 def test_sigterm_saves_the_step_and_the_resumed_run_matches(tmp_path, monkeypatch, straight, capsys, where, target,
-                                                             name, nth, overrides, stop_step, saved):
-    stop, on_disk, latest, resumed, got = interrupt_then_resume(tmp_path, monkeypatch, target, name, nth, *overrides)
-    out = capsys.readouterr().out
+                                                             name, nth, signum, overrides, stop_step, saved):
+    stop, on_disk, latest, resumed, got = interrupt_then_resume(tmp_path, monkeypatch, target, name, nth, signum,
+                                                                *overrides)
+    out, sig = capsys.readouterr().out, signal.Signals(signum).name
     assert stop.exit_code == EXIT_SIGNAL == 7
-    assert stop.lines[0].startswith(f"stopped at step {stop_step} by SIGTERM (received by rank 0): saved and "
+    assert stop.lines[0].startswith(f"stopped at step {stop_step} by {sig} (received by rank 0): saved and "
                                     f"verified {tmp_path / 'run' / f'global_step_{stop_step}'}"), stop.lines
-    assert "received SIGTERM: finishing this step" in out and f"checkpoint {tmp_path / 'run'}" in out
+    assert f"received {sig}: finishing this step" in out and f"checkpoint {tmp_path / 'run'}" in out
     assert on_disk == saved and latest == stop_step, (where, on_disk, latest)
     assert resumed.start_step == stop_step
     assert sorted(got) == [1, 2, 3, 4] and got == straight, where  # bitwise: every logged value, every step
-    assert signal.getsignal(signal.SIGTERM) is signal.SIG_DFL  # the handlers are put back
+    assert signal.getsignal(signal.SIGTERM) is signal.SIG_DFL  # the handlers and the signal mask are put back
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler and not signal.pthread_sigmask(
+        signal.SIG_BLOCK, [])
 
 
 def test_sigterm_with_save_on_signal_false_stops_without_saving(tmp_path, monkeypatch, straight):
