@@ -49,6 +49,12 @@ def main(argv=None) -> int:
         return EXIT_STARTUP
     report(notes, rank, "config notes:")
     if args.validate_only:
+        from rlhf_mcore.trainer.preflight import static_errors
+
+        problems, _ = static_errors(cfg)  # paths, tokenizer, data files: what needs no process group or model
+        report(problems, rank, "cannot start:")
+        if problems:
+            return EXIT_STARTUP
         print(dump_yaml(cfg), end="")
         return 0
     exit_with_launcher()

@@ -11,6 +11,7 @@ from __future__ import annotations
 import os
 from collections import defaultdict
 
+from rlhf_mcore.data.fit import fit_errors
 from rlhf_mcore.data.io import read_parquet_rows
 from rlhf_mcore.data.schema import check_row
 
@@ -157,19 +158,55 @@ def _probe_problem(cfg, key: str, path: str, row, outcome) -> list[str]:
             "Store ground_truth the way the reward expects (e.g. as a string)."]
 
 
+def _tokenizer(cfg) -> tuple[object | None, list[str]]:
+    from rlhf_mcore.trainer.inputs import load_run_tokenizer
+
+    try:
+        return load_run_tokenizer(cfg), []
+    except Exception as e:  # noqa: BLE001 - reported as one line
+        return None, [f"model.tokenizer: cannot load the tokenizer (got {cfg.model.tokenizer or cfg.model.hf_path!r}): "
+                      f"{type(e).__name__}: {e}."]
+
+
+def _data_errors(cfg, tokenizer) -> tuple[list[str], list]:
+    """(problems of the data files: schema, rows, data sources, enough prompts that fit; reward probes to run)."""
+    errs, probes = [], []
+    if not cfg.data.train_files.replace(",", "").strip():
+        errs.append(f"data.train_files: required: the training prompts (got {cfg.data.train_files!r}). Point it at "
+                    "verl-schema parquet files (tools/prepare_gsm8k.py writes them), comma-separated.")
+    for key in ("train_files", "val_files"):
+        key_errs, fitting, paths = [], [], [p for p in map(str.strip, getattr(cfg.data, key).split(",")) if p]
+        for path in paths:
+            rows, problems = _rows(key, path)
+            key_errs += problems + ([] if cfg.reward.custom_fn else _source_errors(key, path, rows))
+            probes += [(key, path, row) for row in rows]
+            fitting += [(path, row) for row in rows]
+        errs += key_errs
+        if tokenizer is not None and paths and not key_errs:
+            train = key == "train_files"
+            errs += fit_errors(f"data.{key}", getattr(cfg.data, key), fitting, tokenizer, cfg.data.max_prompt_length,
+                               need=cfg.data.train_batch_size if train else 1,
+                               filter_overlong=cfg.data.filter_overlong_prompts,
+                               what="a batch (data.train_batch_size)" if train else "validation")
+    return errs, probes
+
+
+def static_errors(cfg) -> tuple[list[str], list]:
+    """(what needs no model, GPU or worker process: paths, the tokenizer, the data files, which --validate-only
+    checks too; the reward probes to run after)."""
+    errs = _path_errors(cfg)
+    tokenizer, tok_errs = _tokenizer(cfg) if not errs else (None, [])
+    data_errs, probes = _data_errors(cfg, tokenizer)
+    return errs + tok_errs + data_errs, probes
+
+
 def preflight_errors(cfg) -> list[str]:
     """Every problem found without building a model, one line each (empty: ready to start)."""
-    errs = _path_errors(cfg)
+    errs, probes = static_errors(cfg)
     if not errs:
         errs += _vocab_errors(cfg)
     if not errs:
         errs += _engine_memory_errors(cfg)
-    probes = []
-    for key in ("train_files", "val_files"):
-        for path in filter(None, getattr(cfg.data, key).split(",")):
-            rows, problems = _rows(key, path)
-            errs += problems + ([] if cfg.reward.custom_fn else _source_errors(key, path, rows))
-            probes += [(key, path, row) for row in rows]
     first = {}
     for probe in probes:  # one per (data_source, ground-truth type) over all files
         first.setdefault((probe[2].data_source, type(probe[2].ground_truth).__name__), probe)

@@ -111,8 +111,10 @@ def test_readme_shows_the_table():
 
 
 def test_cli_runs_a_verl_command_line(model_dir):
-    done = subprocess.run([sys.executable, "-m", "rlhf_mcore.train", "--validate-only", *verl_grpo_command(model_dir)],
-                          capture_output=True, text=True, cwd=ROOT, timeout=120)
+    runnable = ["model.init=random", "model.tokenizer=bytes", "data.train_batch_size=256",  # --validate-only checks
+                f"reward.custom_fn={ROOT}/data/tiny/reward.py:vowel_fraction"]  # the data against the batch too
+    done = subprocess.run([sys.executable, "-m", "rlhf_mcore.train", "--validate-only", *verl_grpo_command(model_dir),
+                           *runnable], capture_output=True, text=True, cwd=ROOT, timeout=120)
     assert done.returncode == 0, done.stderr
     assert "verl key actor_rollout_ref.model.path -> model.hf_path" in done.stderr
     assert "max_response_length: 1024" in done.stdout

@@ -25,7 +25,7 @@ def test_data_source_without_a_reward_names_the_row(tmp_path):
 
 
 def test_ground_truth_of_the_wrong_type_is_caught_by_a_probe_call(tmp_path):
-    rows = [vowel_row(ground_truth=72)] * 3  # vowel_fraction needs a string: `c in 72` raises
+    rows = [vowel_row(ground_truth=72)] * 4  # vowel_fraction needs a string: `c in 72` raises
     errs = errors_for(tmp_path, rows)
     assert len(errs) == 1 and errs[0].startswith(f"data.train_files: {tmp_path / 'train.parquet'}: row 0: "
                                                  f"reward.custom_fn: {REWARD} fails on this row (ground_truth int 72)")
