@@ -34,6 +34,7 @@ from rlhf_mcore.checkpoint.layout import (
 from rlhf_mcore.checkpoint.optim_state import load_optimizer_state, optimizer_kind, optimizer_sharded_state_dict
 from rlhf_mcore.checkpoint.rng import load_rng_file, save_rng_file
 from rlhf_mcore.checkpoint.verify import checkpoint_problems, record_checksums, verify_checkpoint
+from rlhf_mcore.checkpoint.writers import watch_writers
 from rlhf_mcore.disk import disk_full_message, publish_dir
 
 log = logging.getLogger(__name__)
@@ -107,7 +108,8 @@ def _save_role(role_dir: Path, model, optimizer) -> dict:
     sharded = {"model": model_sd}
     if optimizer is not None:
         sharded["optimizer"] = optimizer_sharded_state_dict(optimizer, model_sd, is_loading=False)
-    dist_checkpointing.save(sharded, str(role_dir))
+    with watch_writers(role_dir):  # a writer that dies would hang the save forever (checkpoint/writers.py)
+        dist_checkpointing.save(sharded, str(role_dir))
     return {"trainable": optimizer is not None,
             "optimizer": optimizer_kind(optimizer) if optimizer is not None else None}
 
