@@ -4,8 +4,15 @@
 Exit codes: 0 done, 2 a problem found before the model is built (config, paths, data, rewards, a locked
 output directory), 3 training diverged, 4 the rewards keep failing, 5 a collective timed out, 6 the disk is
 full, 7 stopped by SIGTERM/SIGINT after saving the step's checkpoint, 8 a second SIGTERM/SIGINT: exited at once
-without saving (`rlhf_mcore.trainer.guards`, `rlhf_mcore.trainer.signals`). Only rank 0 prints the problems;
-every rank exits with the same code.
+without saving (`rlhf_mcore.trainer.guards`, `rlhf_mcore.trainer.signals`); 1 an uncaught error, or a checkpoint
+writer process that died mid-save (`rlhf_mcore.checkpoint.writers`). Only rank 0 prints the problems; every rank
+exits with the same code.
+
+The output directory (`rlhf_mcore.checkpoint.run_identity`): `trainer.resume=auto` (default) continues the run that
+`latest` names from its newest intact checkpoint; step directories or `latest` with no intact checkpoint exit 2,
+listing the damage. `trainer.resume=disable` starts fresh, and exits 2 in a directory that already holds a run;
+`trainer.resume=restart` moves that run aside to `restarted-<time>/` and starts over; `trainer.resume=<path>` a
+given checkpoint.
 """
 from __future__ import annotations
 
