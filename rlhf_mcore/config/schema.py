@@ -389,7 +389,7 @@ class TrainerConfig:
     logger: list[str] = field(default_factory=lambda: ["console", "jsonl", "tensorboard"])  # +wandb; console=step line
     project_name: str = "rlhf_mcore"  # wandb project
     experiment_name: str = ""  # wandb run name ("" = the output_dir's name)
-    resume: str = "auto"  # auto | disable | <path to global_step_N>
+    resume: str = "auto"  # auto | disable (refused in a used dir) | restart (moves a used dir's run aside) | <path>
     max_checkpoints_to_keep: int = 2
     offload_during_rollout: bool = False
     time_limit_min: float = 0.0  # stop (validate, save, export) after the step that passes this; 0 = off
