@@ -37,6 +37,18 @@ def _chain(err: BaseException):
         err = err.__cause__ or err.__context__
 
 
+def is_disk_full(err: BaseException) -> bool:
+    """True when `err` or an error it was raised from is ENOSPC or EDQUOT (or says so in its text, as errors
+    re-raised by worker processes do).
+
+    >>> is_disk_full(RuntimeError("wrapped")), is_disk_full(OSError(errno.ENOSPC, "full"))
+    (False, True)
+    """
+    marks = (os.strerror(errno.ENOSPC), os.strerror(errno.EDQUOT))
+    return any(isinstance(e, OSError) and e.errno in (errno.ENOSPC, errno.EDQUOT) or any(m in str(e) for m in marks)
+               for e in _chain(err))
+
+
 def disk_full_message(err: BaseException, path: str | os.PathLike) -> str | None:
     """A one-line explanation when `err` (writing under `path`) comes from a full disk, else None."""
     marks = (os.strerror(errno.ENOSPC), os.strerror(errno.EDQUOT))  # also in errors re-raised as text by workers

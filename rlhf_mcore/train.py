@@ -21,7 +21,13 @@ import contextlib
 import sys
 
 from rlhf_mcore.config.load import ConfigError, dump_yaml, load_config
-from rlhf_mcore.trainer.guards import EXIT_STARTUP, RunStopped, collective_timeout_error, is_collective_timeout
+from rlhf_mcore.trainer.guards import (
+    EXIT_DISK_FULL,
+    EXIT_STARTUP,
+    RunStopped,
+    collective_timeout_error,
+    is_collective_timeout,
+)
 
 
 def parse_args(argv):
@@ -87,6 +93,12 @@ def run_training(cfg, rank: int) -> int:
                 destroy_distributed()
         return e.exit_code
     except Exception as e:
+        from rlhf_mcore.disk import disk_full_message, is_disk_full
+
+        if is_disk_full(e):  # metrics, TensorBoard, checkpoints, exports: wherever the disk filled up
+            line = disk_full_message(e, cfg.trainer.output_dir) or str(e).splitlines()[0]
+            print(f"{'' if rank == 0 else f'[rank{rank}] '}run stopped: {line}", file=sys.stderr, flush=True)
+            return EXIT_DISK_FULL
         if not is_collective_timeout(e):
             raise
         stop = collective_timeout_error(e, cfg.parallel.collective_timeout_min)

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import errno
 import hashlib
 import json
 import logging
@@ -28,7 +29,8 @@ from pathlib import Path
 import torch.distributed as dist
 
 from rlhf_mcore.logs import heartbeat
-from rlhf_mcore.trainer.guards import EXIT_DIVERGED, EXIT_STARTUP
+from rlhf_mcore.disk import disk_full_message, is_disk_full
+from rlhf_mcore.trainer.guards import EXIT_DISK_FULL, EXIT_DIVERGED, EXIT_STARTUP
 
 log = logging.getLogger(__name__)
 EXPORT_DIR = "hf_export"
@@ -55,6 +57,9 @@ def export_actor_to_hf(run, path, reuse: bool = False) -> str:
         flag = [failed]
         dist.broadcast_object_list(flag, src=0)
         failed = flag[0]
+    if failed == EXIT_DISK_FULL:  # the converter said so in one line above
+        raise OSError(errno.ENOSPC, f"HF export of {path} to {out}: {os.strerror(errno.ENOSPC)}; the next run "
+                      "(trainer.resume=auto) redoes it")
     if failed:
         raise RuntimeError(f"HF export of {path} failed (exit code {failed}); its output is in the log above. "
                            "The next run (trainer.resume=auto) redoes it; set trainer.export_hf=false to skip it, or "
@@ -183,6 +188,11 @@ def main(argv=None) -> int:
     except ValueError as e:
         print(f"export failed: {e}", file=sys.stderr)
         return EXIT_DIVERGED if isinstance(e, NonFiniteExportError) else EXIT_STARTUP
+    except OSError as e:
+        if not is_disk_full(e):
+            raise
+        print(f"export failed: {disk_full_message(e, args.out)}", file=sys.stderr)
+        return EXIT_DISK_FULL
     return 0
 
 
