@@ -24,6 +24,7 @@ worker loads itself. Outcomes are ``("ok", score, extra)``, ``("error", message)
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -87,10 +88,30 @@ def _worker_main(inbox: Connection, outbox: Connection) -> None:
             outbox.send((i, run_task(task, loaded)))
 
 
-def serve(read_fd: int, write_fd: int, parent_pid: int) -> None:
+def serve(read_fd: int, write_fd: int, parent_pid: int, life_fd: int = -1) -> None:
     """Entry point of a worker process (see ``RewardPool._start``)."""
     _exit_with_parent(parent_pid)
+    if life_fd >= 0:
+        _watch_group(life_fd, (read_fd, write_fd))
     _worker_main(Connection(read_fd, writable=False), Connection(write_fd, readable=False))
+
+
+def _watch_group(life_fd: int, other_fds: tuple[int, ...]) -> None:
+    """Fork a watchdog (before any reward code runs) that kills this worker's whole process group, the
+    processes a reward started included, once `life_fd` reads EOF: the pool closed its end, or the trainer
+    died. The kernel kills the worker itself with the trainer (prctl), but not the worker's children."""
+    import signal
+
+    if os.fork() == 0:
+        try:
+            for fd in other_fds:  # the pool sees EOF on the result pipe when the worker dies, not the watchdog
+                os.close(fd)
+            while os.read(life_fd, 1):
+                pass
+        finally:
+            os.killpg(0, signal.SIGKILL)
+            os._exit(0)
+    os.close(life_fd)
 
 
 def _exit_with_parent(parent_pid: int) -> None:
@@ -111,17 +132,34 @@ class _Worker:
     proc: subprocess.Popen
     inbox: Connection  # messages from the worker
     outbox: Connection  # tasks to the worker
+    lifeline: int = -1  # closing it makes the worker's watchdog kill its process group
+    garbage: str = ""  # set when the worker sent a message outside the protocol
     ready: bool = False
     indices: list[int] = field(default_factory=list)  # tasks of the current batch
     pos: int = 0  # indices[pos] is the task being computed now
     deadline: float = 0.0
 
     def stop(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.kill()
+        if self.lifeline >= 0:
+            os.close(self.lifeline)
+            self.lifeline = -1
+        try:
+            os.killpg(self.proc.pid, signal.SIGKILL)  # the worker's session: it and whatever it started
+        except (ProcessLookupError, PermissionError):
+            pass
         self.proc.wait()
         self.inbox.close()
         self.outbox.close()
+
+
+def _is_message(msg: Any, worker: _Worker) -> bool:
+    """A (fatal, text) message, or (index of the call being computed, outcome tuple)."""
+    if not isinstance(msg, tuple) or len(msg) != 2:
+        return False
+    if msg[0] == _FATAL:
+        return isinstance(msg[1], str)
+    current = worker.indices[worker.pos] if worker.pos < len(worker.indices) else None
+    return msg[0] == current and isinstance(msg[1], tuple) and bool(msg[1]) and msg[1][0] in ("ok", "error", "timeout")
 
 
 def _child_env() -> dict[str, str]:
@@ -173,13 +211,15 @@ class RewardPool:
     def _start(self) -> _Worker:
         task_r, task_w = os.pipe()
         result_r, result_w = os.pipe()
-        code = f"from rlhf_mcore.rewards.workers import serve; serve({task_r}, {result_w}, {os.getpid()})"
+        life_r, life_w = os.pipe()
+        code = f"from rlhf_mcore.rewards.workers import serve; serve({task_r}, {result_w}, {os.getpid()}, {life_r})"
         proc = subprocess.Popen(
-            [sys.executable, "-c", code], pass_fds=(task_r, result_w), env=_child_env(), stdin=subprocess.DEVNULL
+            [sys.executable, "-c", code], pass_fds=(task_r, result_w, life_r), env=_child_env(),
+            stdin=subprocess.DEVNULL, start_new_session=True,  # its own process group: stop() kills all of it
         )
-        os.close(task_r)  # the worker holds the only other ends: EOF then means it is gone
-        os.close(result_w)
-        return _Worker(proc, Connection(result_r, writable=False), Connection(task_w, readable=False))
+        for fd in (task_r, result_w, life_r):  # the worker holds the only other ends: EOF then means it is gone
+            os.close(fd)
+        return _Worker(proc, Connection(result_r, writable=False), Connection(task_w, readable=False), life_w)
 
     def _restart(self, worker: _Worker) -> _Worker:
         worker.stop()
@@ -206,13 +246,13 @@ class RewardPool:
                 still_busy.append(worker)
                 continue
             worker.stop()
-            if not alive and not worker.ready:
+            if not alive and not worker.ready and not worker.garbage:
                 raise RuntimeError(
                     f"reward worker failed to start (exit code {worker.proc.returncode}); its error is above. "
                     f"It runs: {sys.executable} -c 'import rlhf_mcore.rewards.workers'."
                 )
-            failed = ("timeout", f"reward call exceeded {timeout_s} s") if alive else (
-                "error", f"reward worker died (exit code {worker.proc.returncode})")
+            failed = ("timeout", f"reward call exceeded {timeout_s} s") if alive else ("error", worker.garbage) \
+                if worker.garbage else ("error", f"reward worker died (exit code {worker.proc.returncode})")
             results[worker.indices[worker.pos]] = failed
             fresh = self._workers[self._workers.index(worker)] = self._start()
             rest = worker.indices[worker.pos + 1:]
@@ -228,7 +268,14 @@ class RewardPool:
                 msg = worker.inbox.recv()
             except (EOFError, OSError):
                 return False
-            if msg == _READY:
+            except Exception as err:  # noqa: BLE001 - bytes that do not unpickle: the worker is replaced
+                worker.garbage = f"reward worker sent an unreadable message ({type(err).__name__}); replaced it"
+                return False
+            ready = isinstance(msg, str) and msg == _READY
+            if not ready and not _is_message(msg, worker):
+                worker.garbage = f"reward worker sent a message outside the protocol ({msg!r:.80}); replaced it"
+                return False
+            if ready:
                 worker.ready = True
             elif msg[0] == _FATAL:
                 raise ValueError(
