@@ -95,14 +95,15 @@ def seed_everything(seed: int) -> None:
     tensor_parallel.model_parallel_cuda_manual_seed(seed, inference_rng_tracker=not torch.cuda.is_available())
 
 
-def exit_with_launcher() -> bool:
+def exit_with_launcher(parent: int | None = None) -> bool:
     """Under torchrun: die with the launcher (the kernel sends SIGKILL when the parent exits), so a killed
     torchrun leaves no orphan ranks behind. Linux: prctl(PR_SET_PDEATHSIG); elsewhere a thread polls the
     parent pid. A plain `python` run is left alone (it may be meant to outlive its shell, e.g. under nohup).
+    `parent`: the launcher's pid as recorded at start-up (a launcher killed before this call is then noticed).
     Returns whether the guard is on."""
     if "TORCHELASTIC_RUN_ID" not in os.environ:
         return False
-    parent = os.getppid()
+    parent = os.getppid() if parent is None else parent
     try:
         import ctypes
 

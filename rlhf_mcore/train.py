@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import os
 import sys
 
 from rlhf_mcore.config.load import ConfigError, dump_yaml, load_config
@@ -28,6 +29,9 @@ from rlhf_mcore.trainer.guards import (
     collective_timeout_error,
     is_collective_timeout,
 )
+
+
+LAUNCHER_PID = os.getppid()  # torchrun's pid, read before the slow imports: a launcher killed meanwhile is noticed
 
 
 def parse_args(argv):
@@ -49,6 +53,12 @@ def report(lines: list[str], rank: int, header: str) -> None:
 
 def main(argv=None) -> int:
     args = parse_args(sys.argv[1:] if argv is None else argv)
+    from rlhf_mcore.lifetime import die_with_parent, forked_children_die_with_us
+
+    if "TORCHELASTIC_RUN_ID" in os.environ:  # a rank: die with torchrun, from here on (the torch import is slow)
+        die_with_parent()
+        if os.getppid() != LAUNCHER_PID:  # it died before the signal was set
+            return 1
     from rlhf_mcore.parallel import exit_with_launcher, torchrun_env  # imports torch: after --help has exited
 
     rank, _, world_size = torchrun_env()
@@ -70,7 +80,8 @@ def main(argv=None) -> int:
             return EXIT_STARTUP
         print(dump_yaml(cfg), end="")
         return 0
-    exit_with_launcher()
+    exit_with_launcher(LAUNCHER_PID)
+    forked_children_die_with_us()  # megatron's checkpoint writers (and so the resource tracker) die with the rank
     from torch.distributed.elastic.multiprocessing.errors import record
 
     return record(run_training)(cfg, rank)  # an uncaught error's traceback: in torchrun's summary, naming the rank
