@@ -48,8 +48,11 @@ def died_badly(pid: int) -> int | None:
 
 
 def describe_status(status: int) -> str:
-    """>>> describe_status(9), describe_status(256)
-    ('killed by SIGKILL', 'exit code 1')"""
+    """A wait status in words.
+
+    >>> describe_status(9), describe_status(256)
+    ('killed by SIGKILL', 'exit code 1')
+    """
     if status & 0x7F:
         return f"killed by {signal.Signals(status & 0x7F).name}"
     return f"exit code {status >> 8}"
