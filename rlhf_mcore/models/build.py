@@ -19,6 +19,7 @@ from rlhf_mcore.models.init import init_output_weight, seeded_layer_spec
 from rlhf_mcore.models.layer_specs import LAYER_SPECS, resolve_backend
 from rlhf_mcore.models.norm import RMSNorm
 from rlhf_mcore.models.packed import enable_position_rope
+from rlhf_mcore.models.registry import spec_for_hf_config
 from rlhf_mcore.models.roles import role_spec
 from rlhf_mcore.models.transformer_config import padded_vocab_size, rope_theta, to_transformer_config
 
@@ -35,10 +36,10 @@ def block_spec(layer_spec, backend: str, config, pp_rank: int):
     return TransformerBlockSubmodules(layer_specs=[layer_spec] * num, layer_norm=RMSNorm)
 
 
-def choose_layer_spec(name: str):
-    """(ModuleSpec, backend name actually used)."""
+def choose_layer_spec(name: str, options: dict | None = None):
+    """(ModuleSpec, backend name actually used); `options`: the family's (`ModelSpec.layer_options`)."""
     backend = resolve_backend(name)
-    return seeded_layer_spec(LAYER_SPECS.get(backend)()), backend
+    return seeded_layer_spec(LAYER_SPECS.get(backend)(**(options or {}))), backend
 
 
 def build_model(role: str, hf: dict, model_cfg, parallel_cfg, ctx, source: str = "config.json"):
@@ -55,7 +56,8 @@ def _build_model(role: str, hf: dict, model_cfg, parallel_cfg, ctx, source: str)
 
     spec = role_spec(role)
     tc = to_transformer_config(hf, model_cfg, parallel_cfg, source)
-    layer_spec, backend = choose_layer_spec(model_cfg.attention_backend)
+    family = spec_for_hf_config(hf, source)
+    layer_spec, backend = choose_layer_spec(model_cfg.attention_backend, family.layer_options(hf))
     if backend not in _logged_backend:
         log.info("layer spec: %s (attention backend %s)", "transformer-engine" if backend == "te"
                  else "megatron local", backend)
@@ -86,6 +88,7 @@ def _build_model(role: str, hf: dict, model_cfg, parallel_cfg, ctx, source: str)
                                             tc.sequence_parallel, tp_group)
     model.vocab_size_unpadded = hf["vocab_size"]
     model.role = role
+    model.family = family.name  # the rollout asks the family which decode paths run it
     model.packed_qkv_format = "thd" if backend == "te" else "sbhd"  # see rlhf_mcore.models.packed
     if backend != "te":
         enable_position_rope(model)

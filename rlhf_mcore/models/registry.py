@@ -1,33 +1,15 @@
-"""The model-family registry: one `ModelSpec` per architecture, found from an HF `config.json`.
-
-All three families share megatron's GPT structure (RMSNorm, RoPE, SwiGLU, GQA); a spec says what differs
-(QKV bias, sliding window) and which weight-map table converts its checkpoints
-(`rlhf_mcore.models.weights`).
+"""The model-family registry: one `ModelSpec` (`models.spec`) per architecture, one file each under
+`models/families/`, found from an HF `config.json`. Adding a family: its file, one entry below, its test.
 """
 from __future__ import annotations
 
-import dataclasses
-
+from rlhf_mcore.models.families import llama, mistral, qwen2, qwen3
+from rlhf_mcore.models.spec import ModelSpec
 from rlhf_mcore.registry import Registry
-
-
-@dataclasses.dataclass(frozen=True)
-class ModelSpec:
-    name: str  # registry key
-    model_types: tuple[str, ...]  # HF config.json "model_type" values this spec reads
-    architectures: tuple[str, ...]  # HF "architectures" entries (causal LM and sequence classification)
-    qkv_bias: bool  # q/k/v projections carry a bias (Qwen2); o_proj and MLP never do
-    has_sliding_window: bool = False  # honours config.json sliding_window (Mistral): it must cover the sequence
-
 
 MODEL_FAMILIES: Registry[ModelSpec] = Registry("model family")
 
-for _spec in (
-    ModelSpec("llama", ("llama",), ("LlamaForCausalLM", "LlamaForSequenceClassification"), qkv_bias=False),
-    ModelSpec("qwen2", ("qwen2",), ("Qwen2ForCausalLM", "Qwen2ForSequenceClassification"), qkv_bias=True),
-    ModelSpec("mistral", ("mistral",), ("MistralForCausalLM", "MistralForSequenceClassification"),
-              qkv_bias=False, has_sliding_window=True),
-):
+for _spec in (llama.SPEC, qwen2.SPEC, mistral.SPEC, qwen3.SPEC):
     MODEL_FAMILIES.register(_spec.name)(_spec)
 
 

@@ -12,7 +12,7 @@ import os
 import torch
 import torch.nn.functional as F
 
-from rlhf_mcore.models.registry import ModelSpec, spec_for_hf_config
+from rlhf_mcore.models.spec import ModelSpec
 
 
 def load_hf_config(model_cfg) -> dict:
@@ -43,8 +43,7 @@ def _check_supported(hf: dict, spec: ModelSpec, source: str) -> None:
         raise ValueError(f"{source}: hidden_act {hf['hidden_act']!r} is not supported. Only 'silu' (SwiGLU) is.")
     if hf.get("mlp_bias"):
         raise ValueError(f"{source}: mlp_bias=true is not supported (field mlp_bias). Use a model without MLP biases.")
-    if spec.name == "llama" and hf.get("attention_bias"):
-        raise ValueError(f"{source}: attention_bias=true is not supported for llama (biases on o_proj).")
+    spec.check(hf, source)
     rope_theta(hf, source)
     for key in ("num_hidden_layers", "hidden_size", "intermediate_size", "num_attention_heads", "vocab_size"):
         if not hf.get(key):
@@ -63,6 +62,8 @@ def padded_vocab_size(vocab_size: int, divisible_by: int) -> int:
 def to_transformer_config(hf: dict, model_cfg, parallel_cfg, source: str = "config.json"):
     """Build megatron's TransformerConfig for this model at this parallel layout."""
     from megatron.core.transformer import TransformerConfig
+
+    from rlhf_mcore.models.registry import spec_for_hf_config  # here: keeps the build's import chain short
 
     spec = spec_for_hf_config(hf, source)
     _check_supported(hf, spec, source)
@@ -108,4 +109,5 @@ def to_transformer_config(hf: dict, model_cfg, parallel_cfg, source: str = "conf
         gradient_accumulation_fusion=False,  # needs apex
         deallocate_pipeline_outputs=True,
         **recompute,
+        **spec.config_fields(hf),  # what differs per family (models/families/)
     )

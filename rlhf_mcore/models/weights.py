@@ -1,4 +1,5 @@
-"""HF <-> megatron-core weight conversion as one table per family and pure functions over state dicts.
+"""HF <-> megatron-core weight conversion: pure functions over state dicts, driven by the weight-map table of
+each family (`ModelSpec.weights`, models/families/).
 
 The megatron side is the full (TP1/PP1) state dict of a `GPTModel` built with the local layer spec
 (`rlhf_mcore.models.build`); dist-checkpointing reshards it to any TP/PP on load. Per table row:
@@ -23,37 +24,9 @@ import torch
 
 from rlhf_mcore.models.registry import ModelSpec, spec_for_hf_config
 from rlhf_mcore.models.roles import ROLES, role_spec  # noqa: F401  (ROLES: the names, for callers)
+from rlhf_mcore.models.spec import WeightRule
 from rlhf_mcore.models.transformer_config import padded_vocab_size
 
-L, H = "decoder.layers.{i}.", "model.layers.{i}."
-
-
-@dataclasses.dataclass(frozen=True, slots=True)
-class WeightRule:
-    mcore: str  # megatron key; "{i}" is the layer index
-    hf: tuple[str, ...]  # HF key(s), fused in this order
-    shapes: tuple[tuple[str, ...], ...]  # symbolic HF shape per key (names of `model_dims` entries)
-    fuse: str = "copy"  # copy | qkv | gate_up | vocab
-
-
-LLAMA_WEIGHTS = (
-    WeightRule("embedding.word_embeddings.weight", ("model.embed_tokens.weight",), (("vocab", "h"),),
-               "vocab"),
-    WeightRule(L + "input_layernorm.weight", (H + "input_layernorm.weight",), (("h",),)),
-    WeightRule(L + "self_attention.linear_qkv.weight", tuple(H + f"self_attn.{p}_proj.weight" for p in "qkv"),
-               (("q", "h"), ("kv", "h"), ("kv", "h")), "qkv"),
-    WeightRule(L + "self_attention.linear_proj.weight", (H + "self_attn.o_proj.weight",), (("h", "q"),)),
-    WeightRule(L + "pre_mlp_layernorm.weight", (H + "post_attention_layernorm.weight",), (("h",),)),
-    WeightRule(L + "mlp.linear_fc1.weight", (H + "mlp.gate_proj.weight", H + "mlp.up_proj.weight"),
-               (("ffn", "h"), ("ffn", "h")), "gate_up"),
-    WeightRule(L + "mlp.linear_fc2.weight", (H + "mlp.down_proj.weight",), (("h", "ffn"),)),
-    WeightRule("decoder.final_layernorm.weight", ("model.norm.weight",), (("h",),)),
-)
-MISTRAL_WEIGHTS = LLAMA_WEIGHTS  # identical names and layout (the sliding window holds no weights)
-QWEN2_WEIGHTS = LLAMA_WEIGHTS + (
-    WeightRule(L + "self_attention.linear_qkv.bias", tuple(H + f"self_attn.{p}_proj.bias" for p in "qkv"),
-               (("q",), ("kv",), ("kv",)), "qkv"),
-)
 LM_HEAD = WeightRule("output_layer.weight", ("lm_head.weight",), (("vocab", "h"),), "vocab")
 SCORE_HEAD = WeightRule("output_layer.weight", ("score.weight",), (("one", "h"),))
 
@@ -61,8 +34,8 @@ IGNORED_HF_SUFFIXES = ("rotary_emb.inv_freq",)  # buffers some older checkpoints
 
 
 def weight_table(spec: ModelSpec) -> tuple[WeightRule, ...]:
-    """The family's table: Qwen2 adds q/k/v biases to the Llama/Mistral table."""
-    return QWEN2_WEIGHTS if spec.qkv_bias else LLAMA_WEIGHTS
+    """The family's table (its `ModelSpec.weights`)."""
+    return spec.weights
 
 
 def default_role(hf_config: dict) -> str:
@@ -89,16 +62,14 @@ def model_dims(hf_config: dict, source: str) -> dict[str, int]:
     head_dim = hf_config.get("head_dim") or hf_config["hidden_size"] // heads
     return {"layers": hf_config["num_hidden_layers"], "h": hf_config["hidden_size"],
             "ffn": hf_config["intermediate_size"], "vocab": hf_config["vocab_size"], "groups": groups,
-            "q": heads * head_dim, "kv": groups * head_dim, "one": 1}
+            "q": heads * head_dim, "kv": groups * head_dim, "d": head_dim, "one": 1}
 
 
 def rules_for(hf_config: dict, role: str, source: str) -> list[WeightRule]:
     """The family table with layer indices filled in, plus the head of `role`."""
     lm_head = role_spec(role).lm_head
     spec = spec_for_hf_config(hf_config, source)
-    if spec.name == "llama" and hf_config.get("attention_bias"):
-        raise ValueError(f"{source}: config field 'attention_bias'=true is not supported for llama "
-                         "(o_proj biases have no megatron counterpart).")
+    spec.check(hf_config, source)
     rules = []
     for rule in weight_table(spec):
         indices = range(hf_config["num_hidden_layers"]) if "{i}" in rule.mcore else [None]

@@ -37,13 +37,16 @@ class LayerWeights(NamedTuple):
     norm2: torch.Tensor  # pre_mlp_layernorm.weight [h]
     fc1: torch.Tensor  # mlp.linear_fc1.weight [2 * ffn, h] (gate rows first, then up)
     fc2: torch.Tensor  # mlp.linear_fc2.weight [h, ffn]
+    q_norm: Optional[torch.Tensor] = None  # self_attention.q_layernorm.weight [D] (Qwen3) or None
+    k_norm: Optional[torch.Tensor] = None  # self_attention.k_layernorm.weight [D] (Qwen3) or None
 
 
 def layer_weights(layer) -> LayerWeights:
     attention = layer.self_attention
+    q_norm, k_norm = (getattr(getattr(attention, n, None), "weight", None) for n in ("q_layernorm", "k_layernorm"))
     return LayerWeights(layer.input_layernorm.weight, attention.linear_qkv.weight, attention.linear_qkv.bias,
                         attention.linear_proj.weight, layer.pre_mlp_layernorm.weight, layer.mlp.linear_fc1.weight,
-                        layer.mlp.linear_fc2.weight)
+                        layer.mlp.linear_fc2.weight, q_norm, k_norm)
 
 
 def functional_blockers(model) -> list[str]:
@@ -54,7 +57,6 @@ def functional_blockers(model) -> list[str]:
         "rotary_interleaved": c.rotary_interleaved,
         "rotary_percent < 1": getattr(model, "rotary_percent", 1.0) != 1.0,
         "multi_latent_attention": c.multi_latent_attention,
-        "qk_layernorm": c.qk_layernorm,
         "MLP is not SwiGLU": not c.gated_linear_unit or c.activation_func is not F.silu,
         "glu_linear_offset / activation clamp": c.glu_linear_offset != 0.0 or c.activation_func_clamp_value is not None,
         "add_bias_linear": c.add_bias_linear,
@@ -90,9 +92,8 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: Optional[float]) -> tor
     return F.rms_norm(x, (x.size(-1),), weight, eps)
 
 
-def qkv_rope(normed: torch.Tensor, w: LayerWeights, cos: torch.Tensor, sin_signed: torch.Tensor, groups: int,
-             head_dim: int):
-    """normed [s, b, h] (the input norm's output) -> rotated q [s, b, H, D], rotated k [s, b, G, D], v [s, b, G, D]:
+def qkv_split(normed: torch.Tensor, w: LayerWeights, groups: int, head_dim: int):
+    """normed [s, b, h] (the input norm's output) -> q [s, b, H, D], k [s, b, G, D], v [s, b, G, D] before RoPE:
     megatron's `linear_qkv` (matmul, then + bias) and `get_query_key_value_tensors` split (group-major: each
     group's rep query heads, then its key, then its value)."""
     s, b = normed.shape[:2]
@@ -101,15 +102,27 @@ def qkv_rope(normed: torch.Tensor, w: LayerWeights, cos: torch.Tensor, sin_signe
         mixed = mixed + w.qkv_bias
     mixed = mixed.view(s, b, groups, -1)  # [s, b, G, (rep + 2) * D]
     q, k, v = torch.split(mixed, [mixed.size(-1) - 2 * head_dim, head_dim, head_dim], dim=3)
-    q = q.reshape(s, b, -1, head_dim)
+    return q.reshape(s, b, -1, head_dim), k, v
+
+
+def qkv_rope(normed: torch.Tensor, w: LayerWeights, cos: torch.Tensor, sin_signed: torch.Tensor, groups: int,
+             head_dim: int):
+    """`qkv_split`, then RoPE on q and k -> rotated q [s, b, H, D], rotated k [s, b, G, D], v [s, b, G, D]."""
+    q, k, v = qkv_split(normed, w, groups, head_dim)
     return apply_rope(q, cos, sin_signed), apply_rope(k, cos, sin_signed), v
 
 
 def attention_in(hidden: torch.Tensor, w: LayerWeights, cos: torch.Tensor, sin_signed: torch.Tensor,
                  groups: int, head_dim: int, eps: Optional[float], qkv: Callable = qkv_rope):
     """hidden [s, b, h] -> (q, k, v) of `qkv_rope` after megatron's input norm (the norm eager; `qkv`: the
-    static decoder passes its compiled `qkv_rope`)."""
-    return qkv(rms_norm(hidden, w.norm1, eps), w, cos, sin_signed, groups, head_dim)
+    static decoder passes its compiled `qkv_rope`). With q/k norms (Qwen3) megatron's per-head RMSNorm runs
+    between the split and RoPE, eagerly like every norm, so that piece is not compiled."""
+    normed = rms_norm(hidden, w.norm1, eps)
+    if w.q_norm is None:
+        return qkv(normed, w, cos, sin_signed, groups, head_dim)
+    q, k, v = qkv_split(normed, w, groups, head_dim)
+    q, k = rms_norm(q, w.q_norm, eps), rms_norm(k, w.k_norm, eps)
+    return apply_rope(q, cos, sin_signed), apply_rope(k, cos, sin_signed), v
 
 
 def attention_out(attn: torch.Tensor, residual: torch.Tensor, w: LayerWeights) -> torch.Tensor:

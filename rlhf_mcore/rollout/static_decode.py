@@ -65,6 +65,7 @@ def bucket_for(num_rows: int) -> int:
 def graph_blockers(model, ctx) -> list[str]:
     """Why the static decoder cannot run this model on this layout ([] = it can)."""
     from rlhf_mcore.models.attention import SDPAttention
+    from rlhf_mcore.models.registry import MODEL_FAMILIES
 
     reasons = []
     if ctx.dims.tp != 1 or ctx.dims.pp != 1:
@@ -72,6 +73,9 @@ def graph_blockers(model, ctx) -> list[str]:
     layers = getattr(getattr(model, "decoder", None), "layers", [])
     if not layers or not all(isinstance(layer.self_attention.core_attention, SDPAttention) for layer in layers):
         reasons.append("core attention is not SDPAttention (model.attention_backend must be sdpa)")
+    family = getattr(model, "family", None)
+    if family is not None and "static" not in MODEL_FAMILIES.get(family).decode_paths:
+        reasons.append(f"model family {family} (its ModelSpec.decode_paths lacks 'static')")
     return reasons + [f"{name} (the functional decode layer does not implement it)"
                       for name in fn.functional_blockers(model)]
 

@@ -63,15 +63,16 @@ def test_an_engine_without_its_package_is_one_line(monkeypatch):
 
 
 def test_an_unsupported_architecture_names_the_supported_ones(tmp_path):
-    (tmp_path / "config.json").write_text(json.dumps({"architectures": ["Qwen3ForCausalLM"], "model_type": "qwen3",
+    (tmp_path / "config.json").write_text(json.dumps({"architectures": ["Gemma2ForCausalLM"], "model_type": "gemma2",
                                                       "num_hidden_layers": 2, "num_attention_heads": 4}))
     proc = run_cli(["--config", TINY, "--validate-only", *BLANK, f"model.hf_path={tmp_path}"])
     assert proc.returncode == 2 and "Traceback" not in proc.stderr
-    (line,) = [x for x in proc.stderr.splitlines() if "Qwen3" in x]
+    (line,) = [x for x in proc.stderr.splitlines() if "Gemma2" in x]
     assert line == (f"  - model.hf_path: {tmp_path}/config.json: unsupported architecture (architectures="
-                    "['Qwen3ForCausalLM'], model_type='qwen3'). Supported: LlamaForCausalLM, "
+                    "['Gemma2ForCausalLM'], model_type='gemma2'). Supported: LlamaForCausalLM, "
                     "LlamaForSequenceClassification, MistralForCausalLM, MistralForSequenceClassification, "
-                    "Qwen2ForCausalLM, Qwen2ForSequenceClassification.")
+                    "Qwen2ForCausalLM, Qwen2ForSequenceClassification, Qwen3ForCausalLM, "
+                    "Qwen3ForSequenceClassification.")
 
 
 def test_tp_must_divide_the_mlp_size(tmp_path):

@@ -15,7 +15,7 @@ from tests.tools.tiny_hf import ROOT, save_tiny
 TINY_PPO = os.path.join(ROOT, "configs", "tiny_ppo.yaml")
 BLANK = ["model.num_layers=null", "model.hidden_size=null", "model.ffn_hidden_size=null",
          "model.num_attention_heads=null", "model.num_query_groups=null", "model.vocab_size=null"]
-DIST_CASES = ("qwen2", "llama_tied", "qwen2_rm")  # qwen2_rm: a *ForSequenceClassification reward model
+DIST_CASES = ("qwen2", "llama_tied", "qwen3", "qwen2_rm")  # qwen2_rm: a *ForSequenceClassification reward model
 
 
 def model_cfg(**fields):

@@ -136,11 +136,11 @@ def test_decode_mlp_runs_the_trainers_fused_swiglu(qwen, monkeypatch):
 
 def test_functional_blockers_name_what_is_missing(qwen):
     model = qwen["fp32"]
-    model.config.qk_layernorm = True
+    model.config.rotary_interleaved = True
     try:
-        assert fn.functional_blockers(model) == ["qk_layernorm"]
+        assert fn.functional_blockers(model) == ["rotary_interleaved"]
     finally:
-        model.config.qk_layernorm = False
+        model.config.rotary_interleaved = False
 
 
 @pytest.mark.parametrize("temperature", [0.0, 0.7, 1.0])

@@ -17,18 +17,19 @@ ROOT = Path(__file__).resolve().parents[2]
 VOCAB = 250
 # case name -> (family, tie_word_embeddings)
 CASES = {"llama_tied": ("llama", True), "qwen2": ("qwen2", False), "mistral": ("mistral", False),
-         "qwen2_tied": ("qwen2", True)}
+         "qwen2_tied": ("qwen2", True), "qwen3": ("qwen3", False)}
+FAMILY_FIELDS = {"qwen3": {"head_dim": 24}}  # Qwen3: head_dim differs from hidden / heads (16)
 DIST_CASES = ("qwen2", "mistral", "llama_tied")  # llama_tied last: tied embeddings + PP need cpu_compat
 
 
 def tiny_config(family: str, tied: bool, **overrides):
-    from transformers import LlamaConfig, MistralConfig, Qwen2Config
+    from transformers import LlamaConfig, MistralConfig, Qwen2Config, Qwen3Config
 
-    cls = {"llama": LlamaConfig, "qwen2": Qwen2Config, "mistral": MistralConfig}[family]
+    cls = {"llama": LlamaConfig, "qwen2": Qwen2Config, "mistral": MistralConfig, "qwen3": Qwen3Config}[family]
     fields = dict(hidden_size=64, intermediate_size=96, num_hidden_layers=4, num_attention_heads=4,
                   num_key_value_heads=2, vocab_size=VOCAB, max_position_embeddings=128, tie_word_embeddings=tied,
                   rms_norm_eps=1e-6, pad_token_id=0, bos_token_id=1, eos_token_id=2)
-    fields.update(overrides)
+    fields.update(FAMILY_FIELDS.get(family, {}), **overrides)
     return cls(**fields)
 
 

@@ -1,0 +1,1 @@
+"""One module per model family, each defining `SPEC` (a `models.spec.ModelSpec`); `models.registry` lists them."""

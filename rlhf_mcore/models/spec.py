@@ -1,0 +1,68 @@
+"""What a model family is: one `ModelSpec` (registered in `models.registry`, one file per family under
+`models/families/`) and the weight-map rows its table is made of. Imports nothing of ours, so a family file
+stays a leaf: adding a family is that file, one line in the registry, and its test.
+
+A spec carries everything that differs between families:
+- `config_fields(hf)`: megatron TransformerConfig fields from config.json beyond the shared GPT mapping
+  (`models.transformer_config`), e.g. qk_layernorm;
+- `check(hf, source)`: config.json values the family cannot convert (one ValueError);
+- `layer_options(hf)`: keyword arguments of the layer-spec builder (`models.layer_specs`);
+- `weights`: the HF <-> megatron weight-map table (`WeightRule` rows, "{i}" the layer index);
+- `decode_paths`: the native rollout's decode paths that run it ("static": the functional / graphed
+  decoder of `rollout.static_decode`; "eager": megatron's modules).
+"""
+from __future__ import annotations
+
+import dataclasses
+from typing import Callable
+
+L, H = "decoder.layers.{i}.", "model.layers.{i}."
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class WeightRule:
+    mcore: str  # megatron key; "{i}" is the layer index
+    hf: tuple[str, ...]  # HF key(s), fused in this order
+    shapes: tuple[tuple[str, ...], ...]  # symbolic HF shape per key (names of `weights.model_dims` entries)
+    fuse: str = "copy"  # copy | qkv | gate_up | vocab
+
+
+def no_fields(hf: dict) -> dict:
+    return {}
+
+
+def no_attention_bias(hf: dict, source: str) -> None:
+    """o_proj biases (config.json attention_bias=true) have no megatron counterpart."""
+    if hf.get("attention_bias"):
+        raise ValueError(f"{source}: config field 'attention_bias'=true is not supported for "
+                         f"{hf.get('model_type', 'this family')} (o_proj biases have no megatron counterpart).")
+
+
+@dataclasses.dataclass(frozen=True)
+class ModelSpec:
+    name: str  # registry key
+    model_types: tuple[str, ...]  # HF config.json "model_type" values this spec reads
+    architectures: tuple[str, ...]  # HF "architectures" entries (causal LM and sequence classification)
+    weights: tuple[WeightRule, ...]  # the weight-map table
+    qkv_bias: bool = False  # q/k/v projections carry a bias (Qwen2); o_proj and MLP never do
+    has_sliding_window: bool = False  # honours config.json sliding_window (Mistral): it must cover the sequence
+    config_fields: Callable[[dict], dict] = no_fields
+    check: Callable[[dict, str], None] = no_attention_bias
+    layer_options: Callable[[dict], dict] = no_fields
+    decode_paths: tuple[str, ...] = ("static", "eager")
+
+
+# The GPT structure every family shares (RMSNorm, RoPE, SwiGLU, GQA), in Llama's HF names.
+BASE_WEIGHTS = (
+    WeightRule("embedding.word_embeddings.weight", ("model.embed_tokens.weight",), (("vocab", "h"),),
+               "vocab"),
+    WeightRule(L + "input_layernorm.weight", (H + "input_layernorm.weight",), (("h",),)),
+    WeightRule(L + "self_attention.linear_qkv.weight", tuple(H + f"self_attn.{p}_proj.weight" for p in "qkv"),
+               (("q", "h"), ("kv", "h"), ("kv", "h")), "qkv"),
+    WeightRule(L + "self_attention.linear_proj.weight", (H + "self_attn.o_proj.weight",), (("h", "q"),)),
+    WeightRule(L + "pre_mlp_layernorm.weight", (H + "post_attention_layernorm.weight",), (("h",),)),
+    WeightRule(L + "mlp.linear_fc1.weight", (H + "mlp.gate_proj.weight", H + "mlp.up_proj.weight"),
+               (("ffn", "h"), ("ffn", "h")), "gate_up"),
+    WeightRule(L + "mlp.linear_fc2.weight", (H + "mlp.down_proj.weight",), (("h", "ffn"),)),
+    WeightRule("decoder.final_layernorm.weight", ("model.norm.weight",), (("h",),)),
+)
