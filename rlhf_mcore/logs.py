@@ -114,10 +114,26 @@ def heartbeat(desc: str, every_s: float | None = None, enabled: bool = True):
             thread.join()
 
 
+def _quiet_tensorboard_thread() -> None:
+    """TensorBoard's writer thread prints the traceback of a failed write (a full disk), then the writer raises
+    the same error at its next write, flush or close in the main thread: print nothing for the thread."""
+    previous = threading.excepthook
+    if getattr(previous, "quiet_tensorboard", False):
+        return
+
+    def hook(args):
+        if type(args.thread).__name__ != "_AsyncWriterThread":
+            previous(args)
+
+    hook.quiet_tensorboard = True
+    threading.excepthook = hook
+
+
 class _TensorBoard:
     def __init__(self, path: str, truncate_after: int):
         from torch.utils.tensorboard import SummaryWriter
 
+        _quiet_tensorboard_thread()
         self.writer = SummaryWriter(path, purge_step=truncate_after + 1)  # drops events of later steps
 
     def write(self, step: int, metrics: dict) -> None:
