@@ -66,6 +66,7 @@ def score_batch(
     num_workers: int | None = None,
     pool: RewardPool | None = None,
     format_score: float = 0.0,
+    budget_s: float | None = None,
 ) -> RewardResult:
     """Rewards for a batch of completions.
 
@@ -74,6 +75,7 @@ def score_batch(
     ``default_num_workers()``; ``0`` scores in this process with no time-out (debugging only: a hung reward
     then hangs the caller). pool: a RewardPool of your own instead of the shared one. format_score: verl's
     score for a well-formed wrong answer, passed to the built-in rewards (custom functions never get it).
+    budget_s: the most the whole batch may take (``RewardPool.run``); unfinished calls then count as time-outs.
     """
     n = len(solutions)
     extra_infos = [None] * n if extra_infos is None else extra_infos
@@ -88,7 +90,7 @@ def score_batch(
         return collect_outcomes([run_task(task, _IN_PROCESS_LOADED) for task in tasks])
     check_sendable(set(fns))
     pool = pool or shared_pool(workers)
-    return collect_outcomes(pool.run(tasks, timeout_s) if tasks else [])
+    return collect_outcomes(pool.run(tasks, timeout_s, budget_s) if tasks else [])
 
 
 def resolve_reward_fns(data_sources: Sequence[str], custom_fn: RewardFn | str | None,

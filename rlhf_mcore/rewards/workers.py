@@ -177,8 +177,10 @@ class RewardPool:
         self.num_workers = num_workers
         self._workers: list[_Worker] = []
 
-    def run(self, tasks: Sequence[Task], timeout_s: float) -> list[Outcome]:
-        """Outcomes of ``tasks`` in order; a failing or hung call never raises here."""
+    def run(self, tasks: Sequence[Task], timeout_s: float, budget_s: float | None = None) -> list[Outcome]:
+        """Outcomes of ``tasks`` in order; a failing or hung call never raises here. ``budget_s``: once the
+        whole batch has taken this long, every unfinished call is a time-out (and its worker is replaced), so
+        a rank whose rewards hang reports it before the other ranks' collectives time out."""
         if timeout_s <= 0:
             raise ValueError(f"timeout_s must be positive (got {timeout_s})")
         self._workers = [w if w.proc.poll() is None else self._restart(w) for w in self._workers]
@@ -189,9 +191,12 @@ class RewardPool:
         for worker, shard in zip(self._workers, split_shards(len(tasks), self.num_workers)):
             self._assign(worker, shard, tasks, timeout_s)
             busy.append(worker)
+        end = None if budget_s is None else time.monotonic() + budget_s
         try:
-            while busy:
-                busy = self._step(busy, results, tasks, timeout_s)
+            while busy and (end is None or time.monotonic() < end):
+                busy = self._step(busy, results, tasks, timeout_s, end)
+            if busy:
+                self._expire(busy, results, budget_s)
         except BaseException:  # an interrupt or a fatal worker error: no half-used workers survive
             self.close()
             raise
@@ -233,9 +238,20 @@ class RewardPool:
         except OSError:  # the worker died (BrokenPipeError): _step sees its EOF and replaces it
             pass
 
-    def _step(self, busy: list[_Worker], results: list, tasks: Sequence[Task], timeout_s: float) -> list[_Worker]:
+    def _expire(self, busy: list[_Worker], results: list, budget_s: float) -> None:
+        """The batch ran out of time: its unfinished calls are time-outs; their workers restart on the next run."""
+        for worker in busy:
+            worker.stop()
+        failed = ("timeout", f"reward batch exceeded its budget of {budget_s:g} s (the other ranks would time out "
+                             "waiting); this call did not finish")
+        for i, outcome in enumerate(results):
+            if outcome is None:
+                results[i] = failed
+
+    def _step(self, busy: list[_Worker], results: list, tasks: Sequence[Task], timeout_s: float,
+              end: float | None = None) -> list[_Worker]:
         """Wait for the next message or deadline; return the workers still busy afterwards."""
-        soonest = min(w.deadline for w in busy)
+        soonest = min([w.deadline for w in busy] + ([end] if end is not None else []))
         wait([w.inbox for w in busy], timeout=max(0.0, soonest - time.monotonic()))
         still_busy = []
         for worker in busy:

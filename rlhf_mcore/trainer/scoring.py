@@ -7,6 +7,7 @@ training and validation log accuracy, format rate and score per data_source.
 """
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass
 
 import torch
@@ -15,6 +16,8 @@ import torch.distributed as dist
 from rlhf_mcore.rewards.batch import score_batch
 from rlhf_mcore.rewards.penalties import FORMAT_CHECKS, format_penalties, overlong_penalties, post_answer_penalties
 from rlhf_mcore.trainer.phases import decode_responses
+
+log = logging.getLogger("rlhf_mcore")
 
 COLUMNS = ("reward", "acc", "format")  # per-sample values reported per data_source
 
@@ -97,6 +100,12 @@ def gather_source_sums(sums: dict, ctx) -> dict:
     return merge_source_sums(parts)
 
 
+def reward_budget_s(cfg) -> float:
+    """The most one rank's reward batch may take: half the collective time-out, so a rank whose rewards hang
+    reports reward time-outs (counted by the reward health guard) before the other ranks' collectives time out."""
+    return 30.0 * cfg.parallel.collective_timeout_min
+
+
 class Scorer:
     def __init__(self, cfg, tokenizer, ctx):
         self.cfg, self.tokenizer, self.ctx = cfg, tokenizer, ctx
@@ -106,7 +115,11 @@ class Scorer:
         result = score_batch([p.data_source for p in rows], responses,
                              [p.ground_truth for p in rows], [p.extra_info for p in rows],
                              custom_fn=r.custom_fn or None, timeout_s=r.timeout_s, num_workers=r.num_workers,
-                             format_score=r.format_score)
+                             format_score=r.format_score, budget_s=reward_budget_s(self.cfg))
+        if result.num_timeouts:  # named here: the other ranks only see their collective wait
+            log.warning("rank %d: %d of %d reward calls timed out (reward.timeout_s=%g; the whole batch may take "
+                        "%.0f s)", dist.get_rank() if dist.is_initialized() else 0, result.num_timeouts,
+                        len(responses), r.timeout_s, reward_budget_s(self.cfg))
         scores = raw = torch.tensor(result.scores, dtype=torch.float32)
         acc, fmt = accuracy_and_format(result, responses, r.answer_format)
         if r.overlong_buffer > 0:

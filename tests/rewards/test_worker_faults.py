@@ -31,6 +31,10 @@ REWARDS = textwrap.dedent('''
             f.write(str(child.pid))
         return 1.0
 
+    def hang(data_source, solution_str, ground_truth, extra_info=None):
+        import time
+        time.sleep(300)
+
     def fine(data_source, solution_str, ground_truth, extra_info=None):
         return 0.5
 ''')
@@ -77,3 +81,16 @@ def test_a_process_a_reward_starts_dies_with_a_killed_trainer(tmp_path):
     assert done.returncode == -9 and done.stdout.strip() == "ok", done.stderr
     sleeper = int(pid_file.read_text())
     assert wait_for(lambda: not alive(sleeper), timeout_s=10), "the reward's child outlived the trainer"
+
+
+def test_a_hanging_batch_ends_at_its_budget_as_time_outs(tmp_path):
+    """Each call under its own time-out would take 5 x 20 s; the batch budget (what a rank may take before the
+    other ranks' collectives time out) ends it at 2 s, every unfinished call a counted time-out."""
+    spec = reward_file(tmp_path)
+    with RewardPool(1) as pool:
+        start = time.monotonic()
+        out = pool.run([(f"{spec}:fine", "x", "s", "g", None)] + [(f"{spec}:hang", "x", "s", "g", None)] * 4,
+                       timeout_s=20, budget_s=2)
+        assert time.monotonic() - start < 10
+        assert out[0][:2] == ("ok", 0.5) and all(o[0] == "timeout" and "budget of 2 s" in o[1] for o in out[1:]), out
+        assert pool.run([(f"{spec}:fine", "x", "s", "g", None)], timeout_s=20)[0][:2] == ("ok", 0.5)  # fresh worker
