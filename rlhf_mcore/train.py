@@ -30,7 +30,6 @@ from rlhf_mcore.trainer.guards import (
     is_collective_timeout,
 )
 
-
 LAUNCHER_PID = os.getppid()  # torchrun's pid, read before the slow imports: a launcher killed meanwhile is noticed
 
 

@@ -109,8 +109,9 @@ def read_config_file(path: str):
         text = raw.decode("utf-8")
     except UnicodeDecodeError as e:
         line = raw[:e.start].count(b"\n") + 1
-        raise YamlError(f"--config: {path}: byte {e.start} (line {line}) is not UTF-8 (got {raw[e.start:e.start + 1]!r})."
-                        " Save the file as UTF-8.") from None
+        bad = raw[e.start:e.start + 1]
+        raise YamlError(f"--config: {path}: byte {e.start} (line {line}) is not UTF-8 (got {bad!r}). Save the file "
+                        "as UTF-8.") from None
     try:
         return load_strict(text)
     except YamlError as e:
