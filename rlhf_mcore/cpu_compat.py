@@ -6,6 +6,7 @@ changes nothing. Each patch names the call sites it serves.
 """
 from __future__ import annotations
 
+import contextlib
 import functools
 import importlib
 import logging
@@ -30,6 +31,28 @@ CUDA_LITERAL_MODULES = {
     # causal mask built when attention_mask is None (get_default_causal_mask, sliding window mask)
     "megatron.core.transformer.utils": "torch.ones(sq, sq, device='cuda')",
 }
+
+class _CpuStream:
+    """The one stream of a CPU process (P6): every instance is that stream; waiting and synchronising do nothing."""
+
+    def __init__(self, *args, **kwargs):
+        pass
+
+    def __eq__(self, other) -> bool:
+        return isinstance(other, _CpuStream)
+
+    def __hash__(self) -> int:
+        return 0
+
+    def wait_stream(self, other) -> None:
+        return None
+
+    def record_event(self, *args) -> "_CpuStream":  # the event's synchronize() is this stream's: a no-op
+        return self
+
+    def synchronize(self) -> None:
+        return None
+
 
 _FACTORIES = ("tensor", "zeros", "ones", "empty", "full", "arange", "zeros_like", "ones_like", "empty_like")
 _applied = False
@@ -102,6 +125,13 @@ def apply_cpu_patches() -> bool:
     # P5: Tensor.cuda() -> the tensor itself. LanguageModule.setup_embeddings_and_output_layer
     # (`weight.data.cuda()` for tied embeddings at PP > 1) and dist_checkpointing.exchange_utils.
     torch.Tensor.cuda = lambda self, *a, **k: self
+    # P6: CUDA streams -> one no-op stream. MoEAlltoAllTokenDispatcher.__init__ (`cuda_dtoh_stream =
+    # torch.cuda.Stream()`) and _maybe_dtoh_and_synchronize (current_stream / wait_stream / torch.cuda.stream /
+    # record_event().synchronize()):
+    # with a single stream `on_side_stream` is False, so maybe_move_tensor_to_cpu never calls record_stream.
+    torch.cuda.Stream = _CpuStream  # a class: libraries (transformers) write `torch.cuda.Stream | None` annotations
+    torch.cuda.current_stream = lambda *a, **k: _CpuStream()
+    torch.cuda.stream = lambda *a, **k: contextlib.nullcontext()
     _applied = True
-    log.info("CUDA absent: applied megatron-core CPU patches P1-P5 (rlhf_mcore/cpu_compat.py)")
+    log.info("CUDA absent: applied megatron-core CPU patches P1-P6 (rlhf_mcore/cpu_compat.py)")
     return True

@@ -1,7 +1,7 @@
 """The transformer-layer ModuleSpec registry, by `model.attention_backend`: Transformer Engine when importable,
 else megatron's local spec with SDPA core attention; `local` keeps megatron's stock attention (benchmarks
-compare the two). Each builder takes the family's options (`ModelSpec.layer_options`: qk_layernorm). megatron is
-imported when a spec is built, so config validation can list the names without it."""
+compare the two). Each builder takes the family's options (`ModelSpec.layer_options`: qk_layernorm,
+num_experts). megatron is imported when a spec is built, so config validation can list the names without it."""
 from __future__ import annotations
 
 import importlib.util
@@ -22,22 +22,22 @@ def resolve_backend(name: str) -> str:
 
 
 @LAYER_SPECS.register("te")
-def te_spec(qk_layernorm: bool = False):
+def te_spec(qk_layernorm: bool = False, num_experts: int | None = None):
     if not have_transformer_engine():
         raise ValueError("model.attention_backend: 'te' needs transformer_engine, which is not importable "
                          "(got te). Install transformer-engine or use model.attention_backend=sdpa.")
     from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_with_transformer_engine_spec
 
-    return get_gpt_layer_with_transformer_engine_spec(qk_layernorm=qk_layernorm)
+    return get_gpt_layer_with_transformer_engine_spec(num_experts, qk_layernorm=qk_layernorm)
 
 
 @LAYER_SPECS.register("local")
-def local_spec(qk_layernorm: bool = False):
+def local_spec(qk_layernorm: bool = False, num_experts: int | None = None):
     from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
 
     from rlhf_mcore.models.norm import RMSNorm
 
-    spec = get_gpt_layer_local_spec(normalization="RMSNorm", qk_layernorm=qk_layernorm)
+    spec = get_gpt_layer_local_spec(num_experts, normalization="RMSNorm", qk_layernorm=qk_layernorm)
     spec.submodules.input_layernorm = spec.submodules.pre_mlp_layernorm = RMSNorm  # sequence-parallel safe
     if qk_layernorm:  # RMSNorm over each query / key head (Qwen3); megatron sums their grads over TP by name
         attention = spec.submodules.self_attention.submodules
@@ -46,9 +46,9 @@ def local_spec(qk_layernorm: bool = False):
 
 
 @LAYER_SPECS.register("sdpa")
-def sdpa_spec(qk_layernorm: bool = False):
+def sdpa_spec(qk_layernorm: bool = False, num_experts: int | None = None):
     from rlhf_mcore.models.attention import SDPAttention
 
-    spec = local_spec(qk_layernorm=qk_layernorm)
+    spec = local_spec(qk_layernorm=qk_layernorm, num_experts=num_experts)
     spec.submodules.self_attention.submodules.core_attention = SDPAttention
     return spec

@@ -27,6 +27,12 @@ class WeightRule:
     fuse: str = "copy"  # copy | qkv | gate_up | vocab
 
 
+def num_experts(hf: dict) -> int:
+    """The expert count of an MoE config.json: `num_experts` (Qwen) or `num_local_experts` (Mixtral, and what
+    transformers 5 writes for Qwen3-MoE); 0 for a dense model."""
+    return hf.get("num_experts") or hf.get("num_local_experts") or 0
+
+
 def no_fields(hf: dict) -> dict:
     return {}
 
@@ -65,4 +71,9 @@ BASE_WEIGHTS = (
                (("ffn", "h"), ("ffn", "h")), "gate_up"),
     WeightRule(L + "mlp.linear_fc2.weight", (H + "mlp.down_proj.weight",), (("h", "ffn"),)),
     WeightRule("decoder.final_layernorm.weight", ("model.norm.weight",), (("h",),)),
+)
+# Per-head RMSNorm of queries and keys (megatron qk_layernorm; Qwen3 and Qwen3-MoE), [head_dim] each.
+QK_NORMS = (
+    WeightRule(L + "self_attention.q_layernorm.weight", (H + "self_attn.q_norm.weight",), (("d",),)),
+    WeightRule(L + "self_attention.k_layernorm.weight", (H + "self_attn.k_norm.weight",), (("d",),)),
 )

@@ -24,7 +24,7 @@ import torch
 
 from rlhf_mcore.models.registry import ModelSpec, spec_for_hf_config
 from rlhf_mcore.models.roles import ROLES, role_spec  # noqa: F401  (ROLES: the names, for callers)
-from rlhf_mcore.models.spec import WeightRule
+from rlhf_mcore.models.spec import WeightRule, num_experts
 from rlhf_mcore.models.transformer_config import padded_vocab_size
 
 LM_HEAD = WeightRule("output_layer.weight", ("lm_head.weight",), (("vocab", "h"),), "vocab")
@@ -62,7 +62,8 @@ def model_dims(hf_config: dict, source: str) -> dict[str, int]:
     head_dim = hf_config.get("head_dim") or hf_config["hidden_size"] // heads
     return {"layers": hf_config["num_hidden_layers"], "h": hf_config["hidden_size"],
             "ffn": hf_config["intermediate_size"], "vocab": hf_config["vocab_size"], "groups": groups,
-            "q": heads * head_dim, "kv": groups * head_dim, "d": head_dim, "one": 1}
+            "q": heads * head_dim, "kv": groups * head_dim, "d": head_dim, "one": 1,
+            "experts": num_experts(hf_config), "moe_ffn": hf_config.get("moe_intermediate_size") or 0}
 
 
 def rules_for(hf_config: dict, role: str, source: str) -> list[WeightRule]:
@@ -73,9 +74,11 @@ def rules_for(hf_config: dict, role: str, source: str) -> list[WeightRule]:
     rules = []
     for rule in weight_table(spec):
         indices = range(hf_config["num_hidden_layers"]) if "{i}" in rule.mcore else [None]
+        experts = range(num_experts(hf_config)) if "{e}" in rule.mcore else [None]  # MoE: one row per expert
         for i in indices:
-            rules.append(dataclasses.replace(rule, mcore=rule.mcore.format(i=i),
-                                             hf=tuple(k.format(i=i) for k in rule.hf)))
+            for e in experts:
+                rules.append(dataclasses.replace(rule, mcore=rule.mcore.format(i=i, e=e),
+                                                 hf=tuple(k.format(i=i, e=e) for k in rule.hf)))
     if not lm_head:
         rules.append(SCORE_HEAD)
     elif not hf_config.get("tie_word_embeddings", False):

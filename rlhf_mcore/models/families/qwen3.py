@@ -1,11 +1,6 @@
 """Qwen3 dense: Llama's table plus an RMSNorm over each query and key head (megatron `qk_layernorm`, applied
 before RoPE), no QKV bias, and a head_dim that may differ from hidden / heads (config.json head_dim)."""
-from rlhf_mcore.models.spec import BASE_WEIGHTS, H, L, ModelSpec, WeightRule, no_attention_bias
-
-QK_NORMS = (
-    WeightRule(L + "self_attention.q_layernorm.weight", (H + "self_attn.q_norm.weight",), (("d",),)),
-    WeightRule(L + "self_attention.k_layernorm.weight", (H + "self_attn.k_norm.weight",), (("d",),)),
-)
+from rlhf_mcore.models.spec import BASE_WEIGHTS, QK_NORMS, ModelSpec, no_attention_bias
 
 
 def qk_layernorm(hf: dict) -> dict:

@@ -1,0 +1,45 @@
+"""Qwen3-MoE: Qwen3's attention (q/k norm) with every layer's MLP a mixture of experts on megatron-core's
+MoE layer (router + SequentialMLP experts, no Transformer Engine needed). Router: top-k of
+`num_experts_per_tok`; `norm_topk_prob=true` renormalises the top-k probabilities (megatron's default: softmax
+over the top-k logits), false keeps the full softmax's values (`moe_router_pre_softmax=True`). No load-balancing
+loss in the forward (RL: coefficient 0). Decoded eagerly (the functional decode layer has dense MLPs only)."""
+from rlhf_mcore.models.spec import BASE_WEIGHTS, QK_NORMS, H, L, ModelSpec, WeightRule, no_attention_bias, num_experts
+
+E = "mlp.experts.local_experts.{e}."  # megatron SequentialMLP expert e; HF mlp.experts.{e}.
+EXPERTS = (
+    WeightRule(L + "mlp.router.weight", (H + "mlp.gate.weight",), (("experts", "h"),)),
+    WeightRule(L + E + "linear_fc1.weight",
+               (H + "mlp.experts.{e}.gate_proj.weight", H + "mlp.experts.{e}.up_proj.weight"),
+               (("moe_ffn", "h"), ("moe_ffn", "h")), "gate_up"),
+    WeightRule(L + E + "linear_fc2.weight", (H + "mlp.experts.{e}.down_proj.weight",), (("h", "moe_ffn"),)),
+)
+DENSE_MLP = tuple(r for r in BASE_WEIGHTS if ".mlp." not in r.mcore)
+
+
+def check(hf: dict, source: str) -> None:
+    no_attention_bias(hf, source)
+    if hf.get("decoder_sparse_step", 1) != 1 or hf.get("mlp_only_layers"):
+        raise ValueError(f"{source}: decoder_sparse_step={hf.get('decoder_sparse_step')} / mlp_only_layers="
+                         f"{hf.get('mlp_only_layers')} (dense layers between MoE layers) are not supported. Use a "
+                         "model whose every layer is MoE.")
+    for key, value in (("num_experts", num_experts(hf)), ("num_experts_per_tok", hf.get("num_experts_per_tok")),
+                       ("moe_intermediate_size", hf.get("moe_intermediate_size"))):
+        if not isinstance(value, int) or value <= 0:
+            raise ValueError(f"{source}: config field '{key}' is missing or not a positive int (got {value!r}).")
+
+
+def config_fields(hf: dict) -> dict:
+    return {"qk_layernorm": True, "num_moe_experts": num_experts(hf), "moe_router_topk": hf["num_experts_per_tok"],
+            "moe_ffn_hidden_size": hf["moe_intermediate_size"],
+            "moe_router_pre_softmax": not hf.get("norm_topk_prob", False),
+            "moe_router_load_balancing_type": "none", "moe_aux_loss_coeff": 0.0, "moe_z_loss_coeff": None,
+            "moe_grouped_gemm": False}
+
+
+def layer_options(hf: dict) -> dict:
+    return {"qk_layernorm": True, "num_experts": num_experts(hf)}
+
+
+SPEC = ModelSpec("qwen3_moe", ("qwen3_moe",), ("Qwen3MoeForCausalLM", "Qwen3MoeForSequenceClassification"),
+                 DENSE_MLP + QK_NORMS + EXPERTS, check=check, config_fields=config_fields,
+                 layer_options=layer_options, decode_paths=("eager",))
