@@ -26,19 +26,20 @@ log = logging.getLogger(__name__)
 
 @dataclasses.dataclass(frozen=True, slots=True)
 class ParallelDims:
-    """tp x pp x dp = world_size (cp is reserved and must be 1)."""
+    """tp x pp x dp = world_size (cp is reserved and must be 1); ep (MoE experts) splits each dp group."""
 
     tp: int
     pp: int
     dp: int
     cp: int = 1
+    ep: int = 1
 
     @property
     def world_size(self) -> int:
         return self.tp * self.pp * self.dp * self.cp
 
     @classmethod
-    def from_world(cls, world_size: int, tp: int, pp: int, cp: int = 1) -> "ParallelDims":
+    def from_world(cls, world_size: int, tp: int, pp: int, cp: int = 1, ep: int = 1) -> "ParallelDims":
         """DP fills whatever TP x PP x CP leaves of the world."""
         model_parallel = tp * pp * cp
         if tp < 1 or pp < 1 or cp < 1 or world_size % model_parallel:
@@ -46,7 +47,10 @@ class ParallelDims:
                 f"parallel: tp*pp*cp = {tp}*{pp}*{cp} = {model_parallel} must divide the world size "
                 f"(got {world_size}). Choose tp and pp whose product divides the number of ranks."
             )
-        return cls(tp=tp, pp=pp, dp=world_size // model_parallel, cp=cp)
+        if ep < 1 or (world_size // model_parallel) % ep:
+            raise ValueError(f"parallel.ep: must divide dp = world / (tp*pp*cp) = {world_size // model_parallel} "
+                             f"(got {ep}). Make the world size divisible by tp*pp*ep.")
+        return cls(tp=tp, pp=pp, dp=world_size // model_parallel, cp=cp, ep=ep)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -136,7 +140,8 @@ def _init_default_group(rank: int, local_rank: int, world_size: int, timeout_min
     return device
 
 
-def init_distributed(tp: int = 1, pp: int = 1, seed: int = 1234, timeout_min: float = 10.0) -> ParallelContext:
+def init_distributed(tp: int = 1, pp: int = 1, seed: int = 1234, timeout_min: float = 10.0,
+                     ep: int = 1) -> ParallelContext:
     """Create the default group and megatron's TP/PP/DP groups; seed all RNGs. Call once per process.
     timeout_min: how long any collective may wait for the other ranks (parallel.collective_timeout_min)."""
     from megatron.core import parallel_state
@@ -144,11 +149,12 @@ def init_distributed(tp: int = 1, pp: int = 1, seed: int = 1234, timeout_min: fl
 
     cpu_patched = apply_cpu_patches()
     rank, local_rank, world_size = torchrun_env()
-    dims = ParallelDims.from_world(world_size, tp, pp)
+    dims = ParallelDims.from_world(world_size, tp, pp, ep=ep)
     device = _init_default_group(rank, local_rank, world_size, timeout_min)
     if not parallel_state.model_parallel_is_initialized():
         parallel_state.initialize_model_parallel(
             tensor_model_parallel_size=dims.tp, pipeline_model_parallel_size=dims.pp,
+            expert_model_parallel_size=dims.ep,
             distributed_timeout_minutes=timeout_min,
         )
     seed_everything(seed)

@@ -108,12 +108,13 @@ class ParallelConfig:
     tp: int = 1
     pp: int = 1
     cp: int = 1  # reserved: context parallelism is not supported yet
+    ep: int = 1  # expert parallelism (MoE models): the experts split over ep ranks of each data-parallel group
     sequence_parallel: bool = False  # GPU only (needs a fused norm)
     use_distributed_optimizer: bool = False
     collective_timeout_min: float = 10.0  # a rank waiting longer than this in a collective stops the run
 
     def _checks(self, p: str) -> list[str]:
-        errs = positive(f"{p}.tp", self.tp) + positive(f"{p}.pp", self.pp)
+        errs = positive(f"{p}.tp", self.tp) + positive(f"{p}.pp", self.pp) + positive(f"{p}.ep", self.ep)
         errs += positive(f"{p}.collective_timeout_min", self.collective_timeout_min)
         if self.cp != 1:
             errs.append(f"{p}.cp: context parallelism is not supported yet (got {self.cp}). Set {p}.cp=1.")

@@ -37,7 +37,8 @@ def _model_shape(cfg: Config) -> tuple[dict | None, list[str]]:
                 "groups": hf.get("num_key_value_heads") or hf.get("num_attention_heads"),
                 "ffn": hf.get("intermediate_size"), "ffn_key": f"{path}: intermediate_size",
                 "positions": hf.get("max_position_embeddings"), "positions_key": f"{path}: max_position_embeddings",
-                "window": hf.get("sliding_window") if windowed else None, "window_key": f"{path}: sliding_window"}, []
+                "window": hf.get("sliding_window") if windowed else None, "window_key": f"{path}: sliding_window",
+                "experts": hf.get("num_experts") or hf.get("num_local_experts") or 0}, []
     missing = [k for k in REQUIRED_INLINE if getattr(m, k) is None]
     if missing:
         return None, [f"model.{k}: required when model.hf_path is empty (got None). Set it, or set "
@@ -68,6 +69,13 @@ def _parallel_rules(cfg: Config, shape: dict, world_size: int | None) -> list[st
     if world_size is not None and world_size % (p.tp * p.pp * p.cp):
         errs.append(f"parallel.tp: tp*pp = {p.tp * p.pp} must divide the world size {world_size} "
                     f"(got tp={p.tp}, pp={p.pp}). Launch a multiple of tp*pp ranks.")
+    experts = shape.get("experts", 0)
+    if p.ep > 1 and (not experts or experts % p.ep):
+        what = f"the expert count {experts}" if experts else "the experts of an MoE model (this model is dense)"
+        errs.append(f"parallel.ep: must divide {what} (got {p.ep}). Pick a divisor of num_experts, or ep=1.")
+    if world_size is not None and not world_size % (p.tp * p.pp * p.cp) and world_size % (p.tp * p.pp * p.cp * p.ep):
+        errs.append(f"parallel.ep: tp*pp*ep = {p.tp * p.pp * p.ep} must divide the world size {world_size} "
+                    f"(got ep={p.ep}). Launch a multiple of tp*pp*ep ranks.")
     if p.sequence_parallel and p.tp == 1:
         errs.append("parallel.sequence_parallel: needs tp > 1 (got true with tp=1). Set it to false.")
     from rlhf_mcore.rollout.base import ROLLOUT_ENGINES

@@ -37,7 +37,7 @@ def build_for_conversion(hf_config: dict, role: str, ctx, dtype: str, source: st
     from rlhf_mcore.models.build import build_model
 
     model_cfg = ModelConfig(dtype=dtype, attention_backend="sdpa")
-    parallel_cfg = ParallelConfig(tp=ctx.dims.tp, pp=ctx.dims.pp)
+    parallel_cfg = ParallelConfig(tp=ctx.dims.tp, pp=ctx.dims.pp, ep=ctx.dims.ep)
     return build_model(role, hf_config, model_cfg, parallel_cfg, ctx, source=source)
 
 

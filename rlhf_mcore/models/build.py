@@ -58,9 +58,9 @@ def _build_model(role: str, hf: dict, model_cfg, parallel_cfg, ctx, source: str)
     tc = to_transformer_config(hf, model_cfg, parallel_cfg, source)
     family = spec_for_hf_config(hf, source)
     if tc.num_moe_experts:
-        from rlhf_mcore.te_free import apply_te_free_patches
+        from rlhf_mcore.moe_compat import apply_moe_patches
 
-        apply_te_free_patches()
+        apply_moe_patches()
     layer_spec, backend = choose_layer_spec(model_cfg.attention_backend, family.layer_options(hf))
     if backend not in _logged_backend:
         log.info("layer spec: %s (attention backend %s)", "transformer-engine" if backend == "te"

@@ -23,6 +23,8 @@ import torch
 import torch.distributed as dist
 
 _LAYER_KEY = re.compile(r"^decoder\.layers\.(\d+)\.")
+_EXPERTS = "mlp.experts.local_experts."
+_EXPERT_KEY = re.compile(r"^mlp\.experts\.local_experts\.(\d+)\.")
 GATE_UP = "mlp.linear_fc1.weight"  # SwiGLU: each TP rank holds [gate_r; up_r]
 
 
@@ -39,12 +41,16 @@ def unwrap_model(model):
 
 
 def global_key(model, key: str) -> str:
-    """Local pipeline-stage key -> key in the full model (layer indices are per stage)."""
+    """Local pipeline-stage key -> key in the full model (layer indices are per stage, expert indices per EP rank)."""
     match = _LAYER_KEY.match(key)
     if match is None:
         return key
     layer = model.decoder.layers[int(match.group(1))]
-    return f"decoder.layers.{layer.layer_number - 1}." + key[match.end():]
+    rest = key[match.end():]
+    expert = _EXPERT_KEY.match(rest)
+    if expert is not None:  # MoE under expert parallelism: this rank's experts are numbered from 0
+        rest = f"{_EXPERTS}{layer.mlp.local_expert_indices[int(expert.group(1))]}." + rest[expert.end():]
+    return f"decoder.layers.{layer.layer_number - 1}." + rest
 
 
 def tp_join(shards: list[torch.Tensor], partition_dim: int, key: str) -> torch.Tensor:

@@ -92,6 +92,7 @@ def to_transformer_config(hf: dict, model_cfg, parallel_cfg, source: str = "conf
         init_method_std=float(hf.get("initializer_range", model_cfg.init_std)),
         tensor_model_parallel_size=parallel_cfg.tp,
         pipeline_model_parallel_size=parallel_cfg.pp,
+        expert_model_parallel_size=getattr(parallel_cfg, "ep", 1),
         sequence_parallel=parallel_cfg.sequence_parallel,
         params_dtype=dtype,
         pipeline_dtype=dtype,

@@ -242,7 +242,7 @@ def start_run(cfg) -> Run:
     rank, _, _ = torchrun_env()
     init_logger(rank)
     ctx = init_distributed(cfg.parallel.tp, cfg.parallel.pp, seed=cfg.trainer.seed,
-                           timeout_min=cfg.parallel.collective_timeout_min)
+                           timeout_min=cfg.parallel.collective_timeout_min, ep=cfg.parallel.ep)
     lock, resume_path, run_id = _start_checks(cfg, ctx)
     try:
         return _build_run(cfg, ctx, lock, resume_path, run_id)

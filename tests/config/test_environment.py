@@ -72,7 +72,7 @@ def test_an_unsupported_architecture_names_the_supported_ones(tmp_path):
                     "['Gemma2ForCausalLM'], model_type='gemma2'). Supported: LlamaForCausalLM, "
                     "LlamaForSequenceClassification, MistralForCausalLM, MistralForSequenceClassification, "
                     "Qwen2ForCausalLM, Qwen2ForSequenceClassification, Qwen3ForCausalLM, "
-                    "Qwen3ForSequenceClassification.")
+                    "Qwen3ForSequenceClassification, Qwen3MoeForCausalLM, Qwen3MoeForSequenceClassification.")
 
 
 def test_tp_must_divide_the_mlp_size(tmp_path):

@@ -62,3 +62,48 @@ def test_unsupported_moe_layouts_are_named():
 
     with pytest.raises(ValueError, match="mlp_only_layers"):
         check({"decoder_sparse_step": 2, "num_experts": 8, "num_experts_per_tok": 2, "moe_intermediate_size": 8}, "x")
+
+
+@pytest.mark.dist
+def test_logits_match_transformers_at_ep2(tmp_path):
+    """Two ranks, parallel.ep=2: four experts per rank, different tokens per rank (the dispatcher exchanges them)."""
+    import os
+    import subprocess
+    import sys
+
+    from tests.tools.tiny_hf import ROOT
+
+    tiny_moe(False).save_pretrained(str(tmp_path))
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--standalone",
+           "-m", "tests.models.moe_worker", "--hf-dir", str(tmp_path), "--ep", "2"]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600, cwd=ROOT,
+                          env=dict(os.environ, OMP_NUM_THREADS="1"))
+    lines = [line for line in proc.stdout.splitlines() if line.startswith("moe ")]
+    print("\n".join(lines))
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-6000:]
+    assert len(lines) == 2 and all("local_experts=4" in line for line in lines)
+
+
+def test_expert_parallel_checks_before_build(tmp_path):
+    import json
+    import os
+
+    from rlhf_mcore.config.load import ConfigError, load_config
+    from tests.tools.tiny_hf import ROOT
+
+    tiny = os.path.join(ROOT, "configs", "tiny_grpo.yaml")
+    with pytest.raises(ConfigError) as info:
+        load_config(tiny, ["parallel.ep=2"], world_size=2)
+    assert any(e.startswith("parallel.ep: must divide the experts of an MoE model (this model is dense)")
+               for e in info.value.errors)
+    tiny_moe(True).config.to_json_file(str(tmp_path / "config.json"))
+    blank = [f"model.{k}=null" for k in ("num_layers", "hidden_size", "ffn_hidden_size", "num_attention_heads",
+                                         "num_query_groups", "vocab_size")]
+    with pytest.raises(ConfigError) as info:
+        load_config(tiny, blank + [f"model.hf_path={tmp_path}", "parallel.ep=3"], world_size=3)
+    assert "parallel.ep: must divide the expert count 8 (got 3). Pick a divisor of num_experts, or ep=1." in \
+        info.value.errors
+    with pytest.raises(ConfigError) as info:
+        load_config(tiny, blank + [f"model.hf_path={tmp_path}", "parallel.ep=4"], world_size=2)
+    assert any(e.startswith("parallel.ep: tp*pp*ep = 4 must divide the world size 2") for e in info.value.errors)
+    assert json.loads((tmp_path / "config.json").read_text())["num_local_experts"] == 8
