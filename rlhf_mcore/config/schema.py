@@ -77,6 +77,8 @@ class ModelConfig:
     recompute: str = "none"  # none | full | selective
     make_vocab_size_divisible_by: int = 128
     init_std: float = 0.02
+    moe_aux_loss_coeff: float = 0.0  # MoE load-balancing loss weight (RL usually 0: no loss, no router drift)
+    moe_z_loss_coeff: float = 0.0  # MoE router z-loss weight (0: off)
 
     def _checks(self, p: str) -> list[str]:
         errs = choice(f"{p}.dtype", self.dtype, ("fp32", "bf16"))
@@ -98,6 +100,8 @@ class ModelConfig:
         errs += positive(f"{p}.max_position_embeddings", self.max_position_embeddings)
         errs += positive(f"{p}.rope_theta", self.rope_theta) + positive(f"{p}.norm_eps", self.norm_eps)
         errs += positive(f"{p}.init_std", self.init_std)
+        errs += positive(f"{p}.moe_aux_loss_coeff", self.moe_aux_loss_coeff, allow_zero=True)
+        errs += positive(f"{p}.moe_z_loss_coeff", self.moe_z_loss_coeff, allow_zero=True)
         return errs
 
 

@@ -74,6 +74,11 @@ def to_transformer_config(hf: dict, model_cfg, parallel_cfg, source: str = "conf
                                           recompute_num_layers=1),
                  "selective": dict(recompute_granularity="selective")}[model_cfg.recompute]
     on_gpu = torch.cuda.is_available()
+    family = spec.config_fields(hf)  # what differs per family (models/families/)
+    if family.get("num_moe_experts"):  # the load-balancing and z losses are the run's choice (default off)
+        aux, z = getattr(model_cfg, "moe_aux_loss_coeff", 0.0), getattr(model_cfg, "moe_z_loss_coeff", 0.0)
+        family.update(moe_aux_loss_coeff=aux, moe_router_load_balancing_type="aux_loss" if aux > 0 else "none",
+                      moe_z_loss_coeff=z or None)
     return TransformerConfig(
         num_layers=hf["num_hidden_layers"],
         hidden_size=hf["hidden_size"],
@@ -110,5 +115,5 @@ def to_transformer_config(hf: dict, model_cfg, parallel_cfg, source: str = "conf
         gradient_accumulation_fusion=False,  # needs apex
         deallocate_pipeline_outputs=True,
         **recompute,
-        **spec.config_fields(hf),  # what differs per family (models/families/)
+        **family,
     )

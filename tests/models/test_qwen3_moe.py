@@ -107,3 +107,15 @@ def test_expert_parallel_checks_before_build(tmp_path):
         load_config(tiny, blank + [f"model.hf_path={tmp_path}", "parallel.ep=4"], world_size=2)
     assert any(e.startswith("parallel.ep: tp*pp*ep = 4 must divide the world size 2") for e in info.value.errors)
     assert json.loads((tmp_path / "config.json").read_text())["num_local_experts"] == 8
+
+
+def test_router_losses_are_config_keys_default_off():
+    from rlhf_mcore.config.schema import ModelConfig, ParallelConfig
+    from rlhf_mcore.models.transformer_config import to_transformer_config
+
+    hf = tiny_moe(True).config.to_dict()
+    off = to_transformer_config(hf, ModelConfig(), ParallelConfig())
+    assert off.moe_router_load_balancing_type == "none" and off.moe_aux_loss_coeff == 0 and not off.moe_z_loss_coeff
+    on = to_transformer_config(hf, ModelConfig(moe_aux_loss_coeff=0.01, moe_z_loss_coeff=1e-3), ParallelConfig())
+    assert (on.moe_router_load_balancing_type, on.moe_aux_loss_coeff, on.moe_z_loss_coeff) == ("aux_loss", 0.01, 1e-3)
+    assert not on.moe_router_enable_expert_bias  # no expert bias to update: nothing drifts during RL
