@@ -6,6 +6,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from rlhf_mcore.train import main
+from tests.conftest import free_port
 from tests.reliability.helpers import ROOT, TINY, env, train_cmd, vowel_row, write_rows
 
 REWARD = f"reward.custom_fn={ROOT / 'data/tiny/reward.py'}:vowel_fraction"
@@ -45,7 +46,7 @@ def test_data_fault_in_validate_only(name, tmp_path, capsys):
 def test_a_run_stops_before_the_model_on_too_few_rows(tmp_path):
     few = write_rows(tmp_path / "few.parquet", [vowel_row()] * 3)
     done = subprocess.run(train_cmd(f"data.train_files={few}", REWARD, f"trainer.output_dir={tmp_path / 'run'}"),
-                          capture_output=True, text=True, cwd=ROOT, env=env(), timeout=120)
+                          capture_output=True, text=True, cwd=ROOT, env=env(0, 1, free_port()), timeout=120)
     assert done.returncode == 2, done.stderr
     assert "fewer than the 4 a batch" in one_problem(done.stderr)
     assert "building" not in done.stdout.lower()

@@ -4,6 +4,7 @@ import subprocess
 
 import pytest
 
+from tests.conftest import free_port
 from tests.reliability.helpers import ROOT, env, train_cmd, wait_for
 
 SITE = ROOT / "tests" / "reliability" / "enospc_site"
@@ -17,7 +18,7 @@ CASES = {  # name: (RLHF_ENOSPC, extra overrides)
 @pytest.mark.parametrize("name", sorted(CASES))
 def test_enospc_exits_6_with_one_line(name, tmp_path):
     target, extra = CASES[name]
-    environ = {**env(), "RLHF_ENOSPC": target, "PYTHONPATH": f"{SITE}:{ROOT}"}
+    environ = {**env(0, 1, free_port()), "RLHF_ENOSPC": target, "PYTHONPATH": f"{SITE}:{ROOT}"}
     cmd = train_cmd(f"trainer.output_dir={tmp_path / 'run'}", "trainer.total_steps=1", "trainer.export_hf=false",
                     "data.val_files=", *extra)
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT, env=environ,

@@ -1,10 +1,10 @@
 """No orphans: a rank whose launcher is killed during start-up dies, and processes the trainer forks
 (megatron's checkpoint writers) die with it when it is killed by pid, and so does the resource tracker."""
 import os
-import socket
 import subprocess
 import sys
 
+from tests.conftest import free_port
 from tests.reliability.helpers import ROOT, TINY, alive, wait_for
 
 FORKER = """import multiprocessing as mp, os, signal, time
@@ -33,12 +33,6 @@ print(rank.pid, flush=True)
 time.sleep(float(os.environ["KILL_AFTER_S"]))
 os.kill(os.getpid(), signal.SIGKILL)
 """
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def test_a_rank_dies_with_a_launcher_killed_during_start_up(tmp_path):
