@@ -71,6 +71,7 @@ def test_an_unsupported_architecture_names_the_supported_ones(tmp_path):
     assert line == (f"  - model.hf_path: {tmp_path}/config.json: unsupported architecture (architectures="
                     "['Gemma2ForCausalLM'], model_type='gemma2'). Supported: LlamaForCausalLM, "
                     "LlamaForSequenceClassification, MistralForCausalLM, MistralForSequenceClassification, "
+                    "MixtralForCausalLM, MixtralForSequenceClassification, "
                     "Qwen2ForCausalLM, Qwen2ForSequenceClassification, Qwen3ForCausalLM, "
                     "Qwen3ForSequenceClassification, Qwen3MoeForCausalLM, Qwen3MoeForSequenceClassification.")
 

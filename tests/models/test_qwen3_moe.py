@@ -1,6 +1,6 @@
-"""Qwen3-MoE (models/families/qwen3_moe.py) on megatron-core's MoE layer (SequentialMLP experts, no TE): a random
-tiny HF `Qwen3MoeForCausalLM` against ours (fp32 logits within 1e-4, EP1), with norm_topk_prob both ways, and
-the converter's round trip bitwise."""
+"""Qwen3-MoE and Mixtral (models/families/qwen3_moe.py, mixtral.py) on megatron-core's MoE layer (SequentialMLP
+experts, no TE): random tiny HF models against ours (fp32 logits within 1e-4 at EP1, and EP2 under torchrun),
+Qwen3-MoE with norm_topk_prob both ways, the converter's round trip bitwise, the EP checks before build."""
 import pytest
 import torch
 
@@ -23,36 +23,48 @@ def tiny_moe(norm_topk_prob: bool, seed: int = 0):
     return model.eval()
 
 
-@pytest.mark.parametrize("norm_topk_prob", [True, False])
+def tiny_mixtral(seed: int = 0):
+    from transformers import AutoModelForCausalLM, MixtralConfig
+
+    config = MixtralConfig(hidden_size=64, intermediate_size=32, num_hidden_layers=2, num_attention_heads=4,
+                           num_key_value_heads=2, num_local_experts=8, num_experts_per_tok=2, vocab_size=VOCAB,
+                           max_position_embeddings=128, rms_norm_eps=1e-6, tie_word_embeddings=False)
+    model = AutoModelForCausalLM.from_config(config)
+    randomize_(model, seed)
+    return model.eval()
+
+
+@pytest.mark.parametrize("norm_topk_prob", [True, False, "mixtral"])
 def test_logits_match_transformers_at_ep1(tmp_path, mcore_ctx, norm_topk_prob):
     from rlhf_mcore.convert.mcore import build_for_conversion
     from rlhf_mcore.models.hf_io import read_hf_config
     from rlhf_mcore.models.logprobs import full_logits
 
-    hf = tiny_moe(norm_topk_prob)
+    hf = tiny_mixtral() if norm_topk_prob == "mixtral" else tiny_moe(norm_topk_prob)
     hf.save_pretrained(str(tmp_path))
     hf_cfg = read_hf_config(tmp_path)
     ours = build_for_conversion(hf_cfg, "actor", mcore_ctx, "fp32")
     load_hf_weights(ours, str(tmp_path), hf_cfg, 0, 1)
     ours.eval()
-    assert ours.config.num_moe_experts == 8 and ours.config.moe_router_pre_softmax is (not norm_topk_prob)
+    assert ours.config.num_moe_experts == 8 and ours.config.moe_router_pre_softmax is (norm_topk_prob is False)
     tokens = torch.randint(0, VOCAB, (2, 17), generator=torch.Generator().manual_seed(0))
     pos = torch.arange(tokens.size(1)).unsqueeze(0).expand_as(tokens)
     with torch.no_grad():
         want = hf(tokens).logits
         got = full_logits(ours, ours(tokens, pos, None), mcore_ctx.pgs.tp)
     err = (want - got).abs().max().item()
-    print(f"qwen3_moe norm_topk_prob={norm_topk_prob} ep1 logits max |ours - transformers| = {err:.2e}")
+    print(f"moe {hf.config.model_type} norm_topk_prob={norm_topk_prob} ep1 logits max |ours - transformers| = {err:.2e}")
     assert err <= 1e-4
 
 
-def test_converter_round_trip_is_bitwise(tmp_path):
+@pytest.mark.parametrize("family", ["qwen3_moe", "mixtral"])
+def test_converter_round_trip_is_bitwise(tmp_path, family):
     from rlhf_mcore.models.hf_io import load_hf_state_dict, read_hf_config
 
-    tiny_moe(True).save_pretrained(str(tmp_path))
+    (tiny_mixtral() if family == "mixtral" else tiny_moe(True)).save_pretrained(str(tmp_path))
     sd, config = load_hf_state_dict(tmp_path)[0], read_hf_config(tmp_path)
     mcore = hf_to_mcore(sd, config)
-    assert mcore["decoder.layers.1.mlp.experts.local_experts.7.linear_fc1.weight"].shape == (64, 64)
+    assert mcore["decoder.layers.1.mlp.experts.local_experts.7.linear_fc1.weight"].shape == (64, 64)  # 2 x 32
     back = mcore_to_hf(mcore, config)
     assert set(back) == set(sd) and all(torch.equal(back[k], sd[k]) for k in sd)
 
