@@ -53,7 +53,7 @@ def test_logits_match_transformers_at_ep1(tmp_path, mcore_ctx, norm_topk_prob):
         want = hf(tokens).logits
         got = full_logits(ours, ours(tokens, pos, None), mcore_ctx.pgs.tp)
     err = (want - got).abs().max().item()
-    print(f"moe {hf.config.model_type} norm_topk_prob={norm_topk_prob} ep1 logits max |ours - transformers| = {err:.2e}")
+    print(f"moe {hf.config.model_type} norm_topk_prob={norm_topk_prob} ep1 logits max |ours - hf| = {err:.2e}")
     assert err <= 1e-4
 
 
