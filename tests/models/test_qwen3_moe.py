@@ -131,3 +131,30 @@ def test_router_losses_are_config_keys_default_off():
     on = to_transformer_config(hf, ModelConfig(moe_aux_loss_coeff=0.01, moe_z_loss_coeff=1e-3), ParallelConfig())
     assert (on.moe_router_load_balancing_type, on.moe_aux_loss_coeff, on.moe_z_loss_coeff) == ("aux_loss", 0.01, 1e-3)
     assert not on.moe_router_enable_expert_bias  # no expert bias to update: nothing drifts during RL
+
+
+def test_native_engine_decodes_moe_eagerly_and_says_why(tmp_path, mcore_ctx):
+    """The static decoder's functional layer has dense MLPs: the family lists only 'eager', graph_blockers says
+    so (the engine logs it and decodes through megatron's modules); eager decode equals the trainer's forward."""
+    from rlhf_mcore.convert.mcore import build_for_conversion
+    from rlhf_mcore.models.hf_io import read_hf_config
+    from rlhf_mcore.models.logprobs import token_logprobs
+    from rlhf_mcore.rollout.native import NativeRolloutEngine
+    from rlhf_mcore.rollout.static_decode import graph_blockers
+    from rlhf_mcore.rollout.types import SamplingParams
+
+    tiny_moe(True).save_pretrained(str(tmp_path))
+    hf_cfg = read_hf_config(tmp_path)
+    ours = build_for_conversion(hf_cfg, "actor", mcore_ctx, "fp32")
+    load_hf_weights(ours, str(tmp_path), hf_cfg, 0, 1)
+    ours.eval()
+    assert "model family qwen3_moe (its ModelSpec.decode_paths lacks 'static')" in graph_blockers(ours, mcore_ctx)
+    batch = NativeRolloutEngine(ours, mcore_ctx, pad_id=0).generate(
+        [[3, 4, 5, 6], [7, 8]], SamplingParams(n=1, max_new_tokens=5, temperature=0.0))
+    with torch.no_grad():
+        pos = torch.arange(batch.tokens.size(1))[None].expand_as(batch.tokens)
+        logp, _ = token_logprobs(ours, ours(batch.tokens, pos, None), batch.tokens, mcore_ctx.pgs.tp)
+    cols = torch.arange(batch.tokens.size(1))[None]
+    start = batch.prompt_lengths[:, None]
+    mask = (cols >= start) & (cols < start + batch.response_lengths[:, None])
+    assert mask.sum() == 2 * 5 and (logp - batch.rollout_logprobs).abs()[mask].max() <= 1e-5
