@@ -159,7 +159,7 @@ def init_distributed(tp: int = 1, pp: int = 1, seed: int = 1234, timeout_min: fl
         )
     seed_everything(seed)
     log.info(
-        "distributed: world=%d tp=%d pp=%d dp=%d backend=%s%s", world_size, dims.tp, dims.pp, dims.dp,
+        "distributed: world=%d tp=%d pp=%d dp=%d ep=%d backend=%s%s", world_size, dims.tp, dims.pp, dims.dp, dims.ep,
         dist.get_backend(), " (CPU patches on)" if cpu_patched else "",
     )
     return ParallelContext(
