@@ -18,9 +18,11 @@ def test_masked_stats_by_hand():
 
 def test_step_line_has_the_same_fields_every_step():
     line = format_step_line(3, 10, {"critic/score/mean": 0.5, "actor/pg_loss": -0.01, "timing_s/gen": 1.25})
-    assert line.startswith("step 3/10 | reward 0.500 ± - acc - fmt - | pg -0.0100 vf - kl - ent - clip - gnorm - | "
+    assert line.startswith("step 3/10 | reward 0.500 ± - | pg -0.0100 vf - kl - ent - clip - gnorm - | "
                            "len - max - cut - tok/s - mem -")
     assert line.endswith("| gen 1.2s")
+    graded = format_step_line(3, 10, {"critic/score/mean": 0.5, "critic/acc/mean": 0.25, "critic/format/mean": 1.0})
+    assert graded.startswith("step 3/10 | reward 0.500 ± - acc 0.250 fmt 1.000 | pg - ")  # a reward that reports them
 
 
 def test_response_length_clip_ratio_and_phase_timings():

@@ -3,7 +3,8 @@
     python -m tools.plot_metrics RUN_DIR [--out RUN_DIR/metrics.png]
 
 Panels: reward, accuracy and format rate (training steps as lines, validation as points per data_source),
-response length with its clip ratio, entropy, KL, grad norm, and the step time split by phase (stacked).
+response length with its clip ratio, entropy, KL, grad norm, the critic's value loss and explained variance
+(PPO runs: shown when logged), and the step time split by every timed phase (stacked).
 Needs matplotlib (`pip install matplotlib`, part of the `test` extra).
 """
 from __future__ import annotations
@@ -13,7 +14,6 @@ import json
 import sys
 from pathlib import Path
 
-PHASES = ("gen", "reward", "old_log_prob", "adv", "update_critic", "update_actor", "sync_weights")
 # (panel title, training metric, validation column or None)
 PANELS = (
     ("reward", "critic/score/mean", "reward"),
@@ -24,15 +24,32 @@ PANELS = (
     ("KL", "actor/kl", None),
     ("grad norm", "actor/grad_norm", None),
 )
+CRITIC_PANELS = (("value loss", "critic/vf_loss", None), ("explained variance", "critic/vf_explained_var", None))
+
+
+def phases_of(rows: list[dict]) -> list[str]:
+    """Every timed phase in the rows (`timing_s/<phase>`, not the whole step), in the order first seen.
+
+    >>> phases_of([{"timing_s/gen": 1.0, "timing_s/step": 2.0}, {"timing_s/ref": 0.5, "timing_s/gen": 1.0}])
+    ['gen', 'ref']
+    """
+    seen: dict[str, None] = {}
+    for row in rows:
+        seen.update({k.split("/", 1)[1]: None for k in row if k.startswith("timing_s/") and k != "timing_s/step"})
+    return list(seen)
 
 
 def load_metrics(path: str | Path) -> tuple[list[dict], list[dict]]:
-    """(training rows, validation rows) of a metrics.jsonl; a validation row holds `val-core/...` keys."""
+    """(training rows, validation rows) of a metrics.jsonl: a step's record holds its training metrics, and its
+    validation (`val-core/...` keys) when one ran; a record may be both (one record per step)."""
     train, val = [], []
     for line in Path(path).read_text().splitlines():
         if line.strip():
             row = json.loads(line)
-            (val if any(k.startswith("val-core/") for k in row) else train).append(row)
+            if any(k.startswith("val-core/") for k in row):
+                val.append(row)
+            if any(not k.startswith(("val-core/", "val-aux/")) and k != "step" for k in row):
+                train.append(row)
     return train, val
 
 
@@ -72,9 +89,10 @@ def plot(run_dir: str | Path, out: str | Path | None = None) -> Path:
     run_dir = Path(run_dir)
     train, val = load_metrics(run_dir / "metrics.jsonl")
     out = Path(out) if out else run_dir / "metrics.png"
-    fig, axes = plt.subplots(3, 3, figsize=(15, 11))
+    panels = PANELS + tuple(p for p in CRITIC_PANELS if any(p[1] in r for r in train))
+    fig, axes = plt.subplots(3, 4, figsize=(20, 11))
     axes = axes.ravel()
-    for ax, (title, key, column) in zip(axes, PANELS):
+    for ax, (title, key, column) in zip(axes, panels):
         steps, values = series(train, key)
         if steps:
             ax.plot(steps, values, label="train", color="tab:blue")
@@ -93,8 +111,8 @@ def plot(run_dir: str | Path, out: str | Path | None = None) -> Path:
         ax.grid(alpha=0.3)
         if ax.get_legend_handles_labels()[0]:
             ax.legend(fontsize=8)
-    _plot_phases(axes[len(PANELS)], train)
-    for ax in axes[len(PANELS) + 1:]:
+    _plot_phases(axes[len(panels)], train)
+    for ax in axes[len(panels) + 1:]:
         ax.axis("off")
     fig.suptitle(f"{run_dir.name}: {len(train)} steps, {len(val)} validations")
     fig.tight_layout()
@@ -106,7 +124,7 @@ def plot(run_dir: str | Path, out: str | Path | None = None) -> Path:
 def _plot_phases(ax, train: list[dict]) -> None:
     bottom = [0.0] * len(train)
     steps = [r["step"] for r in train]
-    for phase in PHASES:
+    for phase in phases_of(train):
         values = [r.get(f"timing_s/{phase}", 0.0) for r in train]
         if any(values):
             ax.bar(steps, values, bottom=bottom, label=phase)

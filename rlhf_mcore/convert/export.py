@@ -28,8 +28,8 @@ from pathlib import Path
 
 import torch.distributed as dist
 
-from rlhf_mcore.logs import heartbeat
 from rlhf_mcore.disk import disk_full_message, is_disk_full
+from rlhf_mcore.logs import heartbeat
 from rlhf_mcore.trainer.guards import EXIT_DISK_FULL, EXIT_DIVERGED, EXIT_STARTUP
 
 log = logging.getLogger(__name__)

@@ -16,7 +16,7 @@ from rlhf_mcore.trainer.optim import lr_at
 from rlhf_mcore.trainer.rollout_memory import rollout_memory, sync_weights
 from rlhf_mcore.trainer.run import Run, finish_run, start_run
 from rlhf_mcore.trainer.signals import ExitSignals, agree_stop, stop_on_signal
-from rlhf_mcore.trainer.step_log import step_metrics
+from rlhf_mcore.trainer.step_log import mfu_metrics, step_metrics
 
 
 def rollout_round(run: Run, step: int, timings: dict, round_index: int = 0) -> tuple:
@@ -44,20 +44,23 @@ def train_step(run: Run, step: int) -> dict:
         batch, mismatch_metrics = phases.rollout_correction(batch, cfg.actor)
         batch, adv_metrics, reward_kl = phases.compute_advantages(batch, cfg, run.kl_ctrl.value, ctx)
     reports = [mismatch_metrics]  # reduced over DP with the loss functions' reports (trainer/metrics.py)
+    lrs = {f"{r}/lr": lr_at(step, getattr(cfg, r).optim, run.total_steps) for r in ("actor", "critic")}
     if roles.critic is not None:
         with timer("update_critic", timings):
             reports += phases.update_role("critic", roles.critic, batch, losses.critic, cfg.critic,
-                                          run.rows_per_mini("critic"), lr_at(step, cfg.critic.optim, run.total_steps),
+                                          run.rows_per_mini("critic"), lrs["critic/lr"],
                                           phases.micro_batching(cfg, cfg.critic))
+    else:
+        del lrs["critic/lr"]
     with timer("update_actor", timings):
         reports += phases.update_role("actor", roles.actor, batch, losses.actor, cfg.actor, run.rows_per_mini("actor"),
-                                      lr_at(step, cfg.actor.optim, run.total_steps),
-                                      phases.micro_batching(cfg, cfg.actor))
+                                      lrs["actor/lr"], phases.micro_batching(cfg, cfg.actor))
     with timer("sync_weights", timings):
         sync_metrics = sync_weights(run)
-    extra = {**reward_metrics, **adv_metrics, **sync_metrics}
+    extra = {**reward_metrics, **adv_metrics, **sync_metrics, **lrs, "training/global_step": step + 1}
     metrics = step_metrics(batch, reduce_outputs(reports, ctx), extra, timings, ctx,
                            max_response_length=cfg.rollout.max_response_length)
+    metrics.update(mfu_metrics(metrics, run.hf_config, cfg, ctx.dims.world_size, run.peak_flops))
     if reward_kl is not None:  # KL in the reward: the controller adapts its coefficient to the measured KL
         run.kl_ctrl.update(float(reward_kl), cfg.data.train_batch_size * cfg.rollout.n)
     return metrics
@@ -88,16 +91,17 @@ def _train(cfg, signals: ExitSignals) -> Run:
             metrics["timing_s/step"] = time.perf_counter() - start
             step += 1
             stop = run.check_health(step, metrics)  # the same verdict on every rank (global metrics)
+            timed_out, signum, by_rank = (False, 0, -1) if step == run.total_steps or stop is not None else \
+                agree_stop(run.ctx, out_of_time(cfg, started), signals)  # one all-reduce: every rank's verdict
+            last = step == run.total_steps or timed_out
+            if stop is None and not signum and run.val_sampler is not None and t.test_freq > 0 and \
+                    (step % t.test_freq == 0 or last):
+                metrics.update(run.log_validation(step, record=False))  # in this step's record
             run.log_step(step, metrics)
             if stop is not None:
                 raise stop
-            timed_out, signum, by_rank = (False, 0, -1) if step == run.total_steps else \
-                agree_stop(run.ctx, out_of_time(cfg, started), signals)  # one all-reduce: every rank's verdict
             if signum:
                 raise stop_on_signal(run, step, signum, by_rank)  # save this step, then exit (trainer/signals.py)
-            last = step == run.total_steps or timed_out
-            if run.val_sampler is not None and t.test_freq > 0 and (step % t.test_freq == 0 or last):
-                run.log_validation(step)
             if t.save_freq > 0 and step % t.save_freq == 0 and not last:
                 run.save(step)
             if last:

@@ -59,6 +59,8 @@ class Run:
     bad_steps: BadStepGuard | None = None
     reward_health: RewardHealthGuard | None = None
     num_skipped_steps: int = 0
+    hf_config: dict = dataclasses.field(default_factory=dict)  # the policy's architecture (perf/mfu/*)
+    peak_flops: float | None = None  # the device's dense peak for model.dtype, None where unknown
     unconfirmed: str | None = None  # the newest checkpoint, until a step after it applies all its updates
     losses: LossFns | None = None  # the roles' loss functions, bound once (built from cfg/roles when None)
 
@@ -96,14 +98,17 @@ class Run:
             log.info(format_step_line(step, self.total_steps, metrics))
         self.metric_logger.write(step, metrics)
 
-    def log_validation(self, step: int) -> dict:
+    def log_validation(self, step: int, record: bool = True) -> dict:
+        """Validate and print its line; `record=False` leaves the metrics to the caller, who writes them in
+        the step's own record (one JSONL record per step, as verl's)."""
         from rlhf_mcore.trainer.validation import validate
 
         metrics = validate(self)
         if self.console:
             log.info("validation @ step %d: %s", step, "  ".join(f"{k}={v:.4f}" for k, v in sorted(metrics.items())))
-        self.metric_logger.write(step, metrics)
-        self.history.append({"step": step, **metrics})
+        if record:
+            self.metric_logger.write(step, metrics)
+            self.history.append({"step": step, **metrics})
         return metrics
 
     def save(self, step: int, final: bool = False) -> str | None:
@@ -271,7 +276,7 @@ def _build_run(cfg, ctx, lock: RunLock | None, resume_path: str | None, run_id: 
     kl_args = {"value": a.kl_coef} if a.kl_ctrl_type == "fixed" else \
         {"value": a.kl_coef, "target_kl": a.target_kl, "horizon": a.kl_horizon}
     run = Run(cfg=cfg, ctx=ctx, roles=roles, engine=engine, tokenizer=tokenizer,
-              stop_ids=stop_ids, sampler=sampler,
+              stop_ids=stop_ids, sampler=sampler, hf_config=hf_config, peak_flops=_device_peak(cfg),
               val_sampler=val_sampler, scorer=Scorer(cfg, tokenizer, ctx),
               kl_ctrl=KL_CONTROLLERS.get(a.kl_ctrl_type)(**kl_args), total_steps=_total_steps(cfg, sampler),
               run_dir=run_dir, resume_path=resume_path, run_id=run_id, lock=lock, start_step=start_step,
@@ -281,6 +286,12 @@ def _build_run(cfg, ctx, lock: RunLock | None, resume_path: str | None, run_id: 
     _resume(run)
     log.info(start_message(run.start_step, run.total_steps, run_dir))
     return run
+
+
+def _device_peak(cfg) -> float | None:
+    from rlhf_mcore.models.flops import peak_flops
+
+    return peak_flops(torch.cuda.get_device_name(), cfg.model.dtype) if torch.cuda.is_available() else None
 
 
 def start_message(start: int, total: int, run_dir: str) -> str:

@@ -30,6 +30,7 @@ class Scored:
     num_errors: float  # reward calls that failed on this DP rank
     num_timeouts: float
     raw: torch.Tensor | None = None  # [B] the reward functions' score, before shaping (verl's "score")
+    provided: tuple[bool, bool] = (True, True)  # the reward itself gave "acc" / "pred" (else acc, format guessed)
 
     def columns(self) -> dict[str, list[float]]:
         return {"reward": self.scores.cpu().tolist(), "acc": self.acc.tolist(), "format": self.formatted.tolist()}
@@ -130,7 +131,8 @@ class Scorer:
             scores = scores + torch.tensor(format_penalties(responses, r.answer_format, r.format_penalty))
         if r.post_answer_penalty > 0:
             scores = scores + torch.tensor(post_answer_penalties(responses, r.answer_format, r.post_answer_penalty))
-        counts = torch.tensor([float(result.num_errors), float(result.num_timeouts)])
+        counts = torch.tensor([float(result.num_errors), float(result.num_timeouts),
+                               float("acc" in result.extra), float("pred" in result.extra)])
         return torch.cat([scores, torch.tensor(acc), torch.tensor(fmt), raw, counts])
 
     def score(self, rollout, prompts, n: int, responses: list[str] | None = None) -> Scored:
@@ -142,12 +144,13 @@ class Scorer:
             responses = responses if responses is not None else decode_responses(rollout, self.tokenizer.decode)
             packed = self._score_here(rollout, rows, responses).to(self.ctx.device)
         else:
-            packed = torch.empty(4 * num + 2, device=self.ctx.device)
+            packed = torch.empty(4 * num + 4, device=self.ctx.device)
         if mp.size() > 1:
             dist.broadcast(packed, src=dist.get_process_group_ranks(mp)[0], group=mp)
         host = packed.cpu()
         return Scored(packed[:num], host[num:2 * num], host[2 * num:3 * num], float(host[4 * num]),
-                      float(host[4 * num + 1]), raw=host[3 * num:4 * num])
+                      float(host[4 * num + 1]), raw=host[3 * num:4 * num],
+                      provided=(bool(host[4 * num + 2]), bool(host[4 * num + 3])))
 
     def __call__(self, rollout, prompts, n: int) -> tuple[torch.Tensor, dict]:
         """(shaped scores [B] on the device, step metrics: errors, accuracy, format rate, per data_source)."""
@@ -161,8 +164,8 @@ class Scorer:
         sums = gather_source_sums(source_sums(sources, scored.columns()), self.ctx)
         lengths = rollout.response_lengths
         cut = (lengths >= self.cfg.rollout.max_response_length).sum().float().cpu()
-        counts = torch.tensor([scored.num_errors, scored.num_timeouts, float(cut), float(lengths.numel())],
-                              device=self.ctx.device)
+        counts = torch.tensor([scored.num_errors, scored.num_timeouts, float(cut), float(lengths.numel()),
+                               *map(float, scored.provided)], device=self.ctx.device)
         if self.ctx.dims.dp > 1:
             dist.all_reduce(counts, group=self.ctx.pgs.dp)
         overall = merge_source_sums([{"all": cols} for cols in sums.values()])["all"]
@@ -171,4 +174,7 @@ class Scorer:
                    "critic/format/mean": overall["format"][0] / max(overall["format"][1], 1),
                    "response_length/clip_ratio": float(counts[2] / counts[3].clamp(min=1))}
         metrics.update(source_means(sums, "train/{src}/{name}/mean"))
+        # accuracy and format only when some rank's reward gave them ("acc" / "pred"), not guessed from scores
+        hidden = [name for name, given in zip(("acc", "format"), counts[4:].tolist()) if not given]
+        metrics = {k: v for k, v in metrics.items() if not any(f"/{name}/" in k for name in hidden)}
         return scored, metrics

@@ -3,9 +3,11 @@ from __future__ import annotations
 
 import torch
 
+from rlhf_mcore.algorithms.stats import masked_var
 from rlhf_mcore.trainer.phases import gather_dp
 
-# (label, metric key, format) of the console line, in order; missing metrics print as "-".
+# (label, metric key, format) of the console line, in order; missing metrics print as "-", except the
+# OPTIONAL ones (accuracy and format rate: only a reward that reports them has them), left out.
 LINE_FIELDS = (
     ("reward", "critic/score/mean", "{:.3f}"), ("±", "critic/score/std", "{:.3f}"),
     ("acc", "critic/acc/mean", "{:.3f}"), ("fmt", "critic/format/mean", "{:.3f}"),
@@ -15,6 +17,7 @@ LINE_FIELDS = (
     ("max", "response_length/max", "{:.0f}"), ("cut", "response_length/clip_ratio", "{:.2f}"),
     ("tok/s", "perf/throughput", "{:.0f}"), ("mem", "perf/max_memory_gb", "{:.2f}GB"),
 )
+OPTIONAL = frozenset({"critic/acc/mean", "critic/format/mean"})
 PHASES = ("gen", "reward", "old_log_prob", "ref", "values", "adv", "update_critic", "update_actor", "sync_weights")
 
 
@@ -30,6 +33,17 @@ def _stats(prefix: str, values: torch.Tensor, mask: torch.Tensor | None = None) 
     high = torch.where(mask.bool(), values, -big).max().where(any_valid, torch.zeros(()).to(values))
     low = torch.where(mask.bool(), values, big).min().where(any_valid, torch.zeros(()).to(values))
     return {f"{prefix}/mean": mean, f"{prefix}/std": std, f"{prefix}/max": high, f"{prefix}/min": low}
+
+
+def explained_variance(values: torch.Tensor, returns: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """verl's critic/vf_explained_var: 1 - Var[returns - values] / (Var[returns] + 1e-5) over valid tokens.
+
+    >>> r = torch.tensor([[1.0, 2.0, 3.0, 4.0]])
+    >>> m = torch.ones_like(r)
+    >>> float(explained_variance(r, r, m)), round(float(explained_variance(torch.zeros_like(r), r, m)), 4)
+    (1.0, 0.0)
+    """
+    return 1.0 - masked_var(returns - values, mask) / (masked_var(returns, mask) + 1e-5)
 
 
 def to_floats(tensors: dict[str, torch.Tensor]) -> dict[str, float]:
@@ -57,7 +71,9 @@ def step_metrics(batch: dict, loss_metrics: dict, extra: dict, timings: dict, ct
              **_stats("critic/advantages", g["advantages"], mask), **_stats("critic/returns", g["returns"], mask),
              **_stats("response_length", g["response_lengths"]), **_stats("prompt_length", g["prompt_lengths"])}
     if "values" in batch:
-        stats.update(_stats("critic/values", gather_dp(batch["values"], ctx), mask))
+        values = gather_dp(batch["values"], ctx)
+        stats.update(_stats("critic/values", values, mask))
+        stats["critic/vf_explained_var"] = explained_variance(values, g["returns"], mask)
     if max_response_length is not None and "response_length/clip_ratio" not in stats:
         stats["response_length/clip_ratio"] = (g["response_lengths"] >= max_response_length).float().mean()
     stats["perf/total_num_tokens"] = (g["response_lengths"] + g["prompt_lengths"]).sum().float()
@@ -78,10 +94,37 @@ def format_step_line(step: int, total: int, m: dict) -> str:
     """One fixed-format line: the same fields in the same order every step."""
     parts = [f"step {step}/{total}"]
     for label, key, fmt in LINE_FIELDS:
-        parts.append(f"{label} {fmt.format(m[key]) if key in m else '-'}")
+        shown = "" if key not in m and key in OPTIONAL else f"{label} {fmt.format(m[key]) if key in m else '-'}"
+        parts.append(shown)
     phases = " ".join(f"{p} {m[f'timing_s/{p}']:.1f}s" for p in PHASES if f"timing_s/{p}" in m)
-    groups = [" ".join(parts[1:5]), " ".join(parts[5:11]), " ".join(parts[11:])]
+    groups = [" ".join(filter(None, parts[i:j])) for i, j in ((1, 5), (5, 11), (11, None))]
     if "filter_groups/num_gen_batches" in m:  # dynamic sampling (algorithm.filter_groups.enable)
         groups.append("rounds {:.0f} kept {:.0f} filtered {:.0f}".format(
             *(m.get(f"filter_groups/{k}", 0.0) for k in ("num_gen_batches", "num_kept", "num_filtered"))))
     return " | ".join([parts[0], *groups, phases])
+
+
+def mfu_metrics(metrics: dict, hf: dict, cfg, world_size: int, peak: float | None) -> dict[str, float]:
+    """verl's perf/mfu/actor (and /critic): model FLOPs of each update (forward + backward, ppo_epochs times
+    over the step's tokens) over its seconds; empty without a known device peak (CPU, fp32).
+
+    >>> hf = {"hidden_size": 4, "num_hidden_layers": 1, "intermediate_size": 8, "num_attention_heads": 2,
+    ...       "num_key_value_heads": 1, "vocab_size": 10}
+    >>> from types import SimpleNamespace as S
+    >>> cfg = S(actor=S(ppo_epochs=1), critic=S(ppo_epochs=1), data=S(train_batch_size=1), rollout=S(n=2))
+    >>> mfu_metrics({"perf/total_num_tokens": 6.0, "timing_s/update_actor": 1.0}, hf, cfg, 1, 1e4)
+    {'perf/mfu/actor': 0.7488}
+    """
+    from rlhf_mcore.models.flops import mfu
+
+    tokens = metrics.get("perf/total_num_tokens", 0.0)
+    seq = tokens / max(cfg.data.train_batch_size * cfg.rollout.n, 1)
+    out = {}
+    for role in ("actor", "critic"):
+        seconds = metrics.get(f"timing_s/update_{role}")
+        model = hf if role == "actor" else {**hf, "vocab_size": 1}  # the critic's head is a scalar
+        value = mfu(model, tokens, seq, 3.0 * getattr(cfg, role).ppo_epochs, seconds or 0.0, world_size, peak) \
+            if seconds else None
+        if value is not None:
+            out[f"perf/mfu/{role}"] = value
+    return out

@@ -17,8 +17,8 @@ def write_run(run_dir, num_steps=4):
                      "critic/format/mean": 0.2 * s, "response_length/mean": 200 - s,
                      "response_length/clip_ratio": 0.5 / s, "actor/entropy": 1.0, "actor/kl": 0.001 * s,
                      "actor/grad_norm": 0.5, "timing_s/gen": 10.0, "timing_s/update_actor": 3.0})
-    rows.append({"step": num_steps, "val-core/openai/gsm8k/acc/mean@1": 0.03,
-                 "val-core/openai/gsm8k/format/mean@1": 0.9, "val-core/openai/gsm8k/reward/mean@1": 0.1})
+    rows[-1].update({"val-core/openai/gsm8k/acc/mean@1": 0.03,  # one record per step: the last step's holds
+                     "val-core/openai/gsm8k/format/mean@1": 0.9, "val-core/openai/gsm8k/reward/mean@1": 0.1})
     (run_dir / "metrics.jsonl").write_text("\n".join(json.dumps(r) for r in rows) + "\n")
 
 
@@ -41,3 +41,16 @@ def test_writes_a_png(tmp_path):
 def test_missing_metrics_file_is_a_clear_error(tmp_path, capsys):
     assert plot_metrics.main([str(tmp_path)]) == 2
     assert "metrics.jsonl not found" in capsys.readouterr().err
+
+
+def test_every_timed_phase_and_the_critic_panels(tmp_path):
+    pytest.importorskip("matplotlib")
+    write_run(tmp_path)
+    rows = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    for row in rows[1:]:
+        row.update({"timing_s/ref": 0.5, "timing_s/values": 0.25, "critic/vf_loss": 0.3,
+                    "critic/vf_explained_var": 0.1})
+    (tmp_path / "metrics.jsonl").write_text("\n".join(json.dumps(r) for r in rows) + "\n")
+    train, _ = plot_metrics.load_metrics(tmp_path / "metrics.jsonl")
+    assert plot_metrics.phases_of(train) == ["gen", "update_actor", "ref", "values"]
+    assert plot_metrics.main([str(tmp_path)]) == 0

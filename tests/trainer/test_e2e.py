@@ -66,10 +66,11 @@ def test_ppo_four_ranks_tp_pp_dp(tmp_path):
                     "data.val_batch_size=3")
     check_trained(dp, 2)
     (val,) = dp["validations"]  # DP2, chunks of 3 prompts: every rank reports, the sums meet over DP
-    assert val["step"] == 2 and sorted(val) == ["step", "val-aux/response_length/clip_ratio",
-                                                "val-aux/response_length/mean", "val-core/tiny/vowels/acc/mean@1",
-                                                "val-core/tiny/vowels/format/mean@1",
-                                                "val-core/tiny/vowels/reward/mean@1"]
+    assert val == dp["metrics"][-1] and len(dp["metrics"]) == 2  # step 2's one record holds its validation
+    assert val["training/global_step"] == 2 and sorted(k for k in val if k.startswith("val-")) == [
+        "val-aux/response_length/clip_ratio", "val-aux/response_length/mean", "val-core/tiny/vowels/acc/mean@1",
+        "val-core/tiny/vowels/format/mean@1", "val-core/tiny/vowels/reward/mean@1"]
+    assert val["actor/lr"] > 0 and val["critic/lr"] > 0 and -10 < val["critic/vf_explained_var"] <= 1
     assert 0 < val["val-aux/response_length/mean"] <= 16 and 0 <= val["val-core/tiny/vowels/reward/mean@1"] <= 1
     assert dp["metrics"][0]["train/tiny/vowels/reward/mean"] == pytest.approx(dp["metrics"][0]["critic/score/mean"])
 

@@ -54,3 +54,23 @@ def test_format_score_and_post_answer_penalty(mcore_ctx):
     assert metrics["train/gsm8k/acc/mean"] == 0.5 and metrics["train/openai/gsm8k/acc/mean"] == 0.5
     assert metrics["train/gsm8k/format/mean"] == 0.75 and metrics["critic/format/mean"] == 0.75
     assert metrics["train/openai/gsm8k/reward/mean"] == pytest.approx(1.9 / 4)
+
+
+def test_accuracy_and_format_only_when_the_reward_gives_them(mcore_ctx, tmp_path):
+    """A custom reward returning a bare float says nothing of accuracy or format: the step shows neither
+    (they would be guesses: score > 0, and the GSM8K answer check on text the reward never asked for)."""
+    fn = tmp_path / "reward.py"
+    fn.write_text("def length(data_source, solution_str, ground_truth, extra_info=None):\n"
+                  "    return float(len(solution_str))\n\n"
+                  "def graded(data_source, solution_str, ground_truth, extra_info=None):\n"
+                  "    return {'score': 1.0, 'acc': 1.0}\n")
+    prompt = PromptRow(index=0, data_source="custom", messages=({"role": "user", "content": "q"},), ability="x",
+                       ground_truth="", extra_info={})
+    cfg = tiny_model_config()
+    for name, shown in (("length", set()), ("graded", {"critic/acc/mean"})):
+        cfg = dataclasses.replace(cfg, reward=dataclasses.replace(cfg.reward, num_workers=1,
+                                                                  custom_fn=f"{fn}:{name}"))
+        scores, metrics = Scorer(cfg, ByteTokenizer(), mcore_ctx)(rollout_of("Q", ["ab", "#### 4"]), [prompt], 2)
+        assert {k for k in metrics if "/acc/" in k or "/format/" in k} == \
+            shown | {k.replace("critic/", "train/custom/") for k in shown}
+        assert "train/custom/reward/mean" in metrics
