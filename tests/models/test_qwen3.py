@@ -11,7 +11,7 @@ import torch
 
 from rlhf_mcore.models.hf_load import load_hf_weights
 from rlhf_mcore.models.weights import hf_to_mcore, mcore_to_hf
-from tests.tools.tiny_hf import ROOT, VOCAB, parse_verify_lines, save_tiny, tiny_model
+from tests.tools.tiny_hf import ROOT, max_logit_error, parse_verify_lines, save_tiny, tiny_model
 
 
 @pytest.fixture(scope="module")
@@ -39,15 +39,8 @@ def test_spec_maps_qk_norm_and_head_dim(ours):
 def test_logits_match_transformers_at_tp1(qwen3_dir, ours, mcore_ctx):
     from transformers import AutoModelForCausalLM
 
-    from rlhf_mcore.models.logprobs import full_logits
-
     hf = AutoModelForCausalLM.from_pretrained(str(qwen3_dir), dtype=torch.float32).eval()
-    tokens = torch.randint(0, VOCAB, (2, 17), generator=torch.Generator().manual_seed(0))
-    pos = torch.arange(tokens.size(1)).unsqueeze(0).expand_as(tokens)
-    with torch.no_grad():
-        want = hf(tokens).logits
-        got = full_logits(ours, ours(tokens, pos, None), mcore_ctx.pgs.tp)
-    err = (want - got).abs().max().item()
+    err = max_logit_error(hf, ours, mcore_ctx.pgs.tp)
     print(f"qwen3 tp1 logits max |ours - transformers| = {err:.2e}")
     assert err <= 1e-4
 

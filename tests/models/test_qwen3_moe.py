@@ -6,7 +6,7 @@ import torch
 
 from rlhf_mcore.models.hf_load import load_hf_weights
 from rlhf_mcore.models.weights import hf_to_mcore, mcore_to_hf
-from tests.tools.tiny_hf import randomize_
+from tests.tools.tiny_hf import max_logit_error, randomize_
 
 VOCAB = 250
 
@@ -38,7 +38,6 @@ def tiny_mixtral(seed: int = 0):
 def test_logits_match_transformers_at_ep1(tmp_path, mcore_ctx, norm_topk_prob):
     from rlhf_mcore.convert.mcore import build_for_conversion
     from rlhf_mcore.models.hf_io import read_hf_config
-    from rlhf_mcore.models.logprobs import full_logits
 
     hf = tiny_mixtral() if norm_topk_prob == "mixtral" else tiny_moe(norm_topk_prob)
     hf.save_pretrained(str(tmp_path))
@@ -47,12 +46,7 @@ def test_logits_match_transformers_at_ep1(tmp_path, mcore_ctx, norm_topk_prob):
     load_hf_weights(ours, str(tmp_path), hf_cfg, 0, 1)
     ours.eval()
     assert ours.config.num_moe_experts == 8 and ours.config.moe_router_pre_softmax is (norm_topk_prob is False)
-    tokens = torch.randint(0, VOCAB, (2, 17), generator=torch.Generator().manual_seed(0))
-    pos = torch.arange(tokens.size(1)).unsqueeze(0).expand_as(tokens)
-    with torch.no_grad():
-        want = hf(tokens).logits
-        got = full_logits(ours, ours(tokens, pos, None), mcore_ctx.pgs.tp)
-    err = (want - got).abs().max().item()
+    err = max_logit_error(hf, ours, mcore_ctx.pgs.tp, VOCAB)
     print(f"moe {hf.config.model_type} norm_topk_prob={norm_topk_prob} ep1 logits max |ours - hf| = {err:.2e}")
     assert err <= 1e-4
 

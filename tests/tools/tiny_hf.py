@@ -93,3 +93,13 @@ def parse_verify_lines(text: str) -> list[dict]:
             row["passed"] = line.rstrip().endswith("PASS")
             rows.append(row)
     return rows
+
+
+def max_logit_error(hf, ours, tp_group, vocab: int = VOCAB) -> float:
+    """max |transformers logits - ours| on two fixed random rows of 17 tokens (fp32, no grad)."""
+    from rlhf_mcore.models.logprobs import full_logits
+
+    tokens = torch.randint(0, vocab, (2, 17), generator=torch.Generator().manual_seed(0))
+    pos = torch.arange(tokens.size(1)).unsqueeze(0).expand_as(tokens)
+    with torch.no_grad():
+        return (hf(tokens).logits - full_logits(ours, ours(tokens, pos, None), tp_group)).abs().max().item()
