@@ -90,7 +90,8 @@ def plot(run_dir: str | Path, out: str | Path | None = None) -> Path:
     train, val = load_metrics(run_dir / "metrics.jsonl")
     out = Path(out) if out else run_dir / "metrics.png"
     panels = PANELS + tuple(p for p in CRITIC_PANELS if any(p[1] in r for r in train))
-    fig, axes = plt.subplots(3, 4, figsize=(20, 11))
+    num_rows = -(-(len(panels) + 1) // 4)  # the panels and the phase bars, four a row
+    fig, axes = plt.subplots(num_rows, 4, figsize=(20, 3.7 * num_rows))
     axes = axes.ravel()
     for ax, (title, key, column) in zip(axes, panels):
         steps, values = series(train, key)
