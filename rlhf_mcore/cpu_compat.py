@@ -132,6 +132,13 @@ def apply_cpu_patches() -> bool:
     torch.cuda.Stream = _CpuStream  # a class: libraries (transformers) write `torch.cuda.Stream | None` annotations
     torch.cuda.current_stream = lambda *a, **k: _CpuStream()
     torch.cuda.stream = lambda *a, **k: contextlib.nullcontext()
+    # P7: the CUDA RNG state -> an empty state that restores nothing (the CPU generator is saved by megatron
+    # itself). tensor_parallel.random: CheckpointFunction.forward / backward (`model.recompute=full`,
+    # verl's enable_gradient_checkpointing) through _get_all_rng_states / _set_all_rng_states / _fork_rng,
+    # and CudaRNGStatesTracker.add / fork.
+    random = importlib.import_module("megatron.core.tensor_parallel.random")
+    random._get_cuda_rng_state = lambda *a, **k: torch.empty(0, dtype=torch.uint8)
+    random._set_cuda_rng_state = lambda *a, **k: None
     _applied = True
-    log.info("CUDA absent: applied megatron-core CPU patches P1-P6 (rlhf_mcore/cpu_compat.py)")
+    log.info("CUDA absent: applied megatron-core CPU patches P1-P7 (rlhf_mcore/cpu_compat.py)")
     return True

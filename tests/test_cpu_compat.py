@@ -47,3 +47,32 @@ def test_tensor_cuda_call_sites_still_exist(mcore_ctx):
 def test_apply_is_idempotent(mcore_ctx):
     assert cpu_compat.apply_cpu_patches() is True
     assert cpu_compat.apply_cpu_patches() is True
+
+
+def test_cuda_rng_state_sites_still_exist_and_full_recompute_runs(mcore_ctx):
+    """P7: megatron's activation checkpointing saves the CUDA RNG state; on CPU it must run and give the same
+    loss and gradients as no recompute (verl's enable_gradient_checkpointing maps to model.recompute=full)."""
+    import dataclasses
+
+    from megatron.core.tensor_parallel import random
+
+    source = inspect.getsource(random)
+    assert "_get_cuda_rng_state(" in source and "_set_cuda_rng_state(" in source, "P7 no longer needed: remove it"
+    from rlhf_mcore.models.build import build_model
+    from rlhf_mcore.models.transformer_config import load_hf_config
+    from tests.conftest import tiny_model_config
+
+    cfg = tiny_model_config()
+    tokens = torch.randint(0, 250, (2, 9), generator=torch.Generator().manual_seed(0))
+    pos = torch.arange(9).unsqueeze(0).expand_as(tokens)
+    results = []
+    for recompute in ("none", "full"):
+        torch.manual_seed(0)
+        model_cfg = dataclasses.replace(cfg.model, recompute=recompute)
+        model = build_model("actor", load_hf_config(model_cfg), model_cfg, cfg.parallel, mcore_ctx)
+        loss = model(tokens, pos, None).float().square().mean()
+        loss.backward()
+        results.append((loss.detach(), [p.grad.clone() for p in model.parameters() if p.grad is not None]))
+    (loss_a, grads_a), (loss_b, grads_b) = results
+    assert len(grads_a) == len(grads_b) > 0 and torch.equal(loss_a, loss_b)
+    assert all(torch.allclose(a, b, atol=1e-6) for a, b in zip(grads_a, grads_b))
