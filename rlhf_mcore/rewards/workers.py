@@ -32,6 +32,7 @@ from dataclasses import dataclass, field
 from multiprocessing.connection import Connection, wait
 from typing import Any, Sequence
 
+from rlhf_mcore.lifetime import die_with_parent
 from rlhf_mcore.rewards.custom import load_custom_reward
 from rlhf_mcore.rewards.dispatch import call_reward
 
@@ -115,15 +116,10 @@ def _watch_group(life_fd: int, other_fds: tuple[int, ...]) -> None:
 
 
 def _exit_with_parent(parent_pid: int) -> None:
-    """Linux: have the kernel SIGKILL this process when its parent dies (a hung call cannot check itself)."""
-    try:
-        import ctypes
-        import signal
-
-        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)  # 1 = PR_SET_PDEATHSIG
-    except Exception:
-        pass  # not Linux: workers still exit on EOF once their current call returns
-    if os.getppid() != parent_pid:  # the parent died before prctl took effect
+    """Have the kernel SIGKILL this process when its parent dies (a hung call cannot check itself); off Linux
+    workers still exit on EOF once their current call returns."""
+    die_with_parent()
+    if os.getppid() != parent_pid:  # the parent died before the signal was set
         os._exit(1)
 
 

@@ -34,37 +34,12 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
+from rlhf_mcore.lifetime import forked_children_die_with_us
 from rlhf_mcore.trainer.guards import EXIT_SIGNAL, EXIT_SIGNAL_FORCED, StoppedBySignal
 
 log = logging.getLogger(__name__)
 EXIT_SIGNALS = (signal.SIGTERM, signal.SIGINT)
 _STOP_WATCHER = b"\0"
-
-
-_forks = {"hooked": False, "from_main": False}
-
-
-def _before_fork() -> None:
-    _forks["from_main"] = threading.current_thread() is threading.main_thread()
-
-
-def _after_fork_in_child() -> None:
-    """PR_SET_PDEATHSIG fires when the forking *thread* ends: only children of the main thread get it."""
-    if not _forks["from_main"]:
-        return
-    try:
-        import ctypes
-
-        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)  # 1 = PR_SET_PDEATHSIG
-    except (OSError, AttributeError):
-        pass  # not Linux
-
-
-def forked_children_die_with_this_process() -> None:
-    """Once per process: every later fork of the main thread dies (SIGKILL) with this process."""
-    if not _forks["hooked"]:
-        os.register_at_fork(before=_before_fork, after_in_child=_after_fork_in_child)
-        _forks["hooked"] = True
 
 
 def _start_resource_tracker() -> None:
@@ -108,7 +83,7 @@ class ExitSignals:
         self._thread: threading.Thread | None = None
 
     def __enter__(self) -> ExitSignals:
-        forked_children_die_with_this_process()
+        forked_children_die_with_us()
         _start_resource_tracker()
         read_fd, write_fd = os.pipe()
         os.set_blocking(write_fd, False)
