@@ -79,6 +79,7 @@ class ModelConfig:
     init_std: float = 0.02
     moe_aux_loss_coeff: float = 0.0  # MoE load-balancing loss weight (RL usually 0: no loss, no router drift)
     moe_z_loss_coeff: float = 0.0  # MoE router z-loss weight (0: off)
+    moe_expert_impl: str = "auto"  # auto (grouped: CUDA bf16 SM90) | sequential | grouped | grouped-reference
 
     def _checks(self, p: str) -> list[str]:
         errs = choice(f"{p}.dtype", self.dtype, ("fp32", "bf16"))
@@ -102,6 +103,8 @@ class ModelConfig:
         errs += positive(f"{p}.init_std", self.init_std)
         errs += positive(f"{p}.moe_aux_loss_coeff", self.moe_aux_loss_coeff, allow_zero=True)
         errs += positive(f"{p}.moe_z_loss_coeff", self.moe_z_loss_coeff, allow_zero=True)
+        errs += choice(f"{p}.moe_expert_impl", self.moe_expert_impl,
+                       ("auto", "sequential", "grouped", "grouped-reference"))
         return errs
 
 

@@ -62,6 +62,11 @@ def _build_model(role: str, hf: dict, model_cfg, parallel_cfg, ctx, source: str)
 
         apply_moe_patches()
     layer_spec, backend = choose_layer_spec(model_cfg.attention_backend, family.layer_options(hf))
+    if tc.num_moe_experts:  # the experts module by model.moe_expert_impl (models.experts_grouped)
+        from rlhf_mcore.models.experts_grouped import use_expert_impl
+
+        layer_spec = use_expert_impl(layer_spec, getattr(model_cfg, "moe_expert_impl", "auto"), ctx.device,
+                                     tc.params_dtype)
     if backend not in _logged_backend:
         log.info("layer spec: %s (attention backend %s)", "transformer-engine" if backend == "te"
                  else "megatron local", backend)
