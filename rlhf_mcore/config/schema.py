@@ -52,6 +52,27 @@ def non_finite_floats(section, prefix: str) -> list[str]:
     return errs
 
 
+LORA_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")  # HF projection names
+
+
+def lora_errors(m, p: str) -> list[str]:
+    """model.lora_*: rank >= 0, alpha > 0, dropout in [0, 1), target_modules all-linear or known names."""
+    import difflib
+
+    errs = positive(f"{p}.lora_rank", m.lora_rank, allow_zero=True) + positive(f"{p}.lora_alpha", m.lora_alpha)
+    errs += in_range(f"{p}.lora_dropout", m.lora_dropout, 0.0, 1.0, hi_open=True, fix="Use e.g. 0.05, or 0 for none.")
+    names = ["all-linear", *LORA_TARGETS]
+    for name in m.target_modules:
+        if name not in names:
+            close = difflib.get_close_matches(name, names, n=1)
+            hint = f" Did you mean '{close[0]}'?" if close else ""
+            errs.append(f"{p}.target_modules: unknown module {name!r} (got {m.target_modules}).{hint} Use all-linear "
+                        f"or a list of {', '.join(LORA_TARGETS)}.")
+    if not m.target_modules:
+        errs.append(f"{p}.target_modules: empty (got []). Use all-linear or a list of {', '.join(LORA_TARGETS)}.")
+    return errs
+
+
 @dataclass(**DC)
 class ModelConfig:
     """The policy architecture. With `hf_path` the architecture comes from its config.json and the
@@ -77,6 +98,10 @@ class ModelConfig:
     recompute: str = "none"  # none | full | selective
     make_vocab_size_divisible_by: int = 128
     init_std: float = 0.02
+    lora_rank: int = 0  # LoRA adapters of this rank on the actor (0 = off: full fine-tuning; rlhf_mcore.models.lora)
+    lora_alpha: float = 16.0  # LoRA scale = lora_alpha / lora_rank
+    target_modules: list[str] = field(default_factory=lambda: ["all-linear"])  # all-linear | LORA_TARGETS names
+    lora_dropout: float = 0.0  # dropout on the LoRA branch's input (training forwards only)
     moe_aux_loss_coeff: float = 0.0  # MoE load-balancing loss weight (RL usually 0: no loss, no router drift)
     moe_z_loss_coeff: float = 0.0  # MoE router z-loss weight (0: off)
     moe_expert_impl: str = "auto"  # auto (grouped: CUDA bf16 SM90) | sequential | grouped | grouped-reference
@@ -101,6 +126,7 @@ class ModelConfig:
         errs += positive(f"{p}.max_position_embeddings", self.max_position_embeddings)
         errs += positive(f"{p}.rope_theta", self.rope_theta) + positive(f"{p}.norm_eps", self.norm_eps)
         errs += positive(f"{p}.init_std", self.init_std)
+        errs += lora_errors(self, p)
         errs += positive(f"{p}.moe_aux_loss_coeff", self.moe_aux_loss_coeff, allow_zero=True)
         errs += positive(f"{p}.moe_z_loss_coeff", self.moe_z_loss_coeff, allow_zero=True)
         errs += choice(f"{p}.moe_expert_impl", self.moe_expert_impl,
@@ -308,7 +334,8 @@ class CriticConfig(UpdateConfig):
     loss_agg_mode: str = ""  # "" = actor.loss_agg_mode, as verl's critic.yaml; token-mean whatever the actor's
 
     def _checks(self, p: str) -> list[str]:
-        return self._update_checks(p) + positive(f"{p}.cliprange_value", self.cliprange_value)
+        return self._update_checks(p) + positive(f"{p}.cliprange_value", self.cliprange_value) + positive(
+            f"{p}.lora_rank", self.lora_rank, allow_zero=True)
 
 
 @dataclass(**DC)
@@ -339,6 +366,7 @@ class RewardConfig:
         for key in ("format_score", "format_penalty", "post_answer_penalty", "overlong_buffer",
                     "overlong_penalty_factor"):
             errs += positive(f"{p}.{key}", getattr(self, key), allow_zero=True)
+    lora_rank: int = 0  # LoRA on the critic (0 = full fine-tuning); alpha, targets and dropout are model.lora_*
         if not self.format_score < 1.0:
             errs.append(f"{p}.format_score: must be below the score of a correct answer, 1.0 (got "
                         f"{self.format_score}). Use a small value such as 0.1.")

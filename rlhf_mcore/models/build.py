@@ -6,6 +6,8 @@ reward      -> GPTModel with a `ScalarHead` read at the last valid token (score)
 All live on every rank, in the same TP/PP/DP groups.
 
 The transformer-layer ModuleSpec comes from `rlhf_mcore.models.layer_specs` (by model.attention_backend).
+LoRA (model.lora_rank > 0, or `lora=` for a critic) attaches here, the one model transform at build time
+(`rlhf_mcore.models.lora.apply_lora`): the actor by default, any trainable role given settings.
 """
 from __future__ import annotations
 
@@ -17,6 +19,7 @@ from megatron.core.transformer.transformer_block import TransformerBlockSubmodul
 from rlhf_mcore.models.heads import HiddenStatesHead, ScalarHead
 from rlhf_mcore.models.init import init_output_weight, seeded_layer_spec
 from rlhf_mcore.models.layer_specs import LAYER_SPECS, resolve_backend
+from rlhf_mcore.models.lora import LoraSettings, apply_lora
 from rlhf_mcore.models.norm import RMSNorm
 from rlhf_mcore.models.packed import enable_position_rope
 from rlhf_mcore.models.registry import spec_for_hf_config
@@ -42,13 +45,18 @@ def choose_layer_spec(name: str, options: dict | None = None):
     return seeded_layer_spec(LAYER_SPECS.get(backend)(**(options or {}))), backend
 
 
-def build_model(role: str, hf: dict, model_cfg, parallel_cfg, ctx, source: str = "config.json"):
+def build_model(role: str, hf: dict, model_cfg, parallel_cfg, ctx, source: str = "config.json", lora="model"):
     """One GPTModel chunk for this rank's pipeline stage, on ctx.device, not yet wrapped for DDP. Weights are
-    drawn from fixed seeds (the same at every layout) inside a forked RNG: the caller's RNG state is kept."""
+    drawn from fixed seeds (the same at every layout) inside a forked RNG: the caller's RNG state is kept.
+    lora: LoraSettings or None; "model" = model.lora_* for the actor, none for the other roles."""
     devices = [ctx.device.index if ctx.device.index is not None else torch.cuda.current_device()] \
         if ctx.device.type == "cuda" else []
+    if lora == "model":
+        lora = LoraSettings.from_model_cfg(model_cfg) if role == "actor" else None
+    if lora is not None and not role_spec(role).trainable:
+        raise ValueError(f"LoRA on the frozen role {role!r}: adapters go on trainable roles only.")
     with torch.random.fork_rng(devices=devices):
-        return _build_model(role, hf, model_cfg, parallel_cfg, ctx, source)
+        return apply_lora(_build_model(role, hf, model_cfg, parallel_cfg, ctx, source), lora, ctx)
 
 
 def _build_model(role: str, hf: dict, model_cfg, parallel_cfg, ctx, source: str):

@@ -90,12 +90,25 @@ def _shape(symbols: tuple[str, ...], dims: dict[str, int]) -> tuple[int, ...]:
     return tuple(dims[s] for s in symbols)
 
 
-def _join(rule: WeightRule, tensors: list[torch.Tensor], dims: dict[str, int], divisible_by: int):
-    if rule.fuse == "qkv":  # per group: [q heads of the group; k; v]
+def join_fused(fuse: str, tensors: list[torch.Tensor], groups: int = 1) -> torch.Tensor:
+    """Rows of the sub-projections in megatron's fused order along dim 0: `qkv` per query group
+    ([q heads of the group; k; v], `groups` groups), `gate_up` [gate; up]. Also used on one TP rank's rows
+    (its local groups) by the LoRA adapters (`models.lora`).
+
+    >>> join_fused("qkv", [torch.tensor([1, 2, 3, 4]), torch.tensor([5, 6]), torch.tensor([7, 8])], 2).tolist()
+    [1, 2, 5, 7, 3, 4, 6, 8]
+    """
+    if fuse == "qkv":
         rest = tensors[0].shape[1:]
-        return torch.cat([t.reshape(dims["groups"], -1, *rest) for t in tensors], dim=1).reshape(-1, *rest)
-    if rule.fuse == "gate_up":
+        return torch.cat([t.reshape(groups, -1, *rest) for t in tensors], dim=1).reshape(-1, *rest)
+    if fuse == "gate_up":
         return torch.cat(tensors, dim=0)
+    raise ValueError(f"join_fused: unknown fuse {fuse!r} (qkv or gate_up)")
+
+
+def _join(rule: WeightRule, tensors: list[torch.Tensor], dims: dict[str, int], divisible_by: int):
+    if rule.fuse in ("qkv", "gate_up"):
+        return join_fused(rule.fuse, tensors, dims["groups"])
     if rule.fuse == "vocab":
         (t,) = tensors
         pad = padded_vocab_size(t.shape[0], divisible_by) - t.shape[0]
