@@ -1,4 +1,5 @@
-"""Model FLOPs of a dense decoder, from its HF config dict, and the devices' peak rates: `perf/mfu/*`.
+"""Model FLOPs of a decoder (dense, or MoE by its active parameters: the top-k experts), from its HF config
+dict, and the devices' peak rates: `perf/mfu/*`.
 
 MFU = model FLOPs of the tokens a phase processed / (phase seconds x world size x the device's peak), the
 definition verl's `perf/mfu/actor` uses (PaLM's, appendix B): matmul FLOPs of the parameters (2 per weight
@@ -11,6 +12,25 @@ PEAK_BF16_FLOPS = {"H200": 989e12, "H100": 989e12, "H800": 989e12, "A100": 312e1
                    "L40S": 362e12, "B200": 2250e12}
 
 
+def mlp_params_per_token(hf: dict) -> int:
+    """The MLP weights one token multiplies by in one layer: gate/up/down of the dense MLP, or of an MoE
+    layer's top-k experts (`num_experts_per_tok` x `moe_intermediate_size`, plus a shared expert where the
+    config has one) and its router: active parameters, not all experts.
+
+    >>> mlp_params_per_token({"hidden_size": 4, "intermediate_size": 8})
+    96
+    >>> mlp_params_per_token({"hidden_size": 4, "intermediate_size": 8, "num_experts": 16, "num_experts_per_tok": 2,
+    ...                       "moe_intermediate_size": 3})  # 2 experts x 3 x 4 x 3 + router 4 x 16
+    136
+    """
+    h = hf["hidden_size"]
+    experts = hf.get("num_experts") or hf.get("num_local_experts") or 0
+    if not experts:
+        return 3 * h * hf["intermediate_size"]
+    shared = hf.get("shared_expert_intermediate_size") or 0
+    return 3 * h * (hf["num_experts_per_tok"] * hf["moe_intermediate_size"] + shared) + h * experts
+
+
 def forward_flops_per_token(hf: dict, seq_len: float) -> float:
     """Forward FLOPs of one token at a context of `seq_len` (the mean row length of the batch).
 
@@ -19,12 +39,12 @@ def forward_flops_per_token(hf: dict, seq_len: float) -> float:
     >>> forward_flops_per_token(hf, 3)  # 2 x (32 q/o + 16 k/v + 96 mlp + 40 head) + 2 x 2 x 4 x 3 attention
     416.0
     """
-    h, layers, ffn, vocab = hf["hidden_size"], hf["num_hidden_layers"], hf["intermediate_size"], hf["vocab_size"]
+    h, layers, vocab = hf["hidden_size"], hf["num_hidden_layers"], hf["vocab_size"]
     heads = hf["num_attention_heads"]
     head_dim = hf.get("head_dim") or h // heads
     kv = (hf.get("num_key_value_heads") or heads) * head_dim
     q = heads * head_dim
-    per_layer = 2 * h * q + 2 * h * kv + 3 * h * ffn  # q and o, k and v, gate/up/down
+    per_layer = 2 * h * q + 2 * h * kv + mlp_params_per_token(hf)  # q and o, k and v, gate/up/down
     attention = 2 * 2 * layers * q * seq_len  # QK^T and AV
     return float(2 * (layers * per_layer + h * vocab) + attention)
 
