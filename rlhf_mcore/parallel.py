@@ -154,7 +154,7 @@ def init_distributed(tp: int = 1, pp: int = 1, seed: int = 1234, timeout_min: fl
     if not parallel_state.model_parallel_is_initialized():
         parallel_state.initialize_model_parallel(
             tensor_model_parallel_size=dims.tp, pipeline_model_parallel_size=dims.pp,
-            expert_model_parallel_size=dims.ep,
+            expert_model_parallel_size=dims.ep, expert_tensor_parallel_size=1,  # experts whole: parallel.etp=1
             distributed_timeout_minutes=timeout_min,
         )
     seed_everything(seed)

@@ -5,8 +5,10 @@
     python -m tools.convert_checkpoint mcore-to-hf --mcore-dir O --out D2 [--max-shard-size 5GB]
     python -m tools.convert_checkpoint mcore-to-hf --mcore-dir run/global_step_100/actor --hf-config D --out D2
     torchrun --nproc_per_node 2 -m tools.convert_checkpoint verify --hf-dir D --mcore-dir O --tp 2
+    torchrun --nproc_per_node 2 -m tools.convert_checkpoint hf-to-mcore --hf-dir MOE --out O --ep 2
 
-`hf-to-mcore` writes a megatron dist-checkpoint that loads at any TP/PP (megatron reshards on load), with
+`hf-to-mcore` writes a megatron dist-checkpoint that loads at any TP/PP/EP (megatron reshards on load; an MoE
+model's experts are saved under their global index from any --ep), with
 the HF config and tokenizer files in O/hf/. `mcore-to-hf` runs in one process and writes config.json,
 model.safetensors (sharded with an index past --max-shard-size) and the tokenizer files. `verify` feeds
 one random token batch through transformers (fp32) and through the megatron model at --tp/--pp, prints
@@ -78,8 +80,8 @@ def hf_to_mcore_cmd(args) -> int:
     hf_cfg = read_hf_config(args.hf_dir)
     role, dtype = args.role or default_role(hf_cfg), resolve_dtype(args.dtype, hf_cfg)
     spec_for_hf_config(hf_cfg, f"{args.hf_dir}/config.json")
-    ctx = init_distributed(args.tp, args.pp)
-    step(f"building the {role} model at tp={args.tp} pp={args.pp} ({dtype})", start)
+    ctx = init_distributed(args.tp, args.pp, ep=args.ep)
+    step(f"building the {role} model at tp={args.tp} pp={args.pp} ep={args.ep} ({dtype})", start)
     model = build_for_conversion(hf_cfg, role, ctx, dtype, source=f"{args.hf_dir}/config.json")
     hf_sd, source = load_hf_state_dict(args.hf_dir, lazy=True)
     step(f"converting {len(hf_sd)} HF tensors from {source} (this stage's only)", start)
@@ -88,7 +90,7 @@ def hf_to_mcore_cmd(args) -> int:
     del hf_sd, full
     step(f"saving dist-checkpoint to {args.out}", start)
     meta = {"role": role, "dtype": dtype, "source": str(Path(args.hf_dir).resolve()), "saved_tp": args.tp,
-            "saved_pp": args.pp, "padded_vocab_size": model.vocab_size}
+            "saved_pp": args.pp, "saved_ep": args.ep, "padded_vocab_size": model.vocab_size}
     save_converted(model, args.out, args.hf_dir, meta, overwrite=args.overwrite)
     step(f"done: {args.out}", start)
     return 0
@@ -187,7 +189,7 @@ def verify_cmd(args) -> int:
     if role in ("critic", "reward") and default_role(read_hf_config(args.hf_dir)) != "reward":
         raise ValueError(f"{args.hf_dir}: verify compares a {role} head only against a "
                          "*ForSequenceClassification checkpoint (a causal LM has no score head).")
-    ctx = init_distributed(args.tp, args.pp)
+    ctx = init_distributed(args.tp, args.pp, ep=args.ep)
     model = build_for_conversion(hf_cfg, role, ctx, dtype, f"{args.mcore_dir}/{HF_SUBDIR}")
     load_converted(model, args.mcore_dir)
     model.eval()
@@ -206,7 +208,7 @@ def verify_cmd(args) -> int:
                 baseline = compare(reference, hf_outputs(args.hf_dir, role, dtype, tokens), tokens, lm)
             limits = tolerances(args.atol, stats, baseline)
             ok = all(stats[k] <= limit for k, limit in limits.items())
-            fields = dict(ckpt=Path(args.mcore_dir).name, tp=args.tp, pp=args.pp, role=role, dtype=dtype)
+            fields = dict(ckpt=Path(args.mcore_dir).name, tp=args.tp, pp=args.pp, ep=args.ep, role=role, dtype=dtype)
             fields.update({k: f"{v:.3e}" for k, v in stats.items()})
             fields.update({f"tol_{k.removesuffix('_max')}": f"{v:.3e}" for k, v in limits.items()})
             print("verify " + " ".join(f"{k}={v}" for k, v in fields.items()), "PASS" if ok else "FAIL", flush=True)
@@ -243,6 +245,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     for p in (to_mcore, verify):
         p.add_argument("--tp", type=int, default=1)
         p.add_argument("--pp", type=int, default=1)
+        p.add_argument("--ep", type=int, default=1, help="expert parallelism (MoE models; divides the experts)")
     for p in (to_mcore, to_hf):
         p.add_argument("--overwrite", action="store_true", help="replace an existing --out")
     return parser.parse_args(argv)

@@ -142,6 +142,7 @@ class ParallelConfig:
     pp: int = 1
     cp: int = 1  # reserved: context parallelism is not supported yet
     ep: int = 1  # expert parallelism (MoE models): the experts split over ep ranks of each data-parallel group
+    etp: int = 1  # expert tensor parallelism: only 1 (each expert whole on its rank, also at tp > 1)
     sequence_parallel: bool = False  # GPU only (needs a fused norm)
     use_distributed_optimizer: bool = False
     collective_timeout_min: float = 10.0  # a rank waiting longer than this in a collective stops the run
@@ -151,6 +152,9 @@ class ParallelConfig:
         errs += positive(f"{p}.collective_timeout_min", self.collective_timeout_min)
         if self.cp != 1:
             errs.append(f"{p}.cp: context parallelism is not supported yet (got {self.cp}). Set {p}.cp=1.")
+        if self.etp != 1:
+            errs.append(f"{p}.etp: expert tensor parallelism is not supported (got {self.etp}); experts are never "
+                        f"split over TP. Set {p}.etp=1 and split the experts with {p}.ep.")
         return errs
 
 

@@ -76,6 +76,9 @@ def _parallel_rules(cfg: Config, shape: dict, world_size: int | None) -> list[st
     if world_size is not None and not world_size % (p.tp * p.pp * p.cp) and world_size % (p.tp * p.pp * p.cp * p.ep):
         errs.append(f"parallel.ep: tp*pp*ep = {p.tp * p.pp * p.ep} must divide the world size {world_size} "
                     f"(got ep={p.ep}). Launch a multiple of tp*pp*ep ranks.")
+    if experts and p.tp > 1 and not p.sequence_parallel:  # megatron's MoE layer refuses to train at tp>1 without it
+        errs.append(f"parallel.sequence_parallel: an MoE model at tp > 1 needs sequence parallelism (got false with "
+                    f"tp={p.tp}). Set parallel.sequence_parallel=true, or split the experts with parallel.ep at tp=1.")
     if p.sequence_parallel and p.tp == 1:
         errs.append("parallel.sequence_parallel: needs tp > 1 (got true with tp=1). Set it to false.")
     from rlhf_mcore.rollout.base import ROLLOUT_ENGINES

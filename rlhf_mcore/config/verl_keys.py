@@ -105,6 +105,8 @@ VERL_KEYS: dict[str, VerlKey] = {
     f"{_ARR}.actor.megatron.tensor_model_parallel_size": alias("parallel.tp"),
     f"{_ARR}.actor.megatron.pipeline_model_parallel_size": alias("parallel.pp"),
     f"{_ARR}.actor.megatron.use_distributed_optimizer": alias("parallel.use_distributed_optimizer"),
+    f"{_ARR}.actor.megatron.expert_model_parallel_size": alias("parallel.ep"),
+    f"{_ARR}.actor.megatron.expert_tensor_parallel_size": alias("parallel.etp"),
     f"{_ARR}.actor.fsdp_config.": ignored(_FSDP),
     f"{_ARR}.actor.strategy": ignored("the strategy is megatron-core, always"),
     # rollout

@@ -69,7 +69,7 @@ def load_full_state_dict(model, full_sd: dict[str, torch.Tensor], tp_rank: int, 
             if full_key == "output_layer.weight" and _fresh_head(model):
                 continue  # value head not in the source: keep its initialisation
             raise ValueError(f"{source}: missing tensor '{full_key}' for model parameter '{key}'.")
-        part = tp_split(full_sd[full_key], partition_dim(param), key, tp_rank, tp_size)
+        part = tp_split(full_sd[full_key], partition_dim(param, key), key, tp_rank, tp_size)
         if part.shape != param.shape:
             raise ValueError(f"{source}: tensor '{full_key}' gives shape {list(part.shape)} on TP rank "
                              f"{tp_rank}/{tp_size}, but the model parameter has {list(param.shape)}.")

@@ -6,11 +6,17 @@ its own copy of the model (one per GPU) consumes after each update.
 TP and PP rank of the replica reads the same keys in the same order):
 
 - the stage that holds the tensor gathers its TP shards (`tp_join`, megatron's partition layout);
+- an MoE expert lives on one rank of its stage's expert-parallel group (global expert index = ep_rank x
+  local count + local index, megatron's `local_expert_indices`), which broadcasts it over that group; experts
+  are never split over TP (parallel.etp=1), so this is the read at every TP / PP / EP layout;
 - it broadcasts the full tensor to the other pipeline stages.
+
+With parallel.ep > 1 the reads are collective over the ranks of the expert-parallel groups too (every rank
+of the run when it reads, as the rollout engines do).
 
 Nothing is cached, so a consumer that converts and sends tensors as it reads them (`hf_weights`, then
 buckets) holds one bucket plus the tensor being converted. At TP = PP = 1 an entry is the parameter
-itself (no copy). `bytes_received` counts what came over the TP and PP groups on this rank.
+itself (no copy). `bytes_received` counts what came over the TP, EP and PP groups on this rank.
 """
 from __future__ import annotations
 
@@ -68,8 +74,20 @@ def tp_join(shards: list[torch.Tensor], partition_dim: int, key: str) -> torch.T
     return torch.cat(shards, dim=partition_dim)
 
 
-def partition_dim(param) -> int:
-    """The dimension megatron splits `param` along over TP, or -1 when every TP rank holds all of it."""
+def is_expert(key: str) -> bool:
+    """An MoE expert's parameter (megatron SequentialMLP), local or full key.
+
+    >>> is_expert("decoder.layers.0.mlp.experts.local_experts.3.linear_fc1.weight"), is_expert("mlp.router.weight")
+    (True, False)
+    """
+    return _EXPERTS in key
+
+
+def partition_dim(param, key: str = "") -> int:
+    """The dimension megatron splits `param` (named `key`) along over TP, or -1 when every TP rank holds all of
+    it; experts are whole on their rank (expert TP = 1: parallel.etp), though megatron tags them TP-parallel."""
+    if is_expert(key):
+        return -1
     return param.partition_dim if getattr(param, "tensor_model_parallel", False) else -1
 
 
@@ -93,24 +111,37 @@ def _listing(model) -> dict[str, tuple]:
     """This rank's parameters: full key -> (local key, local shape, dtype, TP partition dim or -1)."""
     out = {}
     for key, param in model.named_parameters():
-        out.setdefault(global_key(model, key), (key, tuple(param.shape), param.dtype, partition_dim(param)))
+        out.setdefault(global_key(model, key), (key, tuple(param.shape), param.dtype, partition_dim(param, key)))
     return out
 
 
-def plan_from_listings(listings: list[dict[str, tuple]], tp: int) -> dict[str, tuple]:
-    """Full key -> (owner stage, full shape, dtype, partition dim), from each stage's listing in stage order
-    (a key on several stages, e.g. a tied output copy, belongs to the first). Keys in model order.
+def plan_from_listings(listings: list[list[dict[str, tuple]]], tp: int) -> dict[str, tuple]:
+    """Full key -> (owner stage, owner EP rank, full shape, dtype, partition dim), from each stage's listings
+    (one per EP rank, in rank order) in stage order. A key on several stages (a tied output copy) belongs to
+    the first, a key on several EP ranks (everything but the experts) to the first. Keys in model order.
 
-    >>> plan_from_listings([{"a": ("a", (2, 3), torch.float32, 1)}, {"b": ("b", (4,), torch.float32, -1)}], tp=2)
-    {'a': (0, (2, 6), torch.float32, 1), 'b': (1, (4,), torch.float32, -1)}
+    >>> plan_from_listings([[{"a": ("a", (2, 3), torch.float32, 1)}], [{"b": ("b", (4,), torch.float32, -1)}]], tp=2)
+    {'a': (0, 0, (2, 6), torch.float32, 1), 'b': (1, 0, (4,), torch.float32, -1)}
+    >>> e = [{"x": ("x", (1,), torch.float32, -1), f"e{r}": ("e0", (1,), torch.float32, -1)} for r in (0, 1)]
+    >>> [(k, v[1]) for k, v in plan_from_listings([e], tp=1).items()]
+    [('x', 0), ('e0', 0), ('e1', 1)]
     """
     plan = {}
-    for stage, listing in enumerate(listings):
-        for key, (_, shape, dtype, dim) in listing.items():
-            if key not in plan:
-                full = tuple(n * tp if i == dim else n for i, n in enumerate(shape))
-                plan[key] = (stage, full, dtype, dim)
+    for stage, per_ep in enumerate(listings):
+        for ep_rank, listing in enumerate(per_ep):
+            for key, (_, shape, dtype, dim) in listing.items():
+                if key not in plan:
+                    full = tuple(n * tp if i == dim else n for i, n in enumerate(shape))
+                    plan[key] = (stage, ep_rank, full, dtype, dim)
     return plan
+
+
+def _gather_objects(obj, size: int, group) -> list:
+    if size == 1:
+        return [obj]
+    out = [None] * size
+    dist.all_gather_object(out, obj, group=group)
+    return out
 
 
 class FullWeights(Mapping):
@@ -121,11 +152,9 @@ class FullWeights(Mapping):
         self.params = dict(self.model.named_parameters())
         listing = _listing(self.model)
         self.local = {key: entry[0] for key, entry in listing.items()}
-        listings = [listing]
-        if ctx.dims.pp > 1:
-            listings = [None] * ctx.dims.pp
-            dist.all_gather_object(listings, listing, group=ctx.pgs.pp)
-        self.plan = plan_from_listings(listings, ctx.dims.tp)
+        per_ep = _gather_objects(listing, ctx.dims.ep, ctx.pgs.ep)  # this stage's EP ranks hold other experts
+        self.plan = plan_from_listings(_gather_objects(per_ep, ctx.dims.pp, ctx.pgs.pp), ctx.dims.tp)
+        self.ep_rank = dist.get_group_rank(ctx.pgs.ep, dist.get_rank()) if ctx.dims.ep > 1 else 0
         self.bytes_received = 0
 
     def __len__(self) -> int:
@@ -139,12 +168,16 @@ class FullWeights(Mapping):
 
     @torch.no_grad()
     def __getitem__(self, key: str) -> torch.Tensor:
-        stage, shape, dtype, dim = self.plan[key]
+        stage, ep_owner, shape, dtype, dim = self.plan[key]
         ctx = self.ctx
-        if ctx.pp_rank == stage:
+        if ctx.pp_rank == stage and key in self.local:
             full = self._tp_gather(self.params[self.local[key]].detach(), dim, key)
         else:
             full = torch.empty(shape, dtype=dtype, device=ctx.device)
+        if ctx.pp_rank == stage and ctx.dims.ep > 1 and is_expert(key):  # one rank of the EP group holds it
+            dist.broadcast(full, src=dist.get_global_rank(ctx.pgs.ep, ep_owner), group=ctx.pgs.ep)
+            if self.ep_rank != ep_owner:
+                self.bytes_received += full.numel() * full.element_size()
         if ctx.dims.pp > 1:
             dist.broadcast(full, src=dist.get_process_group_ranks(ctx.pgs.pp)[stage], group=ctx.pgs.pp)
             if ctx.pp_rank != stage:

@@ -91,7 +91,7 @@ def read_shard(sd: LazyStateDict, rule, dims: dict, param, tp_rank: int, tp_size
     """This TP rank's part of the megatron tensor `rule.mcore`, reading only its rows / columns."""
     from rlhf_mcore.models.weights import _shape
 
-    dim = partition_dim(param)
+    dim = partition_dim(param, rule.mcore)
     split = tp_size if dim >= 0 else 1
     rank = tp_rank if dim >= 0 else 0
     shapes = [_shape(s, dims) for s in rule.shapes]

@@ -98,6 +98,7 @@ def to_transformer_config(hf: dict, model_cfg, parallel_cfg, source: str = "conf
         tensor_model_parallel_size=parallel_cfg.tp,
         pipeline_model_parallel_size=parallel_cfg.pp,
         expert_model_parallel_size=getattr(parallel_cfg, "ep", 1),
+        expert_tensor_parallel_size=1,  # each expert whole on its rank (parallel.etp=1; megatron's default is tp)
         sequence_parallel=parallel_cfg.sequence_parallel,
         params_dtype=dtype,
         pipeline_dtype=dtype,
