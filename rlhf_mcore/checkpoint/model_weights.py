@@ -1,7 +1,8 @@
 """Initialise one model from a plain dist-checkpoint of its weights: what `tools/convert_checkpoint.py
 hf-to-mcore` writes (`dist_checkpointing.save(model.sharded_state_dict(), dir)` plus hf/), or one role
 directory of a training checkpoint (`global_step_N/actor`: same tensor keys, optimizer keys ignored).
-Megatron reshards, so the checkpoint may come from any TP/PP layout."""
+Megatron reshards, so the checkpoint may come from any TP/PP layout. A LoRA model loads its base here (its
+adapters keep their initialisation: they are not in a base checkpoint)."""
 from __future__ import annotations
 
 import logging
@@ -9,6 +10,7 @@ from pathlib import Path
 
 from rlhf_mcore.checkpoint.keys import OPTIMIZER_PREFIX, apply_model_state, check_keys, drop_keys
 from rlhf_mcore.checkpoint.layout import META_FILE, CheckpointError
+from rlhf_mcore.models.lora import base_state
 from rlhf_mcore.models.roles import ROLES
 
 log = logging.getLogger(__name__)
@@ -45,7 +47,7 @@ def load_model_weights(model, path, allow_missing=None) -> list[str]:
     role = getattr(model, "role", None)
     if allow_missing is None:
         allow_missing = _ROLE_DEFAULTS.get(role, ())
-    sharded = model.sharded_state_dict()
+    sharded, adapters = base_state(model)
     what = f"model{f' ({role})' if role else ''}"
     skipped = check_keys(sharded, str(path), what, allow_missing=allow_missing, ignore_prefixes=(OPTIMIZER_PREFIX,))
     kept = drop_keys(sharded, skipped)
@@ -55,7 +57,7 @@ def load_model_weights(model, path, allow_missing=None) -> list[str]:
         raise CheckpointError(f"{path}: loading {what} failed: {e}") from e
     state = {name: v for name, v in state.items() if name in kept}  # drop a training checkpoint's common state
     skipped_names = [name for name, v in sharded.items() if getattr(v, "key", None) in skipped]
-    apply_model_state(model, state, str(path), skipped_names)
+    apply_model_state(model, state, str(path), [*skipped_names, *adapters])
     if skipped:
         log.warning("%s: kept the initial %s of the %s (absent or shaped differently in the checkpoint)",
                     path, ", ".join(sorted(skipped)), role or "model")

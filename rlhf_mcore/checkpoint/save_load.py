@@ -4,6 +4,9 @@ of every rank and the trainer's JSON state, published atomically (layout: `rlhf_
 Collective: every rank calls `save_checkpoint` / `load_checkpoint` with the same arguments.
 Across layouts (a different TP/PP/DP at load time) megatron reshards model weights and optimizer state
 (see `optim_state` for the formats); RNG states are restored only at the layout they were saved at.
+A LoRA role (`models.lora`) saves its trainable parameters only (adapters; a critic's head) with their optimizer
+state, and records its LoRA settings: a resume with other settings is refused. Its base comes from
+model.hf_path / model.load at start, as in the first run.
 """
 from __future__ import annotations
 
@@ -36,6 +39,7 @@ from rlhf_mcore.checkpoint.rng import load_rng_file, save_rng_file
 from rlhf_mcore.checkpoint.verify import checkpoint_problems, record_checksums, verify_checkpoint
 from rlhf_mcore.checkpoint.writers import watch_writers
 from rlhf_mcore.disk import disk_full_message, publish_dir
+from rlhf_mcore.models.lora import checkpointed_state
 
 log = logging.getLogger(__name__)
 
@@ -104,14 +108,28 @@ def _shared_tmp(final: Path) -> Path:
 def _save_role(role_dir: Path, model, optimizer) -> dict:
     from megatron.core import dist_checkpointing
 
-    model_sd = model.sharded_state_dict()
+    model_sd, _ = checkpointed_state(model)
     sharded = {"model": model_sd}
     if optimizer is not None:
         sharded["optimizer"] = optimizer_sharded_state_dict(optimizer, model_sd, is_loading=False)
     with watch_writers(role_dir):  # a writer that dies would hang the save forever (checkpoint/writers.py)
         dist_checkpointing.save(sharded, str(role_dir))
-    return {"trainable": optimizer is not None,
-            "optimizer": optimizer_kind(optimizer) if optimizer is not None else None}
+    role = {"trainable": optimizer is not None, "optimizer": optimizer_kind(optimizer) if optimizer is not None else None}
+    return {**role, "lora": _lora_of(model)} if _lora_of(model) else role
+
+
+def _lora_of(model) -> dict | None:
+    settings = getattr(model, "lora_settings", None)
+    return settings.describe() if settings is not None else None
+
+
+def _check_lora(path: Path, meta: dict, role: str, model) -> None:
+    saved, now = meta["roles"][role].get("lora"), _lora_of(model)
+    if saved != now:
+        raise CheckpointError(
+            f"{path}: role {role!r} was saved with LoRA {saved or 'off'} and this run has LoRA {now or 'off'}; "
+            "the checkpoint holds " + ("adapters only" if saved else "full weights") + ". Resume with the saved "
+            "model.lora_* / critic.lora_rank, or start over with trainer.resume=restart.")
 
 
 def _publish(tmp: Path, final: Path) -> None:
@@ -243,7 +261,7 @@ def _load_role(role_dir: Path, role: str, model, optimizer) -> None:
     from megatron.core import dist_checkpointing
     from megatron.core.dist_checkpointing.core import CheckpointingException
 
-    model_sd = model.sharded_state_dict()
+    model_sd, left_out = checkpointed_state(model)
     sharded = {"model": model_sd}
     if optimizer is not None:
         sharded["optimizer"] = optimizer_sharded_state_dict(optimizer, model_sd, is_loading=True)
@@ -253,7 +271,7 @@ def _load_role(role_dir: Path, role: str, model, optimizer) -> None:
         state = dist_checkpointing.load(sharded, str(role_dir))
     except CheckpointingException as e:
         raise CheckpointError(f"{role_dir}: loading role {role!r} failed: {e}") from e
-    apply_model_state(model, state["model"], str(role_dir))
+    apply_model_state(model, state["model"], str(role_dir), left_out)
     if optimizer is not None:
         load_optimizer_state(optimizer, state["optimizer"])
 
@@ -272,6 +290,7 @@ def load_checkpoint(path, states: dict, ctx, *, frozen: dict | None = None, load
     meta = read_meta(path)
     for role, s in states.items():
         _check_role_meta(path, meta, role, s.optimizer if load_optimizer else None)
+        _check_lora(path, meta, role, s.module)
     for role in frozen:
         _check_role_meta(path, meta, role, None)
     unused = sorted(set(meta["roles"]) - set(states) - set(frozen))

@@ -10,7 +10,7 @@ weight maps and the checkpoint layout stay megatron's. Per TP rank:
 - column-parallel (qkv, fc1): A_<sub> [r, in] replicated; B_<sub> [out_sub / tp, r], this rank's rows of that
   sub-projection. h = A x on the (replicated) input goes through `copy_to_tensor_model_parallel_region`
   (identity forward, all-reduce backward) before B: A's gradient is the full sum, the same on every TP rank.
-  The sub-projections' outputs are laid out as the fused weight's rows (`weights.join_fused`: per query group
+  The sub-projections' outputs are laid out as the fused weight's rows (`spec.join_fused`: per query group
   [q; k; v], [gate; up]).
 - row-parallel (proj, fc2): A [r, in / tp], this rank's columns; B [out, r] replicated.
   h = reduce_from_tensor_model_parallel_region(A x_local) (all-reduce forward), y += B h.
@@ -36,7 +36,7 @@ import torch
 
 from rlhf_mcore.config.schema import LORA_TARGETS
 from rlhf_mcore.models.roles import role_spec
-from rlhf_mcore.models.weights import join_fused
+from rlhf_mcore.models.spec import join_fused
 
 log = logging.getLogger(__name__)
 
@@ -342,3 +342,20 @@ def _sharded_state_dict(self, prefix="", sharded_offsets=(), metadata=None):
     return make_sharded_tensors_for_checkpoint(self.state_dict(prefix="", keep_vars=True), prefix, axes,
                                                sharded_offsets, tp_group=self.tp_group,
                                                dp_cp_group=metadata["dp_cp_group"])
+
+
+def checkpointed_state(model) -> tuple[dict, list[str]]:
+    """(the sharded state dict a training checkpoint holds, the state-dict names it leaves out). A LoRA model
+    saves and resumes its trainable parameters only (adapters, a critic's head): the base comes from
+    model.hf_path / model.load at start, as in the first run."""
+    sharded = model.sharded_state_dict()
+    if not is_lora_model(model):
+        return sharded, []
+    keep = trainable_names(model)
+    return {k: v for k, v in sharded.items() if k in keep}, [k for k in model.state_dict() if k not in keep]
+
+
+def base_state(model) -> tuple[dict, list[str]]:
+    """(the sharded state dict without adapters, the adapter names): what a base checkpoint (model.load) fills."""
+    sharded = model.sharded_state_dict()
+    return {k: v for k, v in sharded.items() if not is_adapter_name(k)}, [k for k in sharded if is_adapter_name(k)]

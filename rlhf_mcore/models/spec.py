@@ -16,6 +16,8 @@ from __future__ import annotations
 import dataclasses
 from typing import Callable
 
+import torch
+
 L, H = "decoder.layers.{i}.", "model.layers.{i}."
 
 
@@ -25,6 +27,22 @@ class WeightRule:
     hf: tuple[str, ...]  # HF key(s), fused in this order
     shapes: tuple[tuple[str, ...], ...]  # symbolic HF shape per key (names of `weights.model_dims` entries)
     fuse: str = "copy"  # copy | qkv | gate_up | vocab
+
+
+def join_fused(fuse: str, tensors: list[torch.Tensor], groups: int = 1) -> torch.Tensor:
+    """Rows of the sub-projections in megatron's fused order along dim 0: `qkv` per query group
+    ([q heads of the group; k; v], `groups` groups), `gate_up` [gate; up]. Also used on one TP rank's rows
+    (its local groups) by the LoRA adapters (`models.lora`).
+
+    >>> join_fused("qkv", [torch.tensor([1, 2, 3, 4]), torch.tensor([5, 6]), torch.tensor([7, 8])], 2).tolist()
+    [1, 2, 5, 7, 3, 4, 6, 8]
+    """
+    if fuse == "qkv":
+        rest = tensors[0].shape[1:]
+        return torch.cat([t.reshape(groups, -1, *rest) for t in tensors], dim=1).reshape(-1, *rest)
+    if fuse == "gate_up":
+        return torch.cat(tensors, dim=0)
+    raise ValueError(f"join_fused: unknown fuse {fuse!r} (qkv or gate_up)")
 
 
 def num_experts(hf: dict) -> int:

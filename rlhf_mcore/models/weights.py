@@ -24,7 +24,7 @@ import torch
 
 from rlhf_mcore.models.registry import ModelSpec, spec_for_hf_config
 from rlhf_mcore.models.roles import ROLES, role_spec  # noqa: F401  (ROLES: the names, for callers)
-from rlhf_mcore.models.spec import WeightRule, num_experts
+from rlhf_mcore.models.spec import WeightRule, join_fused, num_experts  # noqa: F401  (join_fused: callers)
 from rlhf_mcore.models.transformer_config import padded_vocab_size
 
 LM_HEAD = WeightRule("output_layer.weight", ("lm_head.weight",), (("vocab", "h"),), "vocab")
@@ -88,22 +88,6 @@ def rules_for(hf_config: dict, role: str, source: str) -> list[WeightRule]:
 
 def _shape(symbols: tuple[str, ...], dims: dict[str, int]) -> tuple[int, ...]:
     return tuple(dims[s] for s in symbols)
-
-
-def join_fused(fuse: str, tensors: list[torch.Tensor], groups: int = 1) -> torch.Tensor:
-    """Rows of the sub-projections in megatron's fused order along dim 0: `qkv` per query group
-    ([q heads of the group; k; v], `groups` groups), `gate_up` [gate; up]. Also used on one TP rank's rows
-    (its local groups) by the LoRA adapters (`models.lora`).
-
-    >>> join_fused("qkv", [torch.tensor([1, 2, 3, 4]), torch.tensor([5, 6]), torch.tensor([7, 8])], 2).tolist()
-    [1, 2, 5, 7, 3, 4, 6, 8]
-    """
-    if fuse == "qkv":
-        rest = tensors[0].shape[1:]
-        return torch.cat([t.reshape(groups, -1, *rest) for t in tensors], dim=1).reshape(-1, *rest)
-    if fuse == "gate_up":
-        return torch.cat(tensors, dim=0)
-    raise ValueError(f"join_fused: unknown fuse {fuse!r} (qkv or gate_up)")
 
 
 def _join(rule: WeightRule, tensors: list[torch.Tensor], dims: dict[str, int], divisible_by: int):

@@ -1,6 +1,7 @@
 """Build every model role on every rank, in the one TP/PP/DP group: actor (trained), critic (trained, when
 the advantage estimator needs values), reference (frozen, when KL is used) and reward model (frozen,
-when reward.model_path is set)."""
+when reward.model_path is set). With LoRA (model.lora_rank > 0) the reference is the actor with its adapters
+off (`models.lora.AdaptersOff`): no second copy of the weights."""
 from __future__ import annotations
 
 import dataclasses
@@ -11,6 +12,8 @@ import torch
 from rlhf_mcore.algorithms.advantages import estimator_needs
 from rlhf_mcore.models.build import build_model, count_parameters
 from rlhf_mcore.models.hf_load import has_hf_weights, load_hf_weights, weight_source
+from rlhf_mcore.models.lora import AdaptersOff, LoraSettings, is_adapter_name, is_lora_model
+from rlhf_mcore.models.lora_budget import describe, lora_budget
 from rlhf_mcore.models.roles import ROLES
 from rlhf_mcore.trainer.optim import TrainState, build_train_state
 
@@ -29,10 +32,11 @@ class Roles:
 
 
 def copy_weights(src: torch.nn.Module, dst: torch.nn.Module, skip_prefixes: tuple[str, ...] = ()) -> None:
-    """Copy src's weights into dst (same layout on this rank), leaving dst's `skip_prefixes` as built."""
-    state = {k: v for k, v in src.state_dict().items() if not k.startswith(skip_prefixes)}
+    """Copy src's weights into dst (same layout on this rank), leaving dst's `skip_prefixes` as built. LoRA
+    adapters are never copied (each role has its own, from their seeds)."""
+    state = {k: v for k, v in src.state_dict().items() if not k.startswith(skip_prefixes) and not is_adapter_name(k)}
     missing, unexpected = dst.load_state_dict(state, strict=False)
-    missing = [k for k in missing if not k.startswith(skip_prefixes)]
+    missing = [k for k in missing if not k.startswith(skip_prefixes) and not is_adapter_name(k)]
     if missing or unexpected:
         raise ValueError(f"copying weights between roles: missing {missing}, unexpected {unexpected}")
 
@@ -86,18 +90,38 @@ def _init_actor(model, cfg, hf: dict, ctx, source: tuple[str, str]) -> None:
         log.info("actor: random initial weights (%s)", where)
 
 
+def build_reference(cfg, hf: dict, ctx, actor_model):
+    """The reference policy: the LoRA actor with its adapters off (unless ref.load names its own weights),
+    else a frozen copy of the actor's initial weights."""
+    if is_lora_model(actor_model) and not cfg.ref.load:
+        return AdaptersOff(actor_model)
+    ref = build_model("ref", hf, cfg.model, cfg.parallel, ctx)
+    _init_from_actor_or(ref, cfg.ref.load, "ref", actor_model)
+    return ref
+
+
+def log_lora(cfg, hf: dict, ctx, ref) -> None:
+    """The start-up line of each LoRA role: trainable parameters and the memory not spent."""
+    for role, rank in (("actor", cfg.model.lora_rank), ("critic", cfg.critic.lora_rank if needs_critic(cfg) else 0)):
+        settings = LoraSettings.from_model_cfg(cfg.model, rank=rank)
+        if settings is None:
+            continue
+        kind = "none" if ref is None or role == "critic" else "shared" if isinstance(ref, AdaptersOff) else "separate"
+        budget = lora_budget(hf, settings, cfg.model.dtype, ctx.dims.tp, ctx.dims.pp, ctx.dims.dp,
+                             cfg.parallel.use_distributed_optimizer, ref_shared=kind == "shared")
+        log.info("%s %s", role, describe(budget, settings, kind))
+
+
 def build_roles(cfg, hf: dict, ctx) -> Roles:
     source = weight_source(cfg.model)  # raises before any model is built
     actor_model = build_model("actor", hf, cfg.model, cfg.parallel, ctx)
     _init_actor(actor_model, cfg, hf, ctx, source)
     log.info("actor: %.1fM parameters on this rank", count_parameters(actor_model) / 1e6)
-    ref = None
-    if needs_ref(cfg):
-        ref = build_model("ref", hf, cfg.model, cfg.parallel, ctx)
-        _init_from_actor_or(ref, cfg.ref.load, "ref", actor_model)
+    ref = build_reference(cfg, hf, ctx, actor_model) if needs_ref(cfg) else None
     critic = None
     if needs_critic(cfg):
-        critic_model = build_model("critic", hf, cfg.model, cfg.parallel, ctx)
+        critic_model = build_model("critic", hf, cfg.model, cfg.parallel, ctx,
+                                   lora=LoraSettings.from_model_cfg(cfg.model, rank=cfg.critic.lora_rank))
         _init_from_actor_or(critic_model, cfg.critic.load, "critic", actor_model, skip=ROLES["critic"].skip_from_actor)
         critic = build_train_state(critic_model, cfg.critic.optim, cfg.parallel)
     reward = None
@@ -109,5 +133,6 @@ def build_roles(cfg, hf: dict, ctx) -> Roles:
                      load_hf_weights(reward, cfg.reward.model_path, reward_hf, ctx.tp_rank, ctx.dims.tp))
         else:
             _load_or_none(reward, cfg.reward.model_path, "reward model")
+    log_lora(cfg, hf, ctx, ref)
     return Roles(actor=build_train_state(actor_model, cfg.actor.optim, cfg.parallel), critic=critic, ref=ref,
                  reward=reward)
