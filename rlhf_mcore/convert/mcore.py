@@ -21,7 +21,7 @@ import torch.distributed as dist
 
 from rlhf_mcore.disk import publish_dir
 from rlhf_mcore.models.full_weights import global_key as _global_key
-from rlhf_mcore.models.full_weights import partition_dim, tp_split
+from rlhf_mcore.models.full_weights import merged_linears, partition_dim, tp_split
 from rlhf_mcore.models.hf_io import copy_aux_files, read_hf_config, write_config
 from rlhf_mcore.models.roles import ROLES
 
@@ -49,7 +49,8 @@ def _fresh_head(model) -> bool:
 
 def needed_keys(model) -> set[str]:
     """Full-model keys this rank's shard reads (a last stage's tied output weight reads the embedding)."""
-    keys = {_global_key(model, key) for key, _ in model.named_parameters()}
+    adapters, _ = merged_linears(model)
+    keys = {_global_key(model, key) for key, _ in model.named_parameters() if key not in adapters}
     if getattr(model, "share_embeddings_and_output_weights", False) and "output_layer.weight" in keys:
         keys.add("embedding.word_embeddings.weight")
     return keys
@@ -59,7 +60,8 @@ def needed_keys(model) -> set[str]:
 def load_full_state_dict(model, full_sd: dict[str, torch.Tensor], tp_rank: int, tp_size: int,
                          source: str = "converted state dict") -> None:
     """Copy a full TP1/PP1 megatron state dict into this rank's shard of `model` (any TP/PP)."""
-    params = dict(model.named_parameters())
+    adapters, _ = merged_linears(model)  # LoRA adapters: not base weights (models.lora_export loads them)
+    params = {k: p for k, p in model.named_parameters() if k not in adapters}
     tied = getattr(model, "share_embeddings_and_output_weights", False)
     for key, param in params.items():
         full_key = _global_key(model, key)

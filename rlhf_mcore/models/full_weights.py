@@ -14,6 +14,10 @@ TP and PP rank of the replica reads the same keys in the same order):
 With parallel.ep > 1 the reads are collective over the ranks of the expert-parallel groups too (every rank
 of the run when it reads, as the rollout engines do).
 
+With LoRA adapters (`models.lora`) an entry is the effective weight W + (alpha / r) B @ A of its linear
+(merged on the owning stage, per TP shard, before the gather), and the adapter parameters are not entries:
+every consumer (the SGLang weight sync, the HF export) gets merged weights under the base model's keys.
+
 Nothing is cached, so a consumer that converts and sends tensors as it reads them (`hf_weights`, then
 buckets) holds one bucket plus the tensor being converted. At TP = PP = 1 an entry is the parameter
 itself (no copy). `bytes_received` counts what came over the TP, EP and PP groups on this rank.
@@ -107,10 +111,26 @@ def tp_split(full: torch.Tensor, partition_dim: int, key: str, tp_rank: int, tp_
     return full.chunk(tp_size, dim=partition_dim)[tp_rank]
 
 
-def _listing(model) -> dict[str, tuple]:
-    """This rank's parameters: full key -> (local key, local shape, dtype, TP partition dim or -1)."""
+def merged_linears(model) -> tuple[set[str], dict[str, object]]:
+    """(local names of the LoRA adapter parameters, local weight key -> its linear) of a model with adapters
+    (`models.lora`); (set(), {}) for one without."""
+    from rlhf_mcore.models.lora_export import adapter_entries, split_adapter_name
+
+    if not any(split_adapter_name(name) for name, _ in model.named_parameters()):
+        return set(), {}
+    adapters, linears = set(), {}
+    for linear_path, ab, sub, _ in adapter_entries(model):
+        adapters.add(f"{linear_path}.lora_{ab}.{sub}")
+        linears[f"{linear_path}.weight"] = model.get_submodule(linear_path)
+    return adapters, linears
+
+
+def _listing(model, skip: set[str] = frozenset()) -> dict[str, tuple]:
+    """This rank's parameters but `skip`: full key -> (local key, local shape, dtype, TP partition dim or -1)."""
     out = {}
     for key, param in model.named_parameters():
+        if key in skip:
+            continue
         out.setdefault(global_key(model, key), (key, tuple(param.shape), param.dtype, partition_dim(param, key)))
     return out
 
@@ -149,8 +169,9 @@ class FullWeights(Mapping):
 
     def __init__(self, model, ctx):
         self.model, self.ctx = unwrap_model(model), ctx
-        self.params = dict(self.model.named_parameters())
-        listing = _listing(self.model)
+        adapters, self.linears = merged_linears(self.model)  # LoRA: weight key -> linear to merge
+        self.params = {k: p for k, p in self.model.named_parameters() if k not in adapters}
+        listing = _listing(self.model, adapters)
         self.local = {key: entry[0] for key, entry in listing.items()}
         per_ep = _gather_objects(listing, ctx.dims.ep, ctx.pgs.ep)  # this stage's EP ranks hold other experts
         self.plan = plan_from_listings(_gather_objects(per_ep, ctx.dims.pp, ctx.pgs.pp), ctx.dims.tp)
@@ -171,7 +192,7 @@ class FullWeights(Mapping):
         stage, ep_owner, shape, dtype, dim = self.plan[key]
         ctx = self.ctx
         if ctx.pp_rank == stage and key in self.local:
-            full = self._tp_gather(self.params[self.local[key]].detach(), dim, key)
+            full = self._tp_gather(self._local(self.local[key]), dim, key)
         else:
             full = torch.empty(shape, dtype=dtype, device=ctx.device)
         if ctx.pp_rank == stage and ctx.dims.ep > 1 and is_expert(key):  # one rank of the EP group holds it
@@ -183,6 +204,15 @@ class FullWeights(Mapping):
             if ctx.pp_rank != stage:
                 self.bytes_received += full.numel() * full.element_size()
         return full
+
+    def _local(self, local_key: str) -> torch.Tensor:
+        """This rank's shard of an entry: the parameter, or its linear's effective (merged) weight."""
+        linear = self.linears.get(local_key)
+        if linear is None:
+            return self.params[local_key].detach()
+        from rlhf_mcore.models.lora import effective_weight
+
+        return effective_weight(linear).detach()
 
     def _tp_gather(self, local: torch.Tensor, dim: int, key: str) -> torch.Tensor:
         tp = self.ctx.dims.tp

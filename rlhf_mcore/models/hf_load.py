@@ -15,7 +15,7 @@ import os
 
 import torch
 
-from rlhf_mcore.models.full_weights import global_key, partition_dim
+from rlhf_mcore.models.full_weights import global_key, merged_linears, partition_dim
 from rlhf_mcore.models.hf_io import LazyStateDict, weight_files
 from rlhf_mcore.models.roles import role_spec
 
@@ -126,7 +126,10 @@ def load_hf_weights(model, hf_dir: str, hf_config: dict, tp_rank: int, tp_size: 
     by_key = {rule.mcore: rule for rule in rules}
     tied = getattr(model, "share_embeddings_and_output_weights", False)
     fresh = role_spec(role).fresh_head
+    adapters, _ = merged_linears(model)  # LoRA adapters are not in an HF checkpoint (model.lora_adapter_path)
     for key, param in model.named_parameters():
+        if key in adapters:
+            continue
         full_key = global_key(model, key)
         if tied and full_key == OUTPUT:
             full_key = EMBEDDING  # a last stage's copy of the tied embedding

@@ -41,12 +41,18 @@ class LayerWeights(NamedTuple):
     k_norm: Optional[torch.Tensor] = None  # self_attention.k_layernorm.weight [D] (Qwen3) or None
 
 
-def layer_weights(layer) -> LayerWeights:
+def raw_weight(linear) -> torch.Tensor:
+    return linear.weight
+
+
+def layer_weights(layer, weight: Callable = raw_weight) -> LayerWeights:
+    """The layer's tensors; `weight(linear)` gives each linear's (the static decoder passes the LoRA-merged
+    ones, `rollout.merged_weights`)."""
     attention = layer.self_attention
     q_norm, k_norm = (getattr(getattr(attention, n, None), "weight", None) for n in ("q_layernorm", "k_layernorm"))
-    return LayerWeights(layer.input_layernorm.weight, attention.linear_qkv.weight, attention.linear_qkv.bias,
-                        attention.linear_proj.weight, layer.pre_mlp_layernorm.weight, layer.mlp.linear_fc1.weight,
-                        layer.mlp.linear_fc2.weight, q_norm, k_norm)
+    return LayerWeights(layer.input_layernorm.weight, weight(attention.linear_qkv), attention.linear_qkv.bias,
+                        weight(attention.linear_proj), layer.pre_mlp_layernorm.weight, weight(layer.mlp.linear_fc1),
+                        weight(layer.mlp.linear_fc2), q_norm, k_norm)
 
 
 def functional_blockers(model) -> list[str]:

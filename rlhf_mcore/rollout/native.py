@@ -112,8 +112,12 @@ class NativeRolloutEngine:
             core.softmax_scale))
         log.info("native rollout: CUDA-graphed decode (static KV cache, graphs per batch-size bucket%s, %s "
                  "attention: %s)", ", torch.compile'd step" if compile_decode else "", attention, why)
-        return StaticDecoder(self.model, lambda: lm_output_weight(self.model), use_graphs=True,
-                             compile_backend="inductor" if compile_decode else None, attention=attention)
+        static = StaticDecoder(self.model, lambda: lm_output_weight(self.model), use_graphs=True,
+                               compile_backend="inductor" if compile_decode else None, attention=attention)
+        if static.merged:
+            log.info("native rollout: LoRA adapters merged into the decode step's weights once per rollout "
+                     "(rollout.merged_weights; the prefill runs the adapters' own forward)")
+        return static
 
     # ---- the RolloutEngine protocol ------------------------------------------------------------------
     def generate(self, prompts: list[list[int]], params: SamplingParams, show_progress: bool = False) -> RolloutBatch:
@@ -128,6 +132,7 @@ class NativeRolloutEngine:
                        unit="decode steps")
         with inference_mode(self.model), bar:
             if self.static is not None:
+                self.static.refresh_weights()  # LoRA: merge the current adapters once for this rollout
                 with torch.random.fork_rng(devices=[self.ctx.device] if self.ctx.device.type == "cuda" else []):
                     torch.manual_seed(replica_seed(params.seed, self.ctx.dp_rank))
                     responses = [r for chunk in chunks for r in self._generate_static(chunk, params, bar)]

@@ -2,7 +2,8 @@
 sync, no Python-int offsets and no allocation that depends on the step, so it can be captured once per
 batch-size bucket as a CUDA graph and replayed for every token (gpt-fast `generate.py`, nanochat `engine.py`).
 
-It runs the actor's own parameters (embedding, norms, QKV / output projections, MLP, final norm):
+It runs the actor's own parameters (embedding, norms, QKV / output projections, MLP, final norm; with LoRA
+adapters the projections' merged weights, refreshed before each rollout: `rollout.merged_weights`):
 - a decode step computes each layer with the pure functions of `decode_layer` (megatron's arithmetic,
   RoPE from a cos / sin table); the pieces between the norms are optionally compiled by `torch.compile`
   (`compile_backend`, from `rollout.native.compile_decode`; a compile or capture error falls back to the eager
@@ -42,6 +43,7 @@ import torch
 
 from rlhf_mcore.kernels.logits import logits_fp32
 from rlhf_mcore.rollout import decode_layer as fn
+from rlhf_mcore.rollout.merged_weights import MergedWeights
 from rlhf_mcore.rollout.sampling import mask_padded_vocab, sample, sample_plain
 
 log = logging.getLogger(__name__)
@@ -210,6 +212,7 @@ class StaticDecoder:
         self.use_attention(attention)
         self.eps = model.decoder.layers[0].input_layernorm.eps
         self.weights: list[fn.LayerWeights] = []
+        self.merged = MergedWeights(model)  # LoRA: the decode step reads merged weights (rollout.merged_weights)
         self.cos = self.sin = None  # [T, 1, 1, D] RoPE tables in the model's dtype
         attention = model.decoder.layers[0].self_attention
         self.heads = attention.num_attention_heads_per_partition
@@ -236,14 +239,21 @@ class StaticDecoder:
         if ptrs != self.weight_ptrs:  # parameters were re-allocated: graphs would read stale memory
             self.graphs.clear()
             self.weight_ptrs = ptrs
-            self.weights = [fn.layer_weights(layer) for layer in self.model.decoder.layers]
+            self.weights = [fn.layer_weights(layer, self.merged.weight) for layer in self.model.decoder.layers]
         return self.state
 
     def use_attention(self, name: str) -> None:
         self.attention_name, self.attention = name, fn.DECODE_ATTENTION.get(name)
 
+    def refresh_weights(self) -> None:
+        """Before a rollout: the LoRA-merged weights the decode step reads follow the adapters (in place)."""
+        self.merged.refresh()
+
     def release(self) -> None:
         self.state, self.freqs, self.cos, self.sin, self.graphs, self.pool = None, None, None, None, {}, None
+        if self.merged:  # the merged copies go with the graphs that read them
+            self.merged.release()
+            self.weights, self.weight_ptrs = [], ()
 
     def stop_tensor(self, stop_ids: tuple[int, ...], device) -> torch.Tensor:
         """The stop ids as a device tensor that lives as long as the graphs reading it (one per tuple)."""
