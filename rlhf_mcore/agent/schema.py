@@ -39,6 +39,8 @@ class Tool:
     origin: str = ""  # where a sandbox process finds fn: "module:qualname" or "path/to/tools.py" (set on load)
 
     def __post_init__(self):
+        if not self.origin and callable(self.fn):  # a module-level function is found by its module and name
+            object.__setattr__(self, "origin", f"{self.fn.__module__}:{self.fn.__qualname__}")
         problems = check_tool(self)
         if problems:
             raise ValueError(f"tool '{self.name}': " + " ".join(problems))
@@ -67,7 +69,18 @@ def check_tool(t: Tool) -> list[str]:
         problems.append(f"fn is a {type(t.fn).__name__}, not a function. Write {SIGNATURE_HINT}.")
     elif not _accepts_two(t.fn):
         problems.append(f"fn {_signature(t.fn)} cannot be called with (arguments, context). Write {SIGNATURE_HINT}.")
+    elif t.sandboxed and not _importable(t.origin):
+        problems.append(f"a sandboxed tool's function must be found by a new process: a module-level function of "
+                        f"an importable module or of a tools file (got origin {t.origin!r}). Move it to module "
+                        "level, or set sandboxed=False to run it in the trainer.")
     return problems
+
+
+def _importable(origin: str) -> bool:
+    if origin.endswith(".py"):
+        return True
+    module, _, qualname = origin.partition(":")
+    return bool(module) and module != "__main__" and bool(qualname) and "<locals>" not in qualname
 
 
 def check_parameters(params: Any) -> list[str]:

@@ -118,3 +118,14 @@ def test_missing_file_and_unknown_names(tmp_path):
 def test_tool_object_checks_itself():
     with pytest.raises(ValueError, match="fn is a str, not a function"):
         Tool("t", "d", {"type": "object", "properties": {}}, "print")
+
+
+def test_a_sandboxed_tool_needs_a_function_a_new_process_can_import():
+    def local(arguments, context):
+        return ""
+
+    schema = {"type": "object", "properties": {}}
+    with pytest.raises(ValueError, match="must be found by a new process.*test_tools.test_a_sandboxed_tool"):
+        Tool("t", "d", schema, local)
+    assert not Tool("t", "d", schema, local, sandboxed=False).sandboxed
+    assert Tool("t", "d", schema, write).origin == f"{write.__module__}:write"  # module level: found by name
