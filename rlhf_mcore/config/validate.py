@@ -81,11 +81,26 @@ def _parallel_rules(cfg: Config, shape: dict, world_size: int | None) -> list[st
                     f"tp={p.tp}). Set parallel.sequence_parallel=true, or split the experts with parallel.ep at tp=1.")
     if p.sequence_parallel and p.tp == 1:
         errs.append("parallel.sequence_parallel: needs tp > 1 (got true with tp=1). Set it to false.")
+    errs += _router_replay_rules(cfg, experts)
     from rlhf_mcore.rollout.base import ROLLOUT_ENGINES
 
     if cfg.rollout.engine in ROLLOUT_ENGINES:  # the engine says which layouts it can roll out with
         errs += ROLLOUT_ENGINES.get(cfg.rollout.engine).layout_errors(p)
     return errs
+
+
+def _router_replay_rules(cfg: Config, experts: int) -> list[str]:
+    """actor.router_replay=R2 needs routers, and at pp > 1 no full recompute: 1F1B recomputes a micro-batch's
+    layers after later micro-batches have set their own experts (models.routing)."""
+    if cfg.actor.router_replay != "R2":
+        return []
+    if not experts:
+        return ["actor.router_replay: needs an MoE model (got 'R2' with a dense model). Set actor.router_replay="
+                "disabled."]
+    if cfg.parallel.pp > 1 and cfg.model.recompute == "full":
+        return [f"actor.router_replay: R2 cannot replay through full recompute at pp > 1 (got model.recompute=full "
+                f"with pp={cfg.parallel.pp}). Use model.recompute=selective or none, or parallel.pp=1."]
+    return []
 
 
 def _trained_roles(cfg: Config) -> tuple[str, ...]:

@@ -107,6 +107,8 @@ VERL_KEYS: dict[str, VerlKey] = {
     f"{_ARR}.actor.megatron.use_distributed_optimizer": alias("parallel.use_distributed_optimizer"),
     f"{_ARR}.actor.megatron.expert_model_parallel_size": alias("parallel.ep"),
     f"{_ARR}.actor.megatron.expert_tensor_parallel_size": alias("parallel.etp"),
+    f"{_ARR}.actor.router_replay.mode": alias("actor.router_replay"),
+    f"{_ARR}.actor.megatron.router_replay.mode": alias("actor.router_replay"),
     f"{_ARR}.actor.fsdp_config.": ignored(_FSDP),
     f"{_ARR}.actor.strategy": ignored("the strategy is megatron-core, always"),
     # rollout
@@ -130,6 +132,8 @@ VERL_KEYS: dict[str, VerlKey] = {
     f"{_ARR}.rollout.enable_chunked_prefill": ignored("vLLM option"),
     f"{_ARR}.rollout.max_num_batched_tokens": ignored("vLLM option"),
     f"{_ARR}.rollout.mode": ignored("rollout is always in-process and synchronous"),
+    f"{_ARR}.rollout.enable_rollout_routing_replay": ignored(
+        "the rollout's routing is not recorded (router replay R3 is not supported; R2 is)", only="False"),
     # reference
     f"{_ARR}.ref.log_prob_micro_batch_size_per_gpu": ignored(_LOGPROB_MB),
     f"{_ARR}.ref.log_prob_micro_batch_size": ignored(_LOGPROB_MB),

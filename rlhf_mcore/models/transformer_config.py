@@ -78,7 +78,8 @@ def to_transformer_config(hf: dict, model_cfg, parallel_cfg, source: str = "conf
     if family.get("num_moe_experts"):  # the load-balancing and z losses are the run's choice (default off)
         aux, z = getattr(model_cfg, "moe_aux_loss_coeff", 0.0), getattr(model_cfg, "moe_z_loss_coeff", 0.0)
         family.update(moe_aux_loss_coeff=aux, moe_router_load_balancing_type="aux_loss" if aux > 0 else "none",
-                      moe_z_loss_coeff=z or None)
+                      moe_z_loss_coeff=z or None,
+                      moe_router_bias_update_rate=0.0)  # an expert bias (if any) stays frozen for RL
     return TransformerConfig(
         num_layers=hf["num_hidden_layers"],
         hidden_size=hf["hidden_size"],

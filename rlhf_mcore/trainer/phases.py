@@ -5,6 +5,7 @@ batch into micro-batch dicts (`schedule.split_micro_batches`) for the roles' los
 from __future__ import annotations
 
 import math
+from contextlib import nullcontext
 from dataclasses import dataclass
 from functools import partial
 from typing import Callable
@@ -17,6 +18,8 @@ from rlhf_mcore.algorithms.advantages import ADVANTAGES, AdvantageInputs, estima
 from rlhf_mcore.algorithms.kl import apply_kl_penalty
 from rlhf_mcore.data.packing import plan_dp_split
 from rlhf_mcore.logs import heartbeat, progress, timer
+from rlhf_mcore.models.moe_load import moe_update_metrics
+from rlhf_mcore.models.routing import RoutingHooks
 from rlhf_mcore.rollout.types import RolloutBatch, SamplingParams
 from rlhf_mcore.trainer.losses import actor_loss, critic_agg_mode, critic_loss, reward_model_scores, rollout_mismatch
 from rlhf_mcore.trainer.optim import optimizer_step, zero_grads
@@ -163,8 +166,12 @@ def _forward_passes(roles, losses: LossFns, mbs: list, seq: int, cfg, ctx, timin
     with timer("old_log_prob", timings):
         if not on_policy:
             keys = ("logp", "sum_pi_squared") if needs_sum_pi_squared(cfg) else ("logp",)
-            res = forward_collect(roles.actor.model, mbs, losses.old_logp, keys, seq, ctx.pgs.pp)
+            record = routing_record(cfg, roles, mbs, seq)
+            with record or nullcontext():
+                res = forward_collect(roles.actor.model, mbs, losses.old_logp, keys, seq, ctx.pgs.pp, hooks=record)
             out["old_logp"] = res["logp"]
+            if record is not None:
+                out["routed_experts"] = record.recorded
             if "sum_pi_squared" in res:
                 out["sum_pi_squared"] = res["sum_pi_squared"]
     if roles.ref is not None:
@@ -175,6 +182,15 @@ def _forward_passes(roles, losses: LossFns, mbs: list, seq: int, cfg, ctx, timin
             out["values"] = forward_collect(roles.critic.model, mbs, losses.critic, ("values",), seq,
                                             ctx.pgs.pp)["values"]
     return out
+
+
+def routing_record(cfg, roles, mbs: list, seq: int) -> RoutingHooks | None:
+    """actor.router_replay=R2 on an MoE actor: hooks that record the old policy's experts per (row, position)
+    in the old-log-prob pass (`routed_experts`, replayed by the update whatever its micro-batches); else None."""
+    if cfg.actor.router_replay != "R2":
+        return None
+    rows = sum(mb["row_index"].numel() for mb in mbs)
+    return RoutingHooks.for_model(roles.actor.model, record_shape=(rows, seq))
 
 
 def reward_model_pass(roles, batch: dict, cfg, ctx) -> torch.Tensor:
@@ -262,12 +278,14 @@ def update_role(name: str, state, batch: dict, loss_fn, section, rows_per_mini: 
     rows = batch["tokens"].size(0)
     reports = []
     num_steps = section.ppo_epochs * -(-rows // rows_per_mini)
-    with progress(num_steps, f"update_{name}", dist.get_rank() == 0, unit="optimizer steps") as bar:
+    routing = RoutingHooks.for_model(state.model, replay="routed_experts" in batch)  # MoE actor: replay, counts
+    with progress(num_steps, f"update_{name}", dist.get_rank() == 0, unit="optimizer steps") as bar, \
+            moe_update_metrics(routing, reports):
         for _ in range(section.ppo_epochs):
             for start in range(0, rows, rows_per_mini):
                 mbs = split_micro_batches(take(batch, slice(start, start + rows_per_mini)), **batching)
                 zero_grads(state)
-                reports += run_schedule(state.model, mbs, loss_fn, forward_only=False)
+                reports += run_schedule(state.model, mbs, loss_fn, forward_only=False, hooks=routing)
                 applied, grad_norm = optimizer_step(state, lr)  # skipped (weights kept) when not finite
                 reports.append({f"{name}/grad_norm": torch.tensor(grad_norm),
                                 f"{name}/skipped_update_frac": torch.tensor(0.0 if applied else 1.0)})

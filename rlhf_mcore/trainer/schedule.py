@@ -31,7 +31,8 @@ def trim(batch: Batch, multiple: int = 1) -> Batch:
     out = {}
     for k, v in batch.items():
         if v.dim() >= 2:
-            v = v[:, :s] if v.size(1) >= s else torch.nn.functional.pad(v, (0, s - v.size(1)))
+            widen = (0, 0) * (v.dim() - 2) + (0, s - v.size(1))  # pads dim 1 (e.g. routed_experts [b, s, L, k])
+            v = v[:, :s] if v.size(1) >= s else torch.nn.functional.pad(v, widen)
         out[k] = v
     return out
 
@@ -63,27 +64,33 @@ def split_micro_batches(batch: Batch, micro_batch_size: int = 0, max_tokens: int
     return [trim(take(batch, torch.tensor(g)), multiple) for g in groups]
 
 
-def _forward_step(loss_fn: Callable, data_iterator, model):
+def _forward_step(loss_fn: Callable, hooks, data_iterator, model):
     mb = next(data_iterator)
     tokens = mb["tokens"]
+    if hooks is not None:
+        hooks.before(model, mb)
     if is_packed(mb):
         params = packed_seq_params(mb, get_attr_wrapped_model(model, "packed_qkv_format"))
         output = model(tokens, mb["position_ids"], None, packed_seq_params=params)
     else:
         position_ids = torch.arange(tokens.size(1), device=tokens.device).unsqueeze(0).expand_as(tokens)
         output = model(tokens, position_ids, None)
+    if hooks is not None:
+        hooks.after(model, mb)
     return output, partial(loss_fn, mb)
 
 
-def run_schedule(models: list, micro_batches: list[Batch], loss_fn: Callable, forward_only: bool) -> list:
+def run_schedule(models: list, micro_batches: list[Batch], loss_fn: Callable, forward_only: bool,
+                 hooks=None) -> list:
     """Run forward (+ backward) over all micro-batches. Returns what `loss_fn` reported per micro-batch
     on the last stage ([] elsewhere). loss_fn(mb, output, non_loss_data=False) must return
-    (loss_sum, count, metrics) for training, or any object when called with non_loss_data=True."""
+    (loss_sum, count, metrics) for training, or any object when called with non_loss_data=True.
+    `hooks` (e.g. models.routing.RoutingHooks): hooks.before / after(model_chunk, mb) around each forward."""
     from megatron.core.pipeline_parallel import get_forward_backward_func
 
     longest = max(mb["tokens"].size(1) for mb in micro_batches)
     return get_forward_backward_func()(
-        forward_step_func=partial(_forward_step, loss_fn),
+        forward_step_func=partial(_forward_step, loss_fn, hooks),
         data_iterator=iter(micro_batches),
         model=models,
         num_microbatches=len(micro_batches),
@@ -99,7 +106,7 @@ def to_device(batch: Batch, device) -> Batch:
 
 
 def forward_collect(models: list, micro_batches: list[Batch], loss_fn: Callable, keys: tuple[str, ...],
-                    seq_len: int, pp_group) -> dict[str, torch.Tensor]:
+                    seq_len: int, pp_group, hooks=None) -> dict[str, torch.Tensor]:
     """Forward-only pass returning per-token outputs [B, seq_len] for `keys`, on every pipeline stage.
 
     The last stage computes them (loss_fn(mb, output, non_loss_data=True) -> {key: [b, s_mb]} in the row
@@ -107,7 +114,7 @@ def forward_collect(models: list, micro_batches: list[Batch], loss_fn: Callable,
     stages of the pipe.
     """
     with torch.no_grad():
-        outputs = run_schedule(models, micro_batches, loss_fn, forward_only=True)
+        outputs = run_schedule(models, micro_batches, loss_fn, forward_only=True, hooks=hooks)
     num = sum(mb["row_index"].size(0) for mb in micro_batches)
     device = micro_batches[0]["tokens"].device
     rows = torch.cat([mb["row_index"] for mb in micro_batches])

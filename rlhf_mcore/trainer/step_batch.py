@@ -31,6 +31,7 @@ class StepBatch(Mapping):
     sum_pi_squared: Tensor | None = None  # [B, S] sum_v pi_old(v)^2 (estimators that need it)
     ref_logp: Tensor | None = None  # [B, S] reference policy
     values: Tensor | None = None  # [B, S] critic V(s_t)
+    routed_experts: Tensor | None = None  # [B, S, L, k] the old policy's top-k experts (actor.router_replay=R2)
     # advantage phase
     is_weights: Tensor | None = None  # [B, S] rollout importance weights (actor.rollout_correction)
     token_level_rewards: Tensor | None = None  # [B, S] scores with the KL penalty when it is in the reward
