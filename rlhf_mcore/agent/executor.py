@@ -72,8 +72,8 @@ class ToolExecutor:
 
     def run(self, calls: Sequence[ToolCall | ParseError],
             contexts: Sequence[Mapping | None] | None = None) -> list[ToolResult]:
-        """One result per call, in order. ``contexts[i]``: the sample's ``tools_kwargs`` for call i (verl's
-        ``extra_info.tools_kwargs``: tool name -> that tool's kwargs); the tool receives its own entry."""
+        """One result per call, in order. ``contexts[i]``: call i's sample's tool kwargs (tool name -> that
+        tool's kwargs, from verl's ``extra_info.tools_kwargs``); the tool receives its own entry as context."""
         contexts = list(contexts) if contexts is not None else [None] * len(calls)
         if len(contexts) != len(calls):
             raise ValueError(f"ToolExecutor.run: {len(calls)} calls but {len(contexts)} contexts")

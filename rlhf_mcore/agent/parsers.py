@@ -63,6 +63,9 @@ def parse_hermes(text: str) -> list[Parsed]:
     return calls
 
 
+parse_hermes.stop_strings = ("</tool_call>",)  # where a call ends: a rollout may stop generating there
+
+
 def read_call_json(body: str, raw: str, where: str) -> Parsed:
     """``{"name": str, "arguments": object | JSON string of one}`` -> ToolCall, or a ParseError naming the fault."""
     try:

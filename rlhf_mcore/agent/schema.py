@@ -1,8 +1,9 @@
 """A tool: an OpenAI-style function schema (name, description, JSON-schema parameters) and the function.
 
 A tool function is called as ``fn(arguments, context) -> str``: ``arguments`` is the JSON object the model
-wrote, ``context`` the sample's ``extra_info.tools_kwargs[tool_name]`` (verl's per-tool entry, e.g.
-``{"create_kwargs": {"ground_truth": "72"}}``), or ``{}`` when the row has none. A return value that is not
+wrote, ``context`` the sample's kwargs for this tool: verl's ``extra_info.tools_kwargs[tool_name]`` with its
+``create_kwargs`` and ``execute_kwargs`` merged by the multi-turn rollout (e.g. ``{"ground_truth": "72"}``),
+or ``{}`` when the row has none. A return value that is not
 a string is sent to the model as JSON. ``sandboxed=True`` runs the call in a fresh, limited process (see
 `sandbox`); ``False`` runs it in a thread of the trainer (for fast, trusted functions).
 

@@ -20,8 +20,10 @@ from rlhf_mcore.data.packing import plan_dp_split
 from rlhf_mcore.logs import heartbeat, progress, timer
 from rlhf_mcore.models.moe_load import moe_update_metrics
 from rlhf_mcore.models.routing import RoutingHooks
+from rlhf_mcore.rollout.modes.metrics import turn_report
 from rlhf_mcore.rollout.types import RolloutBatch, SamplingParams
 from rlhf_mcore.trainer.losses import actor_loss, critic_agg_mode, critic_loss, reward_model_scores, rollout_mismatch
+from rlhf_mcore.trainer.metrics import reduce_outputs
 from rlhf_mcore.trainer.optim import optimizer_step, zero_grads
 from rlhf_mcore.trainer.schedule import forward_collect, run_schedule, split_micro_batches, take
 from rlhf_mcore.trainer.step_batch import StepBatch
@@ -42,25 +44,49 @@ def sampling_params(cfg, eos_ids: tuple[int, ...], step: int, validation: bool =
     )
 
 
-def greedy_baseline(engine, scorer, prompts, cfg, stop_ids, step: int) -> torch.Tensor:
-    """[P * n] reward of one greedy rollout per prompt, repeated for each of its n samples (ReMax)."""
-    greedy = engine.generate([list(p.prompt_ids) for p in prompts],
-                             sampling_params(cfg, stop_ids, step, validation=True))
+def greedy_baseline(rollout, scorer, prompts, cfg, stop_ids, step: int) -> torch.Tensor:
+    """[P * n] reward of one greedy rollout per prompt (through the rollout layer `rollout`, in its mode),
+    repeated for each of its n samples (ReMax)."""
+    greedy = rollout.generate(prompts, sampling_params(cfg, stop_ids, step, validation=True))
     scores, _ = scorer(greedy, prompts, 1)
     return scores.repeat_interleave(cfg.rollout.n)
 
 
+def assistant_turns(rollout: RolloutBatch, decode) -> list[list[str]]:
+    """Per row of a multi-turn rollout, the text of each assistant turn (decoded on its own)."""
+    rows = rollout.tokens.tolist()
+    return [[decode(row[a:b]) for a, b in spans] for row, spans in zip(rows, rollout.turns.spans)]
+
+
 def decode_responses(rollout: RolloutBatch, decode) -> list[str]:
+    """The text a reward sees: the response, or for a multi-turn rollout its assistant turns only, joined by
+    newlines (tool output and template tokens are not in it)."""
+    if rollout.turns is not None:
+        return ["\n".join(turns) for turns in assistant_turns(rollout, decode)]
+    rows = rollout.tokens.tolist()
     starts, lengths = rollout.prompt_lengths.tolist(), rollout.response_lengths.tolist()
-    return [decode(row[s:s + n]) for row, s, n in zip(rollout.tokens.tolist(), starts, lengths)]
+    return [decode(row[s:s + n]) for row, s, n in zip(rows, starts, lengths)]
+
+
+def last_policy_token(mask: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:
+    """[B] column of each row's last loss-mask token (where its score goes), the row's last token without one.
+
+    >>> last_policy_token(torch.tensor([[0, 1, 1, 0, 0], [0, 0, 0, 0, 0]]), torch.tensor([4, 2])).tolist()
+    [2, 1]
+    """
+    cols = torch.arange(mask.size(1), device=mask.device).expand_as(mask)
+    last = torch.where(mask.bool(), cols, -1).max(dim=1).values
+    return torch.where(last >= 0, last, (lengths - 1).clamp(min=0))
 
 
 def make_batch(rollout: RolloutBatch, scores: torch.Tensor, group_index: torch.Tensor, seq_len: int) -> StepBatch:
-    """RolloutBatch + sequence scores [B] -> the step batch (per-token fields padded to seq_len)."""
+    """RolloutBatch + sequence scores [B] -> the step batch (per-token fields padded to seq_len). Its
+    response_mask is the rollout's loss mask (verl's multi-turn convention: response_mask = loss_mask), and
+    the score sits at the last policy token (the last response token, single turn)."""
     pad = seq_len - rollout.tokens.size(1)
-    mask = F.pad(rollout.response_mask, (0, pad)).float()
+    mask = F.pad(rollout.loss_mask, (0, pad)).float()
     lengths = rollout.total_lengths
-    last = (lengths - 1).clamp(min=0)
+    last = last_policy_token(mask, lengths)
     token_scores = torch.zeros_like(mask)
     rows = torch.arange(mask.size(0), device=mask.device)
     token_scores[rows, last] = scores.to(mask.dtype) * (rollout.response_lengths > 0)
@@ -75,6 +101,8 @@ def score(run, rollout: RolloutBatch, prompts, baseline: torch.Tensor | None) ->
     the greedy baseline's rewards (None unless the estimator needs them); the step metrics; and the
     per-sample values that `algorithm.filter_groups.metric` may name (`schema.FILTER_METRICS`), each [B]."""
     scored, metrics = run.scorer.score_step(rollout, prompts, run.cfg.rollout.n)
+    if rollout.turns is not None:  # multi-turn: num_turns/*, tool calls, tool error and time-out rates
+        metrics.update(reduce_outputs([turn_report(rollout.turns)], run.ctx))
     batch = make_batch(rollout, scored.scores, run.group_index(len(prompts)), run.seq_len).replace(
         baseline_rewards=baseline)
     if run.roles.reward is not None:

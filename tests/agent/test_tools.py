@@ -21,7 +21,7 @@ def lookup(arguments, context):
 @tool(name="answer_key", description="Tell whether a guess is right.", sandboxed=False,
       parameters={"type": "object", "properties": {"guess": {"type": "string"}}, "required": ["guess"]})
 def answer_key(arguments, context):
-    return {"right": arguments["guess"] == context.get("create_kwargs", {}).get("ground_truth")}
+    return {"right": arguments["guess"] == context.get("ground_truth")}
 
 def _shout(arguments, context):
     return arguments["text"].upper()
@@ -58,7 +58,7 @@ def test_custom_file_loads_and_runs_in_sandbox_and_in_process(tmp_path):
     with ToolExecutor(tools, timeout_s=5, max_output_chars=200, memory_mb=512, workers=2) as ex:
         calls = [ToolCall("lookup", {"word": "cat"}), ToolCall("shout", {"text": "hi"}),
                  ToolCall("answer_key", {"guess": "72"}), ToolCall("answer_key", {"guess": "71"})]
-        kwargs = {"answer_key": {"create_kwargs": {"ground_truth": "72"}}}
+        kwargs = {"answer_key": {"ground_truth": "72"}}
         results = ex.run(calls, [kwargs] * 4)
     assert [r.text for r in results] == ["a small feline", "HI", '{"right": true}', '{"right": false}']
 
