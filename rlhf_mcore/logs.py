@@ -35,7 +35,8 @@ def timer(name: str, timings: dict):
         torch.cuda.synchronize()
     start = time.perf_counter()
     try:
-        yield
+        with torch.profiler.record_function(f"phase/{name}"):  # trainer.profile_steps sums per phase
+            yield
     finally:
         if torch.cuda.is_available():
             torch.cuda.synchronize()

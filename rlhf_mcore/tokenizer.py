@@ -84,11 +84,17 @@ class HFTokenizer:
     def decode(self, ids: Sequence[int], skip_special_tokens: bool = True) -> str:
         return self.hf.decode(list(ids), skip_special_tokens=skip_special_tokens)
 
-    def apply_chat_template(self, messages: Messages, add_generation_prompt: bool = True) -> str:
+    @property
+    def supports_tools(self) -> bool:
+        """The chat template renders a `tools=` list of function schemas itself (Qwen2.5, Qwen3, Llama-3.1)."""
+        return "tools" in (self.hf.chat_template or "")
+
+    def apply_chat_template(self, messages: Messages, add_generation_prompt: bool = True, tools=None) -> str:
         if not self.hf.chat_template:
             return render_plain_chat(messages, add_generation_prompt)
+        extra = {"tools": tools} if tools else {}
         return self.hf.apply_chat_template(
-            list(messages), tokenize=False, add_generation_prompt=add_generation_prompt
+            list(messages), tokenize=False, add_generation_prompt=add_generation_prompt, **extra
         )
 
 

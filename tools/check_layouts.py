@@ -7,9 +7,10 @@ Layouts are TPxPP; DP fills the rest of the world. With --packing on every layou
 against the first (padded) one. Micro-batches are the trainer's (`phases.micro_batching`): packed ones under
 --max-tokens, or the config's budget (0 = auto, `packing.token_budget`). At each layout the same batch goes through the
 actor (forward-only log-probs, then a PPO forward + backward + optimizer step) and the critic (value
-loss forward + backward + step). Per layout it prints loss, grad norm and the max abs difference of
-per-token log-probs / values (before and after the step) against the first layout, and exits 1 when a
-relative difference passes --tolerance.
+loss forward + backward + step; --steps N takes N steps on that batch, so LoRA's A matrices, whose first
+gradient is zero, are compared too). Per layout it prints loss, grad norm and the max abs difference of
+per-token log-probs / values (before and after the steps) against the first layout, and exits 1 when a
+relative difference passes --tolerance. Overrides such as model.lora_rank=8 apply to every layout.
 """
 from __future__ import annotations
 
@@ -55,8 +56,8 @@ def dp_shard(batch: dict, ctx) -> dict:
     return {k: v[ctx.dp_rank * per:(ctx.dp_rank + 1) * per] for k, v in batch.items()}
 
 
-def run_role(role, cfg, hf, ctx, batch, section, loss_fn, key, split: dict):
-    """(global loss, grad norm, per-token output before the step, after the step) for one role."""
+def run_role(role, cfg, hf, ctx, batch, section, loss_fn, key, split: dict, steps: int = 1):
+    """(global loss, grad norm of the last step, per-token output before the steps, after them) for one role."""
     state = build_train_state(build_model(role, hf, cfg.model, cfg.parallel, ctx), section.optim, cfg.parallel)
     model = state.module
     fn = partial(loss_fn, model=model, tp_group=ctx.pgs.tp, actor_cfg=section, temperature=1.0,
@@ -68,16 +69,18 @@ def run_role(role, cfg, hf, ctx, batch, section, loss_fn, key, split: dict):
     if role == "actor":  # old policy = current one, nudged, so the ratio and clipping are exercised
         batch = {**batch, "old_logp": before + 0.1 * batch["nudge"] * batch["response_mask"]}
         mbs = split_micro_batches(batch, **split)
-    zero_grads(state)
-    outputs = run_schedule(state.model, mbs, fn, forward_only=False)
-    _, grad_norm = optimizer_step(state, section.optim.lr)
+    for _ in range(steps):
+        zero_grads(state)
+        outputs = run_schedule(state.model, mbs, fn, forward_only=False)
+        _, grad_norm = optimizer_step(state, section.optim.lr)
     loss = reduce_outputs(outputs, ctx)[f"{role}/loss"]
     after = forward_collect(state.model, mbs, fn, (key,), seq, ctx.pgs.pp)[key]
     mask = batch["response_mask"]
     return loss, grad_norm, gather_dp(before * mask, ctx), gather_dp(after * mask, ctx)
 
 
-def check_layout(cfg, layout: tuple[int, int, bool], seed: int, num: int, seq: int, max_tokens: int) -> dict:
+def check_layout(cfg, layout: tuple[int, int, bool], seed: int, num: int, seq: int, max_tokens: int,
+                 steps: int = 1) -> dict:
     tp, pp, packed = layout
     sp = cfg.parallel.sequence_parallel and tp > 1  # sequence parallelism splits over TP ranks only
     cfg = dataclasses.replace(cfg, parallel=dataclasses.replace(cfg.parallel, tp=tp, pp=pp, sequence_parallel=sp))
@@ -92,7 +95,7 @@ def check_layout(cfg, layout: tuple[int, int, bool], seed: int, num: int, seq: i
     for role, section, fn, key in (("actor", cfg.actor, actor_loss, "logp"),
                                    ("critic", cfg.critic, critic_loss, "values")):
         loss, norm, before, after = run_role(role, cfg, hf, ctx, batch, section, fn, key,
-                                             micro_batching(cfg, section))  # the trainer's micro-batches
+                                             micro_batching(cfg, section), steps)  # the trainer's micro-batches
         result.update({f"{role}_loss": loss, f"{role}_grad_norm": norm, f"{role}_before": before,
                        f"{role}_after": after})
     return result
@@ -124,6 +127,7 @@ def main(argv=None) -> int:
     parser.add_argument("--num-samples", type=int, default=8)
     parser.add_argument("--seq-len", type=int, default=24)
     parser.add_argument("--seed", type=int, default=1234)
+    parser.add_argument("--steps", type=int, default=1, help="optimizer steps on the batch (each role)")
     parser.add_argument("--sequence-parallel", action="store_true", help="sequence parallelism where tp > 1")
     parser.add_argument("--packing", choices=("off", "on", "both"), default="off",
                         help="packed micro-batches (sequence packing): off, on, or both at every layout")
@@ -144,7 +148,7 @@ def main(argv=None) -> int:
     except ConfigError as e:
         print(e, file=sys.stderr)
         return 2
-    results = [check_layout(cfg, layout, args.seed, args.num_samples, args.seq_len, args.max_tokens)
+    results = [check_layout(cfg, layout, args.seed, args.num_samples, args.seq_len, args.max_tokens, args.steps)
                for layout in layouts]
     lines, ok = compare(results, args.tolerance)
     if rank == 0:

@@ -102,6 +102,7 @@ class ModelConfig:
     lora_alpha: float = 16.0  # LoRA scale = lora_alpha / lora_rank
     target_modules: list[str] = field(default_factory=lambda: ["all-linear"])  # all-linear | LORA_TARGETS names
     lora_dropout: float = 0.0  # dropout on the LoRA branch's input (training forwards only)
+    lora_adapter_path: str = ""  # PEFT adapter directory the actor's adapters start from (models.lora_export)
     moe_aux_loss_coeff: float = 0.0  # MoE load-balancing loss weight (RL usually 0: no loss, no router drift)
     moe_z_loss_coeff: float = 0.0  # MoE router z-loss weight (0: off)
     moe_expert_impl: str = "auto"  # auto (grouped: CUDA bf16 SM90) | sequential | grouped | grouped-reference
@@ -221,8 +222,32 @@ MOVED_KEYS = {
 
 
 @dataclass(**DC)
+class MultiTurnConfig:
+    """rollout.multi_turn: tool calling over several assistant turns (`rollout.mode=multi_turn`;
+    `rlhf_mcore.rollout.modes.multi_turn`). verl: actor_rollout_ref.rollout.multi_turn.*."""
+
+    max_turns: int = 4  # assistant turns per sample (verl max_assistant_turns)
+    max_tool_calls: int = 1  # tool calls run per assistant turn; more get an error result (verl max_parallel_calls)
+    tools: list[str] = field(default_factory=list)  # built-in tools by name (python, calculator) and tools_file's
+    tools_file: str = ""  # a .py file of custom tools (rlhf_mcore.agent.tools.load_tools)
+    tool_timeout_s: float = 10.0  # wall-clock limit of one tool call
+    tool_memory_mb: int = 1024  # memory limit of a sandboxed tool's process (rlimit)
+    max_tool_response_chars: int = 1024  # tool output cut to this many characters (verl max_tool_response_length)
+    parser: str = "hermes"  # tool-call format of the model's text (rlhf_mcore.agent.parsers; verl format)
+    workers: int = 4  # tool calls run concurrently
+
+    def _checks(self, p: str) -> list[str]:
+        errs = positive(f"{p}.max_turns", self.max_turns) + positive(f"{p}.max_tool_calls", self.max_tool_calls)
+        errs += positive(f"{p}.tool_timeout_s", self.tool_timeout_s) + positive(f"{p}.tool_memory_mb",
+                                                                               self.tool_memory_mb)
+        errs += positive(f"{p}.max_tool_response_chars", self.max_tool_response_chars)
+        return errs + positive(f"{p}.workers", self.workers)
+
+
+@dataclass(**DC)
 class RolloutConfig:
     engine: str = "native"  # rlhf_mcore.rollout.ROLLOUT_ENGINES; its options: rollout.<engine>.*
+    mode: str = "single_turn"  # rlhf_mcore.rollout.modes.ROLLOUT_MODES: single_turn | multi_turn (tool calls)
     n: int = 1  # samples per prompt
     max_response_length: int = 256
     temperature: float = 1.0
@@ -233,6 +258,7 @@ class RolloutConfig:
     micro_batch_size: int = 0  # sequences decoded together per rank (0 = all)
     native: NativeRolloutConfig = field(default_factory=NativeRolloutConfig)  # options of rollout.engine=native
     sglang: SGLangRolloutConfig = field(default_factory=SGLangRolloutConfig)  # options of rollout.engine=sglang
+    multi_turn: MultiTurnConfig = field(default_factory=MultiTurnConfig)  # options of rollout.mode=multi_turn
 
     def _checks(self, p: str) -> list[str]:
         errs = positive(f"{p}.n", self.n) + positive(f"{p}.max_response_length", self.max_response_length)
@@ -340,6 +366,7 @@ class ActorConfig(UpdateConfig):
 class CriticConfig(UpdateConfig):
     optim: OptimConfig = field(default_factory=lambda: OptimConfig(lr=1e-5))
     load: str = ""  # megatron dist-checkpoint of the critic ("" = start from the actor's weights)
+    lora_rank: int = 0  # LoRA on the critic (0 = full fine-tuning); alpha, targets and dropout are model.lora_*
     cliprange_value: float = 0.5
     loss_agg_mode: str = ""  # "" = actor.loss_agg_mode, as verl's critic.yaml; token-mean whatever the actor's
 
@@ -376,7 +403,6 @@ class RewardConfig:
         for key in ("format_score", "format_penalty", "post_answer_penalty", "overlong_buffer",
                     "overlong_penalty_factor"):
             errs += positive(f"{p}.{key}", getattr(self, key), allow_zero=True)
-    lora_rank: int = 0  # LoRA on the critic (0 = full fine-tuning); alpha, targets and dropout are model.lora_*
         if not self.format_score < 1.0:
             errs.append(f"{p}.format_score: must be below the score of a correct answer, 1.0 (got "
                         f"{self.format_score}). Use a small value such as 0.1.")
@@ -442,6 +468,8 @@ class TrainerConfig:
     export_hf: bool = True  # write the final actor as an HF checkpoint
     max_bad_steps: int = 3  # stop after this many steps in a row whose update was skipped (non-finite)
     save_on_signal: bool = True  # SIGTERM/SIGINT: finish the step, save it, exit 7 (rlhf_mcore.trainer.signals)
+    profile_steps: list[int] = field(default_factory=list)  # steps (1-based) under torch.profiler: <output_dir>/profile
+    profile_trace: bool = False  # also write each profiled step's chrome trace (large)
 
     def _checks(self, p: str) -> list[str]:
         errs = positive(f"{p}.total_steps", self.total_steps, allow_zero=True)
@@ -460,6 +488,8 @@ class TrainerConfig:
         errs += positive(f"{p}.time_limit_min", self.time_limit_min, allow_zero=True)
         for name in self.logger:
             errs += choice(f"{p}.logger", name, ("console", "jsonl", "tensorboard", "wandb"))
+        for s in self.profile_steps:
+            errs += positive(f"{p}.profile_steps", s)
         return errs
 
 

@@ -180,11 +180,13 @@ def registry_fields(cfg: Config) -> list[tuple[str, object, tuple[str, ...], str
     from rlhf_mcore.models.registry import MODEL_FAMILIES
     from rlhf_mcore.rewards.penalties import FORMAT_CHECKS
     from rlhf_mcore.rollout.base import ROLLOUT_ENGINES
+    from rlhf_mcore.rollout.modes import ROLLOUT_MODES
 
     family = [] if cfg.model.hf_path else [("model.family", MODEL_FAMILIES, (), "family")]  # else from config.json
     return family + [
         ("model.attention_backend", LAYER_SPECS, ("auto",), ""),
         ("rollout.engine", ROLLOUT_ENGINES, (), ""),
+        ("rollout.mode", ROLLOUT_MODES, (), ""),
         ("actor.policy_loss", POLICY_LOSSES, (), "name"),
         ("actor.loss_agg_mode", LOSS_AGG_MODES, (), ""),
         ("critic.loss_agg_mode", LOSS_AGG_MODES, ("",), ""),
@@ -247,6 +249,29 @@ def _filter_groups_rules(cfg: Config) -> list[str]:
     return errs
 
 
+def _multi_turn_rules(cfg: Config) -> list[str]:
+    """rollout.mode=multi_turn: its tools load (built-ins by name, tools_file's checked) and its parser
+    exists, before any model is built."""
+    if cfg.rollout.mode != "multi_turn":
+        return []
+    from rlhf_mcore.agent.parsers import TOOL_CALL_PARSERS
+    from rlhf_mcore.agent.tools import load_tools
+
+    m, key, errs = cfg.rollout.multi_turn, "rollout.multi_turn", []
+    if m.parser not in TOOL_CALL_PARSERS.choices():
+        errs.append(f"{key}.parser: must be one of {', '.join(TOOL_CALL_PARSERS.choices())} (got {m.parser!r}). "
+                    "Pick one of those.")
+    if not m.tools and not m.tools_file:
+        errs.append(f"{key}.tools: multi_turn needs at least one tool (got []). Set {key}.tools=[python] (or "
+                    f"calculator), or {key}.tools_file.")
+        return errs
+    try:
+        load_tools(list(m.tools), m.tools_file or None)
+    except ValueError as e:
+        errs.append(f"{key}.tools: {e}" if not str(e).startswith(key) else str(e))
+    return errs
+
+
 def _file_rules(cfg: Config) -> list[str]:
     errs = []
     for key in ("train_files", "val_files"):
@@ -260,6 +285,24 @@ def _file_rules(cfg: Config) -> list[str]:
         errs.append(f"reward.custom_fn: expected an existing path/to/file.py:function_name (got {fn!r}). "
                     "Fix the path or the ':function_name' part.")
     return errs
+
+
+def _lora_adapter_rules(cfg: Config) -> list[str]:
+    """model.lora_adapter_path: a PEFT LoRA adapter whose r, alpha and target modules are the config's."""
+    m = cfg.model
+    if not m.lora_adapter_path:
+        return []
+    if not m.lora_rank:
+        return [f"model.lora_adapter_path: starts LoRA adapters, but LoRA is off (got model.lora_rank=0 with "
+                f"{m.lora_adapter_path!r}). Set model.lora_rank to the adapter's r."]
+    from rlhf_mcore.models.lora import expand_targets
+    from rlhf_mcore.models.lora_export import adapter_dir_errors
+
+    try:
+        targets = expand_targets(m.target_modules)
+    except ValueError:
+        return []  # model.target_modules reports it
+    return adapter_dir_errors(m.lora_adapter_path, m.lora_rank, m.lora_alpha, targets)
 
 
 def validate(cfg: Config, world_size: int | None = None) -> list[str]:
@@ -277,4 +320,4 @@ def validate(cfg: Config, world_size: int | None = None) -> list[str]:
     dp = world_size // model_parallel if world_size and world_size % model_parallel == 0 else 1
     errs += _registry_rules(cfg) + environment_errors(cfg)
     return errs + _batch_rules(cfg, dp) + _length_rules(cfg, shape) + _packing_rules(cfg) + _algorithm_rules(cfg) + \
-        _file_rules(cfg)
+        _file_rules(cfg) + _lora_adapter_rules(cfg) + _multi_turn_rules(cfg)

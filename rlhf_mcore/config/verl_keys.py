@@ -54,6 +54,11 @@ def _engine(value: Any) -> str:
     return "sglang" if str(value).strip().lower() == "sglang" else "native"
 
 
+def _mode(value: Any) -> str:
+    """verl's rollout.multi_turn.enable -> rollout.mode."""
+    return "multi_turn" if _truthy(value) else "single_turn"
+
+
 def _resume_mode(value: Any) -> str:
     value = str(value).strip()
     return value if value in ("auto", "disable") else "auto"  # resume_path: the path key sets trainer.resume
@@ -134,6 +139,16 @@ VERL_KEYS: dict[str, VerlKey] = {
     f"{_ARR}.rollout.mode": ignored("rollout is always in-process and synchronous"),
     f"{_ARR}.rollout.enable_rollout_routing_replay": ignored(
         "the rollout's routing is not recorded (router replay R3 is not supported; R2 is)", only="False"),
+    f"{_ARR}.rollout.multi_turn.enable": alias("rollout.mode", convert=_mode),
+    f"{_ARR}.rollout.multi_turn.max_assistant_turns": alias("rollout.multi_turn.max_turns"),
+    f"{_ARR}.rollout.multi_turn.max_parallel_calls": alias("rollout.multi_turn.max_tool_calls"),
+    f"{_ARR}.rollout.multi_turn.max_tool_response_length": alias("rollout.multi_turn.max_tool_response_chars"),
+    f"{_ARR}.rollout.multi_turn.format": alias("rollout.multi_turn.parser"),
+    f"{_ARR}.rollout.multi_turn.max_user_turns": ignored("tool turns follow assistant turns: max_turns bounds both"),
+    f"{_ARR}.rollout.multi_turn.tool_config_path": rejected(
+        "name built-in tools in rollout.multi_turn.tools and custom ones in rollout.multi_turn.tools_file"),
+    f"{_ARR}.rollout.multi_turn.interaction_config_path": rejected(
+        "simulated users (interactions) are not supported; rows keep extra_info.interaction_kwargs for rewards"),
     # reference
     f"{_ARR}.ref.log_prob_micro_batch_size_per_gpu": ignored(_LOGPROB_MB),
     f"{_ARR}.ref.log_prob_micro_batch_size": ignored(_LOGPROB_MB),
@@ -149,6 +164,9 @@ VERL_KEYS: dict[str, VerlKey] = {
     # critic
     "critic.model.path": ignored("the critic starts from the actor's weights (or critic.load)"),
     "critic.model.": ignored(_FSDP),
+    "critic.model.lora_rank": alias("critic.lora_rank"),
+    "critic.model.lora_alpha": ignored("the critic's LoRA uses model.lora_alpha (the actor's)"),
+    "critic.model.target_modules": ignored("the critic's LoRA uses model.target_modules (the actor's)"),
     "critic.ppo_micro_batch_size_per_gpu": alias("critic.micro_batch_size_per_gpu"),
     "critic.ppo_max_token_len_per_gpu": alias("critic.max_tokens_per_gpu"),
     "critic.grad_clip": alias("critic.optim.grad_clip"),
@@ -170,9 +188,6 @@ VERL_KEYS: dict[str, VerlKey] = {
     "trainer.total_training_steps": alias("trainer.total_steps"),
     "trainer.default_local_dir": alias("trainer.output_dir"),
     "trainer.resume_mode": alias("trainer.resume", convert=_resume_mode),
-    "critic.model.lora_rank": alias("critic.lora_rank"),
-    "critic.model.lora_alpha": ignored("the critic's LoRA uses model.lora_alpha (the actor's)"),
-    "critic.model.target_modules": ignored("the critic's LoRA uses model.target_modules (the actor's)"),
     "trainer.resume_from_path": alias("trainer.resume"),
     "trainer.max_actor_ckpt_to_keep": alias("trainer.max_checkpoints_to_keep"),
     "trainer.critic_warmup": ignored("the critic and the actor train from the first step (verl's default)", only="0"),

@@ -130,12 +130,17 @@ def hf_export_config(hf_cfg: dict, dtype: str) -> dict:
 
 
 def convert(ckpt: str, out: str, model_cfg) -> Path:
-    """One process (world size 1): dist-checkpoint of an actor -> HF directory at `out` (replaced atomically)."""
+    """One process (world size 1): dist-checkpoint of an actor -> HF directory at `out` (replaced atomically).
+    A LoRA actor exports merged weights (W + scale B @ A: transformers loads them as any model) and, in
+    `out/lora_adapter/`, its PEFT adapter for the base model (`peft.PeftModel.from_pretrained`)."""
     from rlhf_mcore.checkpoint.model_weights import load_model_weights
     from rlhf_mcore.config.schema import ParallelConfig
     from rlhf_mcore.convert.mcore import full_state_dict
     from rlhf_mcore.models.build import build_model
+    from rlhf_mcore.models.full_weights import FullWeights
     from rlhf_mcore.models.hf_io import save_hf_checkpoint
+    from rlhf_mcore.models.lora import is_lora_model
+    from rlhf_mcore.models.lora_export import ADAPTER_DIR
     from rlhf_mcore.models.transformer_config import load_hf_config
     from rlhf_mcore.models.weights import mcore_to_hf
     from rlhf_mcore.parallel import destroy_distributed, init_distributed
@@ -144,13 +149,49 @@ def convert(ckpt: str, out: str, model_cfg) -> Path:
     try:
         hf_cfg = load_hf_config(model_cfg)
         model = build_model("actor", hf_cfg, model_cfg, ParallelConfig(), ctx)
-        load_model_weights(model, ckpt)
-        hf_sd = mcore_to_hf(full_state_dict(model), hf_cfg, role="actor", source=ckpt)
+        lora = is_lora_model(model)
+        if lora:  # the checkpoint holds the adapters only: the base comes from where the run took it
+            load_lora_actor(model, ckpt, model_cfg, hf_cfg, ctx)
+        else:
+            load_model_weights(model, ckpt)
+        full = FullWeights(model, ctx) if lora else full_state_dict(model)  # LoRA: merged weights
+        hf_sd = mcore_to_hf(full, hf_cfg, role="actor", source=ckpt)
         check_finite(hf_sd, ckpt)
         aux = model_cfg.tokenizer if os.path.isdir(model_cfg.tokenizer or "") else model_cfg.hf_path or None
-        return save_hf_checkpoint(out, hf_sd, hf_export_config(hf_cfg, model_cfg.dtype), aux, overwrite=True)
+        saved = save_hf_checkpoint(out, hf_sd, hf_export_config(hf_cfg, model_cfg.dtype), aux, overwrite=True)
+        if lora:
+            save_lora_adapter(model, Path(out) / ADAPTER_DIR, model_cfg, hf_cfg, ctx)
+        return saved
     finally:
         destroy_distributed()
+
+
+def load_lora_actor(model, ckpt: str, model_cfg, hf_cfg: dict, ctx) -> None:
+    """A LoRA actor of a training checkpoint: its base as the run started it (model.hf_path's weights,
+    model.load, or the fixed-seed random init of an inline model), then the checkpoint's adapters."""
+    from megatron.core import dist_checkpointing
+
+    from rlhf_mcore.checkpoint.keys import apply_model_state
+    from rlhf_mcore.checkpoint.model_weights import load_model_weights
+    from rlhf_mcore.models.hf_load import load_hf_weights, weight_source
+    from rlhf_mcore.models.lora import checkpointed_state
+
+    kind, where = weight_source(model_cfg)
+    if kind == "hf":
+        load_hf_weights(model, where, hf_cfg, ctx.tp_rank, ctx.dims.tp)
+    elif kind == "load":
+        load_model_weights(model, where)
+    sharded, left_out = checkpointed_state(model)
+    apply_model_state(model, dist_checkpointing.load(sharded, str(ckpt)), str(ckpt), left_out)
+
+
+def save_lora_adapter(model, out: Path, model_cfg, hf_cfg: dict, ctx) -> Path:
+    """The PEFT adapter directory of a LoRA actor (`models.lora_export`): peft loads it onto the base at
+    adapter_config.json's base_model_name_or_path (model.hf_path)."""
+    from rlhf_mcore.models.lora_export import adapter_config, lora_state_for_hf, save_peft_adapter
+
+    base = os.path.abspath(model_cfg.hf_path) if model_cfg.hf_path else ""
+    return save_peft_adapter(out, lora_state_for_hf(model, hf_cfg, ctx), adapter_config(model.lora_settings, base))
 
 
 class NonFiniteExportError(ValueError):

@@ -43,8 +43,13 @@ class PromptDataset:
         return sorted({r.data_source for r in self.rows})
 
 
-def tokenize_prompt(tokenizer, messages: Sequence[dict]) -> list[int]:
-    """Prompt token ids: the chat template with a generation prompt, encoded without extra special tokens."""
+def tokenize_prompt(tokenizer, messages: Sequence[dict], tools: Sequence[dict] = ()) -> list[int]:
+    """Prompt token ids: the chat template with a generation prompt, encoded without extra special tokens;
+    with `tools` (function schemas, multi-turn rollouts) the template renders them (`rlhf_mcore.chat`)."""
+    if tools:
+        from rlhf_mcore.chat import render_prompt
+
+        return tokenizer.encode(render_prompt(tokenizer, messages, tools))
     return tokenizer.encode(tokenizer.apply_chat_template(list(messages), add_generation_prompt=True))
 
 
@@ -55,6 +60,7 @@ def build_prompt_dataset(
     *,
     source: str,
     filter_overlong: bool = True,
+    tools: Sequence[dict] = (),
 ) -> PromptDataset:
     """Validate, tokenise and length-filter raw rows (from one or more files; ``source`` names them).
 
@@ -66,7 +72,7 @@ def build_prompt_dataset(
     for i, record in enumerate(records):
         where = f"{source}: row {i}"
         row = check_row(record, where, i)
-        ids = tokenize_prompt(tokenizer, row.messages)
+        ids = tokenize_prompt(tokenizer, row.messages, tools)
         if not ids:
             raise ValueError(f"{where}: prompt tokenises to zero tokens")
         if len(ids) > max_prompt_length:
@@ -98,6 +104,7 @@ def load_prompt_dataset(
     max_prompt_length: int,
     *,
     filter_overlong: bool = True,
+    tools: Sequence[dict] = (),
 ) -> PromptDataset:
     """Load one or more verl-schema parquet files as a single PromptDataset.
 
@@ -111,7 +118,7 @@ def load_prompt_dataset(
     for path in paths:
         part = build_prompt_dataset(
             read_parquet_rows(path), tokenizer, max_prompt_length, source=str(path),
-            filter_overlong=filter_overlong,
+            filter_overlong=filter_overlong, tools=tools,
         )
         rows.extend(part.rows)
         num_filtered += part.num_filtered

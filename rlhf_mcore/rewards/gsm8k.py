@@ -75,7 +75,16 @@ def compute_gsm8k_score(
     {'score': 1.0, 'acc': 1.0, 'pred': '1000'}
     >>> compute_gsm8k_score("gsm8k", "#### 71", "72", format_score=0.1)
     {'score': 0.1, 'acc': 0.0, 'pred': '71'}
+
+    A multi-turn sample (``extra_info["assistant_turns"]``: the text of each assistant turn, tool output never
+    in it) is scored on its last assistant turn only, its final answer:
+
+    >>> compute_gsm8k_score("gsm8k", "#### 72\nI will check.", "72", {"assistant_turns": ["#### 72", "I will check."]})
+    {'score': 0.0, 'acc': 0.0, 'pred': None}
     """
+    turns = (extra_info or {}).get("assistant_turns")
+    if turns is not None:
+        solution_str = turns[-1] if turns else ""
     pred = extract_gsm8k_answer(solution_str, method)
     if pred is None:
         return {"score": 0.0, "acc": 0.0, "pred": None}

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import dataclasses
+from typing import Optional
 
 import torch
 
@@ -27,6 +28,15 @@ class RolloutBatch:
     response_lengths: torch.Tensor  # [B] long
     rollout_logprobs: torch.Tensor  # [B, S] fp32: engine log-prob of tokens[:, t] (0 outside the response)
     finish_reasons: list[str]  # "stop" | "length", one per row
+    # [B, S] bool: True on the tokens the policy sampled (what losses, KL, entropy, advantages and metrics use);
+    # None = every response token (single turn): filled in as `response_mask`. Multi-turn rollouts set it
+    # (0 on tool output and template tokens between assistant turns).
+    loss_mask: Optional[torch.Tensor] = None
+    turns: Optional["TurnInfo"] = None  # multi-turn rollouts: per-row turns and tool statistics
+
+    def __post_init__(self):
+        if self.loss_mask is None:
+            self.loss_mask = self.response_mask
 
     @property
     def response_mask(self) -> torch.Tensor:  # [B, S] bool, True on response tokens
@@ -37,3 +47,17 @@ class RolloutBatch:
     @property
     def total_lengths(self) -> torch.Tensor:  # [B]
         return self.prompt_lengths + self.response_lengths
+
+
+@dataclasses.dataclass
+class TurnInfo:
+    """Per-row bookkeeping of a multi-turn rollout (`rlhf_mcore.rollout.modes.multi_turn`)."""
+
+    spans: list[list[tuple[int, int]]]  # per row: [start, end) token columns of each assistant turn
+    tool_calls: list[int]  # per row: tool calls made (parsed or not)
+    tool_errors: list[int]  # per row: calls whose result is an error (parse, unknown tool, exception, crash, ...)
+    tool_timeouts: list[int]  # per row: calls that timed out
+
+    @property
+    def num_turns(self) -> list[int]:
+        return [len(s) for s in self.spans]

@@ -45,11 +45,21 @@ def token_text(tokenizer, token_id: int) -> str:
         return tokenizer.decode([token_id])
 
 
+def prompt_tools(cfg) -> list[dict]:
+    """The function schemas prompts are rendered with: rollout.multi_turn's tools (multi_turn), else none."""
+    if cfg.rollout.mode != "multi_turn":
+        return []
+    from rlhf_mcore.agent.tools import load_tools, tool_schemas
+
+    m = cfg.rollout.multi_turn
+    return tool_schemas(load_tools(list(m.tools), m.tools_file or None).values())
+
+
 def _load(paths: str, tokenizer, cfg):
     from rlhf_mcore.data.dataset import load_prompt_dataset
 
     dataset = load_prompt_dataset(paths.split(","), tokenizer, cfg.data.max_prompt_length,
-                                  filter_overlong=cfg.data.filter_overlong_prompts)
+                                  filter_overlong=cfg.data.filter_overlong_prompts, tools=prompt_tools(cfg))
     log.info("data: %d prompts from %s (%d longer than %d tokens filtered out)", len(dataset), paths,
              dataset.num_filtered, cfg.data.max_prompt_length)
     return dataset

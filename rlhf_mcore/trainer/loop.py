@@ -13,6 +13,7 @@ from rlhf_mcore.trainer.dynamic_sampling import fill_batch
 from rlhf_mcore.trainer.losses import actor_loss
 from rlhf_mcore.trainer.metrics import reduce_outputs
 from rlhf_mcore.trainer.optim import lr_at
+from rlhf_mcore.trainer.profiler import profile_step
 from rlhf_mcore.trainer.rollout_memory import rollout_memory, sync_weights
 from rlhf_mcore.trainer.run import Run, finish_run, start_run
 from rlhf_mcore.trainer.signals import ExitSignals, agree_stop, stop_on_signal
@@ -23,10 +24,10 @@ def rollout_round(run: Run, step: int, timings: dict, round_index: int = 0) -> t
     """Phases 1-2 on the next prompt batch: generate, score -> (batch, reward metrics, per-sample values)."""
     cfg = run.cfg
     prompts = run.sampler.next_batch()
-    with timer("gen", timings), rollout_memory(run) as engine:
-        rollout = engine.generate([list(p.prompt_ids) for p in prompts], phases.sampling_params(
+    with timer("gen", timings), rollout_memory(run):  # the rollout layer (rollout.mode) calls the engine
+        rollout = run.rollout.generate(prompts, phases.sampling_params(
             cfg, run.stop_ids, step, round_index=round_index), show_progress=run.ctx.is_logging_rank)
-        baseline = phases.greedy_baseline(engine, run.scorer, prompts, cfg, run.stop_ids, step) \
+        baseline = phases.greedy_baseline(run.rollout, run.scorer, prompts, cfg, run.stop_ids, step) \
             if run.needs_greedy_baseline else None
     with timer("reward", timings):
         return phases.score(run, rollout, prompts, baseline)
@@ -87,7 +88,8 @@ def _train(cfg, signals: ExitSignals) -> Run:
         signals.arm()  # from here a signal waits for the end of the step (before, it exits at once)
         while step < run.total_steps:
             start = time.perf_counter()
-            metrics = train_step(run, step)
+            with profile_step(t, step + 1, run.ctx.rank):
+                metrics = train_step(run, step)
             metrics["timing_s/step"] = time.perf_counter() - start
             step += 1
             stop = run.check_health(step, metrics)  # the same verdict on every rank (global metrics)

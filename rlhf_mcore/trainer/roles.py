@@ -88,6 +88,10 @@ def _init_actor(model, cfg, hf: dict, ctx, source: tuple[str, str]) -> None:
         log.info("actor: weights from HF %s", load_hf_weights(model, where, hf, ctx.tp_rank, ctx.dims.tp))
     else:
         log.info("actor: random initial weights (%s)", where)
+    if cfg.model.lora_adapter_path:  # a resume's checkpoint then holds the trained adapters, loaded after this
+        from rlhf_mcore.models.lora_export import load_peft_adapter
+
+        log.info("actor: LoRA adapters from PEFT %s", load_peft_adapter(model, cfg.model.lora_adapter_path, hf, ctx))
 
 
 def build_reference(cfg, hf: dict, ctx, actor_model):

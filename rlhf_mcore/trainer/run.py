@@ -63,8 +63,14 @@ class Run:
     peak_flops: float | None = None  # the device's dense peak for model.dtype, None where unknown
     unconfirmed: str | None = None  # the newest checkpoint, until a step after it applies all its updates
     losses: LossFns | None = None  # the roles' loss functions, bound once (built from cfg/roles when None)
+    rollout: object = None  # rlhf_mcore.rollout.modes.Rollout: rollout.mode over the engine (built when None)
 
     def __post_init__(self):
+        if self.rollout is None:
+            from rlhf_mcore.rollout.modes import build_rollout
+
+            self.rollout = build_rollout(self.cfg.rollout, self.engine, self.tokenizer, self.ctx,
+                                         announce=self.ctx.is_logging_rank)
         if self.losses is None:
             self.losses = build_loss_fns(self.cfg, self.ctx, self.roles)
         self.bad_steps = BadStepGuard(self.cfg.trainer.max_bad_steps, last_good_step=self.start_step)
@@ -185,6 +191,8 @@ class Run:
 
     def close(self) -> None:
         self.metric_logger.close()
+        if self.rollout is not None:
+            self.rollout.close()  # the tool executor's workers (multi_turn)
         self.engine.shutdown()
         if self.lock is not None:
             self.lock.release()

@@ -15,7 +15,7 @@ import torch.distributed as dist
 
 from rlhf_mcore.rewards.batch import score_batch
 from rlhf_mcore.rewards.penalties import FORMAT_CHECKS, format_penalties, overlong_penalties, post_answer_penalties
-from rlhf_mcore.trainer.phases import decode_responses
+from rlhf_mcore.trainer.phases import assistant_turns, decode_responses
 
 log = logging.getLogger("rlhf_mcore")
 
@@ -101,6 +101,18 @@ def gather_source_sums(sums: dict, ctx) -> dict:
     return merge_source_sums(parts)
 
 
+def reward_extra_info(rollout, rows, decode) -> list[dict]:
+    """Each row's extra_info as the reward sees it; a multi-turn rollout adds its assistant turns' text
+    (`assistant_turns`, tool output never in it) and its tool statistics (num_turns, tool_calls, tool_errors,
+    tool_timeouts). tools_kwargs and interaction_kwargs (verl) stay in it as the data had them."""
+    if rollout.turns is None:
+        return [p.extra_info for p in rows]
+    t = rollout.turns
+    return [{**(p.extra_info or {}), "assistant_turns": turns, "num_turns": len(turns), "tool_calls": t.tool_calls[i],
+             "tool_errors": t.tool_errors[i], "tool_timeouts": t.tool_timeouts[i]}
+            for i, (p, turns) in enumerate(zip(rows, assistant_turns(rollout, decode)))]
+
+
 def reward_budget_s(cfg) -> float:
     """The most one rank's reward batch may take: half the collective time-out, so a rank whose rewards hang
     reports reward time-outs (counted by the reward health guard) before the other ranks' collectives time out."""
@@ -114,7 +126,7 @@ class Scorer:
     def _score_here(self, rollout, rows, responses: list[str]) -> torch.Tensor:
         r = self.cfg.reward
         result = score_batch([p.data_source for p in rows], responses,
-                             [p.ground_truth for p in rows], [p.extra_info for p in rows],
+                             [p.ground_truth for p in rows], reward_extra_info(rollout, rows, self.tokenizer.decode),
                              custom_fn=r.custom_fn or None, timeout_s=r.timeout_s, num_workers=r.num_workers,
                              format_score=r.format_score, budget_s=reward_budget_s(self.cfg))
         if result.num_timeouts:  # named here: the other ranks only see their collective wait

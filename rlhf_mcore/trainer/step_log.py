@@ -69,7 +69,8 @@ def step_metrics(batch: dict, loss_metrics: dict, extra: dict, timings: dict, ct
     stats = {**_stats("critic/score", g["token_level_scores"].sum(-1)),
              **_stats("critic/rewards", g["token_level_rewards"].sum(-1)),
              **_stats("critic/advantages", g["advantages"], mask), **_stats("critic/returns", g["returns"], mask),
-             **_stats("response_length", g["response_lengths"]), **_stats("prompt_length", g["prompt_lengths"])}
+             **_stats("response_length", mask.sum(-1)),  # policy tokens (the loss mask; tool output not counted)
+             **_stats("prompt_length", g["prompt_lengths"])}
     if "values" in batch:
         values = gather_dp(batch["values"], ctx)
         stats.update(_stats("critic/values", values, mask))
@@ -98,6 +99,10 @@ def format_step_line(step: int, total: int, m: dict) -> str:
         parts.append(shown)
     phases = " ".join(f"{p} {m[f'timing_s/{p}']:.1f}s" for p in PHASES if f"timing_s/{p}" in m)
     groups = [" ".join(filter(None, parts[i:j])) for i, j in ((1, 5), (5, 11), (11, None))]
+    if "num_turns/mean" in m:  # rollout.mode=multi_turn
+        groups.append("multi_turn: turns {:.2f} (max {:.0f}) tools {:.2f} err {:.2f} t/o {:.2f}".format(
+            *(m.get(k, 0.0) for k in ("num_turns/mean", "num_turns/max", "tool_calls/mean", "tool/error_rate",
+                                      "tool/timeout_rate"))))
     if "filter_groups/num_gen_batches" in m:  # dynamic sampling (algorithm.filter_groups.enable)
         groups.append("rounds {:.0f} kept {:.0f} filtered {:.0f}".format(
             *(m.get(f"filter_groups/{k}", 0.0) for k in ("num_gen_batches", "num_kept", "num_filtered"))))

@@ -54,14 +54,13 @@ def validate(run) -> dict[str, float]:
     shown = False
     with progress(num_prompts, "validation", ctx.is_logging_rank, unit="prompts") as bar:
         for prompts, keep in run.val_sampler.batches(cfg.data.val_batch_size):
-            rollout = run.engine.generate([list(p.prompt_ids) for p in prompts],
-                                          sampling_params(cfg, run.stop_ids, 0, validation=True),
-                                          show_progress=ctx.is_logging_rank)
+            rollout = run.rollout.generate(prompts, sampling_params(cfg, run.stop_ids, 0, validation=True),
+                                           show_progress=ctx.is_logging_rank)  # in rollout.mode, as training
             responses = decode_responses(rollout, run.tokenizer.decode)
             scored = run.scorer.score(rollout, prompts, 1, responses)
             columns = scored.columns()
             sums = merge_source_sums([sums, source_sums([p.data_source for p in prompts], columns, keep)])
-            totals += torch.tensor(length_sums(rollout.response_lengths, keep, cfg.rollout.max_response_length),
+            totals += torch.tensor(length_sums(rollout.loss_mask.sum(-1), keep, cfg.rollout.max_response_length),
                                    dtype=torch.float64)
             if ctx.is_logging_rank and prompts and not shown:  # one sample, so users see what the model writes
                 log.info(format_sample(prompts[0].messages[-1]["content"], responses[0], prompts[0].ground_truth,

@@ -11,7 +11,7 @@ TINY = f"{ROOT}/configs/tiny_grpo.yaml"
 def test_every_registry_field_is_checked_once():
     cfg = load_config(TINY)
     keys = [key for key, *_ in registry_fields(cfg)]
-    assert len(keys) == len(set(keys)) == 13
+    assert len(keys) == len(set(keys)) == 14
     for key, registry, extras, _ in registry_fields(cfg):
         with pytest.raises(ConfigError) as e:
             load_config(TINY, [f"{key}=bogus_value"])

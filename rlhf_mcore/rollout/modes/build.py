@@ -1,0 +1,50 @@
+"""`build_rollout(rollout_cfg, engine, tokenizer, ctx)`: the run's rollout layer, built once at start-up."""
+from __future__ import annotations
+
+import logging
+
+from rlhf_mcore.rollout.modes.base import ModeEnv, Rollout
+
+log = logging.getLogger("rlhf_mcore")
+PARSER_STOPS = {"hermes": ("</tool_call>",)}  # where a tool call ends: a stop string of every assistant turn
+
+
+def parser_fn(name: str):
+    """The tool-call parser `name` as a text -> calls function, and the stop strings that end a call."""
+    from rlhf_mcore.agent.parsers import TOOL_CALL_PARSERS
+
+    parser = TOOL_CALL_PARSERS.get(name)
+    stops = tuple(getattr(parser, "stop_strings", ())) or PARSER_STOPS.get(name, ())
+    return getattr(parser, "parse", parser), stops
+
+
+def tool_env(options, tokenizer, ctx, pad_id: int) -> ModeEnv:
+    """The multi-turn environment: tools, parser and (on the replica's first rank) the tool executor."""
+    from rlhf_mcore.agent.executor import ToolExecutor
+    from rlhf_mcore.agent.tools import load_tools
+
+    tools = load_tools(list(options.tools), options.tools_file or None)
+    parse, stops = parser_fn(options.parser)
+    mp = getattr(getattr(ctx, "pgs", None), "mp", None)
+    first = mp is None or mp.rank() == 0
+    executor = ToolExecutor(tools, timeout_s=options.tool_timeout_s, max_output_chars=options.max_tool_response_chars,
+                            memory_mb=options.tool_memory_mb, workers=options.workers) if first else None
+    return ModeEnv(tokenizer=tokenizer, ctx=ctx, options=options, tools=tools, executor=executor, parse=parse,
+                   stop_strings=stops, pad_id=pad_id)
+
+
+def build_rollout(rollout_cfg, engine, tokenizer, ctx, announce: bool = False) -> Rollout:
+    """single_turn: the engine alone; multi_turn: with the tools of rollout.multi_turn. Logs which path runs."""
+    if rollout_cfg.mode != "multi_turn":
+        if announce:
+            log.info("rollout: %s mode (one generate call per step, %s engine)", rollout_cfg.mode, rollout_cfg.engine)
+        return Rollout(engine, rollout_cfg.mode)
+    m = rollout_cfg.multi_turn
+    env = tool_env(m, tokenizer, ctx, tokenizer.pad_id)
+    if announce:
+        log.info("rollout: multi_turn mode (%s engine; up to %d assistant turns, %d tool calls per turn, tools %s, "
+                 "%s parser, stop strings %s, tool time-out %g s, output cut at %d chars, %d workers; the loss "
+                 "mask trains only the sampled tokens)", rollout_cfg.engine, m.max_turns, m.max_tool_calls,
+                 ", ".join(env.tools) or "none", m.parser, list(env.stop_strings), m.tool_timeout_s,
+                 m.max_tool_response_chars, m.workers)
+    return Rollout(engine, "multi_turn", env)
