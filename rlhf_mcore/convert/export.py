@@ -182,7 +182,9 @@ def load_lora_actor(model, ckpt: str, model_cfg, hf_cfg: dict, ctx) -> None:
     elif kind == "load":
         load_model_weights(model, where)
     sharded, left_out = checkpointed_state(model)
-    apply_model_state(model, dist_checkpointing.load(sharded, str(ckpt)), str(ckpt), left_out)
+    state = dist_checkpointing.load(sharded, str(ckpt))
+    state = {name: v for name, v in state.items() if name in sharded}  # drop the checkpoint's common (optimizer) state
+    apply_model_state(model, state, str(ckpt), left_out)
 
 
 def save_lora_adapter(model, out: Path, model_cfg, hf_cfg: dict, ctx) -> Path:

@@ -92,10 +92,10 @@ def test_delta_follows_the_fused_qkv_and_fc1_layouts(mcore_ctx):
     lora = build(cfg, mcore_ctx)
     perturb(lora)
     hf = load_hf_config(cfg.model)
-    full = {k: v.detach().clone() for k, v in lora.state_dict().items() if "lora_" not in k and "extra" not in k}
+    full = {k: torch.zeros_like(v) for k, v in lora.state_dict().items() if "lora_" not in k and "extra" not in k}
     for name, module in lora.named_modules():
         if hasattr(module, "lora_A"):
-            full[f"{name}.weight"] = full[f"{name}.weight"] * 0 + lora_delta(module)
+            full[f"{name}.weight"] = lora_delta(module)
     deltas = mcore_to_hf(full, hf, role="actor")
     attn, mlp = lora.decoder.layers[1].self_attention.linear_qkv, lora.decoder.layers[1].mlp.linear_fc1
     expect = {"q_proj": attn, "v_proj": attn, "up_proj": mlp}
