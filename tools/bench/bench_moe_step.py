@@ -264,6 +264,7 @@ def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--tiny", action="store_true", help="tiny fp32 shapes, 4 x 32 tokens (CPU smoke test)")
     p.add_argument("--moe-layers", type=int, default=0, help="layers of the MoE (0: the most that fit, estimated)")
+    p.add_argument("--moe", type=int, default=1, help="1: the MoE (0: only the dense pair)")
     p.add_argument("--find-largest", type=int, default=1, help="1: also time a 2-layer MoE and fit the peaks")
     p.add_argument("--dense", type=int, default=1, help="1: also the dense pair (Qwen3-0.6B vs Qwen2.5-0.5B)")
     p.add_argument("--sequences", type=int, default=16, help="sequences per step")
@@ -281,6 +282,18 @@ def parse_args(argv=None):
     return args
 
 
+def write_result(args, rows: list[dict], largest: dict | None) -> dict:
+    """The result so far (written after every model, so a run cut short by a time limit keeps its rows)."""
+    result = {"args": vars(args), "device": torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu",
+              "torch": torch.__version__, "rows": rows, "largest_moe": largest}
+    if args.out:
+        os.makedirs(args.out, exist_ok=True)
+        path = os.path.join(args.out, "moe_step_tiny.json" if args.tiny else "moe_step.json")
+        with open(path, "w") as f:
+            json.dump(result, f, indent=2)
+    return result
+
+
 def main(argv=None) -> dict:
     args = parse_args(argv)
     init_logger()
@@ -291,22 +304,19 @@ def main(argv=None) -> dict:
                                                                     0.95 * capacity_bytes(args)))
     moe, dense = shapes(args.tiny, layers)
     batch = make_batch(args.sequences, args.seq_len, moe["vocab_size"], ctx.device)
-    rows = safe_bench("moe", moe, ctx, args, batch)
-    if args.find_largest:
-        rows += safe_bench("moe", {**moe, "num_hidden_layers": 1 if args.tiny else 2}, ctx, args, batch)
-    if args.dense:
-        for name, hf in dense.items():
-            rows += safe_bench(name, hf, ctx, args, batch)
+    todo = [("moe", moe)] if args.moe else []
+    if args.moe and args.find_largest:
+        todo.append(("moe", {**moe, "num_hidden_layers": 1 if args.tiny else 2}))
+    todo += list(dense.items()) if args.dense else []
+    rows = []
+    for label, hf in todo:
+        rows += safe_bench(label, hf, ctx, args, batch)
+        write_result(args, rows, None)
     largest = largest_statement(moe_full, [] if args.tiny else rows, args, tokens_per_micro)  # the real shape
     print_table(rows, largest, args)
-    result = {"args": vars(args), "device": torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu",
-              "torch": torch.__version__, "rows": rows, "largest_moe": largest}
+    result = write_result(args, rows, largest)
     if args.out:
-        os.makedirs(args.out, exist_ok=True)
-        path = os.path.join(args.out, "moe_step_tiny.json" if args.tiny else "moe_step.json")
-        with open(path, "w") as f:
-            json.dump(result, f, indent=2)
-        print(f"wrote {path}")
+        print(f"wrote {os.path.join(args.out, 'moe_step_tiny.json' if args.tiny else 'moe_step.json')}")
     return result
 
 

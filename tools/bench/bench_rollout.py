@@ -4,6 +4,7 @@
     python -m tools.bench.bench_rollout --preset qwen2.5-0.5b --dtype bf16 --batch 1,16,64,256 --out results
     torchrun --nproc_per_node 2 -m tools.bench.bench_rollout --preset llama3.2-1b --tp 2 --dtype bf16
     python -m tools.bench.bench_rollout --hf-path /models/Qwen2.5-1.5B --dtype bf16   # architecture only
+    python -m tools.bench.bench_rollout --hf-path DIR --moe-expert-impl grouped   # an MoE (eager decode)
 
 Weights are random (only the architecture matters for speed); no stop tokens, so every row decodes exactly
 --new-tokens tokens. For each batch size it times a prefill-only call (max_new_tokens=1) and a full call;
@@ -52,6 +53,7 @@ def parse_args(argv=None):
     p.add_argument("--micro-batch-size", type=int, default=0, help="engine micro-batch (0 = all rows)")
     p.add_argument("--ragged", action="store_true", help="prompt lengths uniform in [prompt_len/2, prompt_len]")
     p.add_argument("--repeat", type=int, default=2, help="timed repetitions (best is reported)")
+    p.add_argument("--moe-expert-impl", default="auto", help="model.moe_expert_impl of an MoE model")
     p.add_argument("--out", default="", help="directory for the JSON result")
     return p.parse_args(argv)
 
@@ -112,8 +114,8 @@ def print_table(rows: list[dict], header: str) -> None:
 
 def main(argv=None) -> None:
     args = parse_args(argv)
-    model_cfg = ModelConfig(hf_path=args.hf_path, dtype=args.dtype) if args.hf_path else \
-        ModelConfig(dtype=args.dtype, **PRESETS[args.preset])
+    model_cfg = ModelConfig(hf_path=args.hf_path, dtype=args.dtype, moe_expert_impl=args.moe_expert_impl) \
+        if args.hf_path else ModelConfig(dtype=args.dtype, **PRESETS[args.preset])
     cfg = Config(model=model_cfg, parallel=ParallelConfig(tp=args.tp, pp=args.pp))
     ctx = init_distributed(args.tp, args.pp, seed=1234)
     hf = load_hf_config(cfg.model)
@@ -123,6 +125,8 @@ def main(argv=None) -> None:
     if ctx.rank != 0:
         return
     name = Path(args.hf_path).name if args.hf_path else args.preset
+    if hf.get("num_experts") or hf.get("num_local_experts"):
+        name += f"_{args.moe_expert_impl}"
     device = torch.cuda.get_device_name() if ctx.device.type == "cuda" else f"cpu x{torch.get_num_threads()}"
     header = (f"native rollout: {name} {args.dtype} tp{args.tp} pp{args.pp} dp{ctx.dims.dp} on {device}; "
               f"{count_parameters(model) / 1e6:.1f}M params on rank 0; tok/s per DP replica")
@@ -133,7 +137,8 @@ def main(argv=None) -> None:
         path = out / f"rollout_{name}_tp{args.tp}pp{args.pp}.json"
         result = {"model": name, "dtype": args.dtype, "tp": args.tp, "pp": args.pp, "dp": ctx.dims.dp,
                   "device": device, "temperature": args.temperature, "ragged": args.ragged,
-                  "micro_batch_size": args.micro_batch_size, "rows": rows}
+                  "micro_batch_size": args.micro_batch_size, "moe_expert_impl": args.moe_expert_impl,
+                  "decode_path": "static" if engine.static is not None else "eager", "rows": rows}
         path.write_text(json.dumps(result, indent=2))
         print(f"wrote {path}")
 
