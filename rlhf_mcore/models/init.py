@@ -4,6 +4,8 @@
 a stage builds only its own layers, so the shared RNG stream would give layer k different weights at
 PP1 and PP2. Seeding before each layer by its GLOBAL layer number, and the output layer by its own seed,
 removes that: the same model is built at every TP/PP layout (tools/check_layouts.py proves it).
+MoE experts are drawn again per GLOBAL expert index (an EP rank builds its own experts only, from the start of
+the layer's stream), so the same experts come out at every EP layout too.
 """
 from __future__ import annotations
 
@@ -13,6 +15,7 @@ from megatron.core.utils import get_pg_rank
 
 LAYER_SEED_BASE = 1_000_003
 OUTPUT_SEED = 7_777_777
+EXPERT_SEED_BASE = 2_000_003
 
 
 class SeededTransformerLayer(TransformerLayer):
@@ -28,6 +31,25 @@ class SeededTransformerLayer(TransformerLayer):
         torch.manual_seed(LAYER_SEED_BASE + layer_number + offset)
         super().__init__(config=config, submodules=submodules, layer_number=layer_number,
                          hidden_dropout=hidden_dropout, pg_collection=pg_collection, vp_stage=vp_stage)
+        reseed_experts_(self.mlp, layer_number + offset)
+
+
+@torch.no_grad()
+def reseed_experts_(mlp, global_layer: int) -> None:
+    """Redraw each local expert's fc1/fc2 (whole: expert TP is 1) with megatron's init methods from a seed of
+    (global layer, global expert index); a dense MLP is left alone."""
+    experts = getattr(getattr(mlp, "experts", None), "local_experts", None)
+    if experts is None:
+        return
+    config = mlp.config
+    for index, expert in zip(mlp.local_expert_indices, experts):
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(EXPERT_SEED_BASE + 100_003 * global_layer + index)
+            for linear, init in ((expert.linear_fc1, config.init_method),
+                                 (expert.linear_fc2, config.output_layer_init_method)):
+                full = torch.empty(linear.weight.shape, dtype=torch.float32)
+                init(full)
+                linear.weight.copy_(full)
 
 
 def seeded_layer_spec(spec):
