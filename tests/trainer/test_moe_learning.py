@@ -1,8 +1,8 @@
 """GRPO with routing replay learns on a tiny MoE: configs/tiny_moe_grpo.yaml (a random 4-layer Qwen3-MoE, 8 experts
 top-2, actor.router_replay=R2, two mini-batches per step so the old-log-prob pass records the experts the update
-replays) raises the mean reward of the vowel task by at least 0.3 within 12 steps with a fixed seed (measured on
-CPU, mean of the first and last three steps: 0.03 -> 0.81), with the per-step expert-load metrics logged. The replayed map equals the recorded one:
-tests/trainer/test_router_replay.py."""
+replays) raises the mean reward of the vowel task by at least 0.3 within 12 steps with a fixed seed (measured
+on CPU, mean of the first and last three steps: 0.03 -> 0.81), with the per-step expert-load metrics logged. The
+replayed map equals the recorded one: tests/trainer/test_router_replay.py."""
 import json
 import os
 import subprocess
