@@ -24,7 +24,8 @@ if [[ -z "${DRY:-}" && ! -d /tmp/site/megatron ]]; then echo "COLD_MACHINE: inst
 D=$OUT/moe
 mkdir -p "$D"
 : > "$D/rc.txt"
-BUDGET=${BUDGET:-$([[ -n "${DRY:-}" ]] && echo 900 || echo 195)}  # the dry run is slower: tiny sizes on two shared cores
+# the dry run is slower: tiny sizes on two shared CPU cores
+BUDGET=${BUDGET:-$([[ -n "${DRY:-}" ]] && echo 900 || echo 195)}
 END=$((SECONDS + BUDGET))
 
 run_step() {  # run_step NAME MAX_SECONDS CMD...: CMD under timeout (its max, or what is left); log to $D/NAME.log
