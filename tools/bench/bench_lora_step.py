@@ -12,7 +12,7 @@ finalisation, megatron's distributed optimizer step). `grpo step` = log_prob + u
 skipped and says so):
 1. LoRA on the whole 28-layer shape;
 2. LoRA on the first N layers of that same model (layers dropped, the adapters' optimizer rebuilt): N = the
-   most layers full fine-tuning fits (tools/bench/moe_memory.py's estimate at 18 B/param + activations, 95% of
+   most layers full fine-tuning fits (tools/bench/moe_memory.py's estimate at 18 B/param + activations, 90% of
    the device), so 2 and 3 compare like for like;
 3. full fine-tuning of N layers.
 Model FLOPs (MFU against --peak-tflops, 790: the H200's measured bf16 dense rate): forward 2 per weight and
