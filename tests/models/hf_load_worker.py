@@ -1,9 +1,9 @@
 """torchrun worker of tests/models/test_hf_load.py: direct HF load against converter-then-load, bitwise.
 
-    torchrun --nproc_per_node 2 -m tests.models.hf_load_worker --work DIR --layouts 1x1,2x1,1x2 --cases a,b
+    torchrun --nproc_per_node 2 -m tests.models.hf_load_worker --work DIR --layouts 1x1,2x1,1x2,1x1x2 --cases a,b
 
 DIR/hf/<case>/ holds tiny HF checkpoints and DIR/mcore/<case>/ their TP1 conversions (role from the
-architecture). Per layout and case, two models of that role: one loaded with `load_hf_weights`, one from the
+architecture). Per layout TPxPP[xEP] and case, two models of that role: one loaded with `load_hf_weights`, one from the
 converted checkpoint (megatron reshards); every parameter must be bitwise equal. Prints one
 `hf_load case=... layout=... mismatched=N` line per pair on rank 0; exits 1 on any mismatch.
 """
@@ -48,9 +48,9 @@ def main() -> int:
     init_logger(torchrun_env()[0])
     failures = 0
     for layout in args.layouts.split(","):
-        tp, pp = (int(x) for x in layout.split("x"))
+        tp, pp, ep = (*(int(x) for x in layout.split("x")), 1)[:3]
         reset_model_parallel()
-        ctx = init_distributed(tp, pp)
+        ctx = init_distributed(tp, pp, ep=ep)
         for case in args.cases.split(","):
             bad = mismatched(args.work, case, ctx)
             failures += bool(bad)

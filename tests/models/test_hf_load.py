@@ -107,3 +107,42 @@ def test_direct_load_equals_converter_then_load_at_tp2_and_pp2(work):
     print("\n".join(lines))
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-6000:]
     assert len(lines) == 3 * len(DIST_CASES) and all("mismatched=0" in line for line in lines)
+
+
+@pytest.fixture(scope="module")
+def moe_work(tmp_path_factory):
+    """hf/<case>/ tiny HF Qwen3-MoE and Mixtral checkpoints, mcore/<case>/ their 1x1 conversions."""
+    from tests.models.test_qwen3_moe import tiny_mixtral, tiny_moe
+    from tools.convert_checkpoint import run
+
+    work = tmp_path_factory.mktemp("hf_load_moe")
+    for case, model in (("qwen3_moe", tiny_moe(True)), ("mixtral", tiny_mixtral())):
+        model.save_pretrained(str(work / "hf" / case))
+        assert run(["hf-to-mcore", "--hf-dir", str(work / "hf" / case), "--out", str(work / "mcore" / case)]) == 0
+    return work
+
+
+def test_hf_path_only_moe_gives_the_converted_checkpoints_logprobs(moe_work, mcore_ctx, caplog):
+    """Qwen3-MoE and Mixtral: `model.hf_path` alone gives the first log-probs of the converted checkpoint."""
+    for case in ("qwen3_moe", "mixtral"):
+        hf_dir = moe_work / "hf" / case
+        with caplog.at_level("INFO"):
+            direct = _roles([f"model.hf_path={hf_dir}"], mcore_ctx)
+        assert f"actor: weights from HF {hf_dir}/model.safetensors" in caplog.text
+        converted = _roles([f"model.hf_path={hf_dir}", f"model.load={moe_work / 'mcore' / case}"], mcore_ctx)
+        tokens = torch.randint(0, 250, (2, 11), generator=torch.Generator().manual_seed(0))
+        a, b = (r.actor.module for r in (direct, converted))
+        assert torch.equal(_first_logprobs(a, tokens, mcore_ctx), _first_logprobs(b, tokens, mcore_ctx)), case
+
+
+@pytest.mark.dist
+def test_moe_direct_load_equals_converter_then_load_at_ep2_and_tp2(moe_work):
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--standalone",
+           "-m", "tests.models.hf_load_worker", "--work", str(moe_work), "--layouts", "1x1,1x1x2,2x1",
+           "--cases", "qwen3_moe,mixtral"]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600, cwd=ROOT,
+                          env=dict(os.environ, OMP_NUM_THREADS="1"))
+    lines = [line for line in proc.stdout.splitlines() if line.startswith("hf_load ")]
+    print("\n".join(lines))
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-6000:]
+    assert len(lines) == 6 and all("mismatched=0" in line for line in lines)

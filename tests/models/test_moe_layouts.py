@@ -1,7 +1,8 @@
 """Qwen3-MoE at every layout of the issue's list (gloo, CPU): `tools.convert_checkpoint hf-to-mcore --ep` then
 `verify` (fp32 logits against transformers within 1e-4) at EP2, TP2, PP2 (2 ranks) and TP2xEP2, PP2xEP2 (4 ranks),
 each checkpoint also verified after resharding from the 1x1 one; `mcore-to-hf` of an EP2 checkpoint gives the
-input HF tensors bitwise. Plus the layout rules checked before any model is built (expert TP, SP at tp > 1)."""
+input HF tensors bitwise; the same for Mixtral at EP2. Plus the layout rules checked before any model is built
+(expert TP, SP at tp > 1)."""
 import os
 import subprocess
 import sys
@@ -14,9 +15,9 @@ from tests.tools.tiny_hf import ROOT, diff_state_dicts, load_tensors, parse_veri
 ENV = dict(os.environ, OMP_NUM_THREADS="1")
 
 
-def convert_and_verify(work, nproc: int, layouts: str) -> list[dict]:
+def convert_and_verify(work, nproc: int, layouts: str, case: str = "qwen3_moe") -> list[dict]:
     cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", str(nproc), "--standalone",
-           "-m", "tests.tools.convert_worker", "--work", str(work), "--layouts", layouts, "--cases", "qwen3_moe"]
+           "-m", "tests.tools.convert_worker", "--work", str(work), "--layouts", layouts, "--cases", case]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600, cwd=ROOT, env=ENV)
     rows = parse_verify_lines(proc.stdout)
     for row in rows:
@@ -25,18 +26,18 @@ def convert_and_verify(work, nproc: int, layouts: str) -> list[dict]:
     return rows
 
 
-def round_trip(work, layout: str) -> list[str]:
+def round_trip(work, layout: str, case: str = "qwen3_moe") -> list[str]:
     """mcore-to-hf (one process: megatron reshards the EP checkpoint to 1x1) against the source HF tensors."""
-    out = work / f"back_{layout}"
+    out = work / f"back_{case}_{layout}"
     cmd = [sys.executable, "-m", "tools.convert_checkpoint", "mcore-to-hf", "--mcore-dir",
-           str(work / "mcore" / f"qwen3_moe_{layout}"), "--out", str(out)]
+           str(work / "mcore" / f"{case}_{layout}"), "--out", str(out)]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600, cwd=ROOT, env=ENV)
     assert proc.returncode == 0, proc.stderr[-3000:]
-    return diff_state_dicts(load_tensors(work / "hf" / "qwen3_moe"), load_tensors(out))
+    return diff_state_dicts(load_tensors(work / "hf" / case), load_tensors(out))
 
 
-def layouts_of(rows: list[dict]) -> list[tuple[str, str, str, str]]:
-    return [(r["ckpt"].removeprefix("qwen3_moe_"), r["tp"], r["pp"], r["ep"]) for r in rows]
+def layouts_of(rows: list[dict], case: str = "qwen3_moe") -> list[tuple[str, str, str, str]]:
+    return [(r["ckpt"].removeprefix(f"{case}_"), r["tp"], r["pp"], r["ep"]) for r in rows]
 
 
 @pytest.mark.dist
@@ -60,6 +61,18 @@ def test_logits_at_tp2xep2_and_pp2xep2_and_round_trip_bitwise(tmp_path):
                                 ("1x2x2", "1", "2", "2"), ("1x1", "1", "2", "2")]
     assert all(r["passed"] and float(r["logits_max"]) <= 1e-4 for r in rows)
     assert round_trip(tmp_path, "2x1x2") == []
+
+
+@pytest.mark.dist
+def test_mixtral_logits_at_ep2_and_round_trip_bitwise(tmp_path):
+    """Mixtral (block_sparse_moe w1/w3/w2): `hf-to-mcore --ep 2` then verify, and back to HF bitwise."""
+    from tests.models.test_qwen3_moe import tiny_mixtral
+
+    tiny_mixtral().save_pretrained(str(tmp_path / "hf" / "mixtral"))
+    rows = convert_and_verify(tmp_path, 2, "1x1,1x1x2", "mixtral")
+    assert layouts_of(rows, "mixtral") == [("1x1", "1", "1", "1"), ("1x1x2", "1", "1", "2"), ("1x1", "1", "1", "2")]
+    assert all(r["passed"] and float(r["logits_max"]) <= 1e-4 for r in rows)
+    assert round_trip(tmp_path, "1x1x2", "mixtral") == []
 
 
 def test_expert_tp_and_sequence_parallel_rules_before_build(tmp_path):
