@@ -153,3 +153,22 @@ def test_native_engine_decodes_moe_eagerly_and_says_why(tmp_path, mcore_ctx):
     start = batch.prompt_lengths[:, None]
     mask = (cols >= start) & (cols < start + batch.response_lengths[:, None])
     assert mask.sum() == 2 * 5 and (logp - batch.rollout_logprobs).abs()[mask].max() <= 1e-5
+
+
+def test_training_cli_stops_at_bad_expert_layouts_before_anything_is_built(tmp_path):
+    """`python -m rlhf_mcore.train` (one process, world size 1) on the tiny MoE preset with parallel.ep=3: the
+    expert count and the world size are checked with the config, one line each, exit 2, no run directory."""
+    import subprocess
+    import sys
+
+    from tests.tools.tiny_hf import ROOT
+
+    out = tmp_path / "never"
+    proc = subprocess.run([sys.executable, "-m", "rlhf_mcore.train", "--config", "configs/tiny_moe_grpo.yaml",
+                           "parallel.ep=3", f"trainer.output_dir={out}"], capture_output=True, text=True, cwd=ROOT,
+                          timeout=120)
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr and not out.exists()
+    lines = [line.strip() for line in proc.stderr.splitlines() if "parallel.ep" in line]
+    assert lines == ["- parallel.ep: must divide the expert count 8 (got 3). Pick a divisor of num_experts, or ep=1.",
+                     "- parallel.ep: tp*pp*ep = 3 must divide the world size 1 (got ep=3). Launch a multiple of "
+                     "tp*pp*ep ranks."]
