@@ -118,7 +118,17 @@ def test_tool_and_template_tokens_get_zero_gradient(tok, executor):
     loss, _, _ = aggregate_loss(per_token, mask, "token-mean")
     loss.backward()
     grad = logits.grad.abs().sum(-1)  # [B, S]
-    predicts = torch.nn.functional.pad(mask[:, 1:], (0, 1)).bool()  # position t predicts a sampled token t + 1
+    # which tokens the policy sampled, from the script alone (not from the batch's mask): prompt, turn 1,
+    # the tool turn's ids, turn 2
+    sampled = torch.zeros_like(mask, dtype=torch.bool)
+    delta = len(tool_delta_ids(tok, ["12345"]))
+    for i in range(4):
+        start, first = int(batch.prompt_lengths[i]), len(a + tok.encode(CALL))
+        second = len(char_ids(tok, "#### 12345"[i:])) + 1  # the script's k is the row
+        sampled[i, start:start + first] = True
+        sampled[i, start + first + delta:start + first + delta + second] = True
+    assert torch.equal(mask.bool(), sampled)
+    predicts = torch.nn.functional.pad(sampled[:, 1:], (0, 1))  # position t predicts a sampled token t + 1
     assert (grad[~predicts] == 0).all()
     assert (grad[predicts] > 0).all()
     assert (~predicts & (batch.tokens != tok.pad_id)).any(1).all()  # every row has masked non-pad tokens
