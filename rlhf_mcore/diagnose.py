@@ -2,8 +2,8 @@
 paths a config would take, and why (verl users know this as `scripts/diagnose.py`).
 
 Prints the devices, CUDA/NCCL versions and package versions; whether Transformer Engine, apex and SGLang
-import; and, for a config, the attention, norm, rollout, log-prob kernel and distributed paths. Nothing is
-built and no process group is started.
+import; and, for a config, the attention, norm, rollout, log-prob kernel and distributed paths, and what LoRA
+trains and saves (the start-up line of each LoRA role). Nothing is built and no process group is started.
 """
 from __future__ import annotations
 
@@ -84,6 +84,33 @@ def code_paths(cfg, have_cuda: bool, have_te: bool, have_triton: bool, sglang_st
             ("layout", f"tp={cfg.parallel.tp} pp={cfg.parallel.pp}; dp = world size / (tp*pp)")]
 
 
+def lora_lines(cfg) -> list[str]:
+    """The LoRA roles' start-up lines (trainable parameters, memory saved per GPU at the config's tp x pp, dp 1),
+    from the model's HF config; empty without LoRA."""
+    from rlhf_mcore.models.lora import LoraSettings
+    from rlhf_mcore.models.lora_budget import describe, lora_budget
+    from rlhf_mcore.models.transformer_config import load_hf_config
+    from rlhf_mcore.trainer.roles import needs_critic, needs_ref
+
+    ranks = (("actor", cfg.model.lora_rank), ("critic", cfg.critic.lora_rank if needs_critic(cfg) else 0))
+    if not any(rank for _, rank in ranks):
+        return []
+    try:
+        hf = load_hf_config(cfg.model)
+    except (OSError, ValueError) as err:
+        return [f"lora: the model's config cannot be read ({err})"]
+    lines = []
+    for role, rank in ranks:
+        settings = LoraSettings.from_model_cfg(cfg.model, rank=rank)
+        if settings is None:
+            continue
+        kind = "none" if role == "critic" or not needs_ref(cfg) else "separate" if cfg.ref.load else "shared"
+        budget = lora_budget(hf, settings, cfg.model.dtype, cfg.parallel.tp, cfg.parallel.pp, 1,
+                             cfg.parallel.use_distributed_optimizer, ref_shared=kind == "shared")
+        lines.append(f"{role} {describe(budget, settings, kind)}")
+    return lines
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m rlhf_mcore.diagnose", description=__doc__.split("\n\n")[0])
     parser.add_argument("--config", help="a config to explain (code paths it would take)")
@@ -118,6 +145,8 @@ def main(argv: list[str] | None = None) -> int:
         for what, why in code_paths(cfg, torch.cuda.is_available(), status["transformer_engine"] == "yes",
                                     status["triton"] == "yes", status["sglang"]):
             print(f"  {what:<16} {why}")
+        for line in lora_lines(cfg):
+            print(f"  {line}")
     return 0
 
 

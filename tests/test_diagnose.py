@@ -38,3 +38,18 @@ def test_main_explains_a_config_that_would_not_run(capsys):
     assert main(["--config", "configs/tiny_grpo.yaml", "data.train_files=/nope.parquet"]) == 0
     out = capsys.readouterr().out
     assert "a run would stop here" in out and "data.train_files: file not found" in out and "  rollout " in out
+
+
+def test_lora_roles_report_what_they_train_and_save(tmp_path):
+    """The start-up lines of the LoRA roles, by hand: a 2-layer model, h 64, q 64, kv 32, ffn 128, fp32."""
+    from rlhf_mcore.diagnose import lora_lines
+
+    assert lora_lines(load_config("configs/tiny_ppo.yaml", [], check=False)) == []
+    cfg = load_config("configs/tiny_ppo.yaml", ["model.num_layers=2", "model.lora_rank=8", "critic.lora_rank=4",
+                                                "model.target_modules=[q_proj,v_proj]"], check=False)
+    actor, critic = lora_lines(cfg)
+    # actor: 2 layers x 8 x ((64 + 64) + (32 + 64)) = 3584 adapter params; the reference shares the actor
+    assert actor.startswith("actor lora: rank 8, alpha 16 on q_proj,v_proj: 3.6K trainable params")
+    assert "reference = actor without adapters" in actor
+    assert critic.startswith("critic lora: rank 4, alpha 16 on q_proj,v_proj: 1.8K trainable params")
+    assert "reference" not in critic
