@@ -100,9 +100,10 @@ def format_step_line(step: int, total: int, m: dict) -> str:
     phases = " ".join(f"{p} {m[f'timing_s/{p}']:.1f}s" for p in PHASES if f"timing_s/{p}" in m)
     groups = [" ".join(filter(None, parts[i:j])) for i, j in ((1, 5), (5, 11), (11, None))]
     if "num_turns/mean" in m:  # rollout.mode=multi_turn
-        groups.append("multi_turn: turns {:.2f} (max {:.0f}) tools {:.2f} err {:.2f} t/o {:.2f}".format(
-            *(m.get(k, 0.0) for k in ("num_turns/mean", "num_turns/max", "tool_calls/mean", "tool/error_rate",
-                                      "tool/timeout_rate"))))
+        shown = "multi_turn: turns {:.2f} (max {:.0f}) tools {:.2f} (called {:.0%}) err {:.2f} t/o {:.2f}"
+        groups.append(shown.format(
+            *(m.get(k, 0.0) for k in ("num_turns/mean", "num_turns/max", "tool_calls/mean", "tool/call_rate",
+                                      "tool/error_rate", "tool/timeout_rate"))))
     if "filter_groups/num_gen_batches" in m:  # dynamic sampling (algorithm.filter_groups.enable)
         groups.append("rounds {:.0f} kept {:.0f} filtered {:.0f}".format(
             *(m.get(f"filter_groups/{k}", 0.0) for k in ("num_gen_batches", "num_kept", "num_filtered"))))

@@ -62,7 +62,8 @@ class TurnCap:
         import dataclasses
 
         self.calls.append([list(p) for p in prompts])
-        batch = self.engine.generate(prompts, dataclasses.replace(params, max_new_tokens=min(TURN, params.max_new_tokens)))
+        cut = dataclasses.replace(params, max_new_tokens=min(TURN, params.max_new_tokens))
+        batch = self.engine.generate(prompts, cut)
         self.sampled.append([row[s:s + n] for row, s, n in zip(batch.tokens.tolist(), batch.prompt_lengths.tolist(),
                                                                batch.response_lengths.tolist())])
         return batch

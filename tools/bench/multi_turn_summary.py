@@ -2,9 +2,9 @@
 
     python -m tools.bench.multi_turn_summary --run multi=OUT/run_multi --run single=OUT/run_single --out X.json
 
-Per run: per step the reward, accuracy, tool-call rate (fraction of samples with a tool call is not logged;
-`tool_calls/mean` is calls per sample), turns, tool error and time-out rates, policy-token response length, the
-rollout/trainer log-prob mismatch over policy tokens, tokens and per-phase seconds; then per run the means
+Per run: per step the reward, accuracy, tool-call rate (samples with a call), tool calls per sample, turns,
+tool error and time-out rates, policy-token response length, the rollout/trainer log-prob mismatch over
+policy tokens, tokens and per-phase seconds; then per run the means
 over its steps after the first (the first holds warm-up) and, with two runs, the step-time ratio per token.
 """
 from __future__ import annotations
@@ -15,6 +15,7 @@ from pathlib import Path
 
 CURVES = {  # name in the table/JSON -> metric key
     "reward": "critic/score/mean", "acc": "critic/acc/mean", "tool_calls": "tool_calls/mean",
+    "call_rate": "tool/call_rate",
     "turns": "num_turns/mean", "turns_max": "num_turns/max", "tool_err": "tool/error_rate",
     "tool_timeout": "tool/timeout_rate", "resp_len": "response_length/mean",
     "mismatch": "rollout/mismatch_logp_abs_diff", "mismatch_exact": "rollout/mismatch_exact_frac",
@@ -22,7 +23,7 @@ CURVES = {  # name in the table/JSON -> metric key
     "old_logp_s": "timing_s/old_log_prob", "ref_s": "timing_s/ref", "update_s": "timing_s/update_actor",
     "step_s": "timing_s/step",
 }
-SHOWN = ("reward", "acc", "tool_calls", "turns", "tool_err", "resp_len", "mismatch", "tokens", "gen_s",
+SHOWN = ("reward", "acc", "call_rate", "tool_calls", "turns", "tool_err", "resp_len", "mismatch", "tokens", "gen_s",
          "old_logp_s", "update_s", "step_s")
 
 
