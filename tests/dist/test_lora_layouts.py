@@ -21,3 +21,12 @@ def test_lora_actor_and_critic_agree_at_every_layout_after_three_steps():
     moved = re.search(r"actor logp ([0-9.e+-]+), values ([0-9.e+-]+)", out.stdout)
     assert float(moved[1]) > 1e-2 and float(moved[2]) > 1e-2  # the adapters trained: the comparison means something
     assert "PASS" in out.stdout
+
+
+def test_lora_packed_equals_padded_at_tp1_and_tp2():
+    """Sequence packing with adapters (two ranks): packed micro-batches at TP1 and TP2 give the padded TP1
+    numbers after two steps, with sequence parallelism on at TP2 (the adapters' gather / reduce-scatter)."""
+    out = run_tool(2, "1x1,2x1", "--packing", "both", "--steps", "2", "--sequence-parallel", "--max-tokens", "45",
+                   "model.lora_rank=8", "model.lora_alpha=16", "critic.lora_rank=4", "actor.optim.lr=1e-2")
+    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+    assert "tp2 pp1 dp1 sp packed" in out.stdout and "PASS" in out.stdout
