@@ -1,11 +1,11 @@
 """Curves and a table from multi-turn (and single-turn) runs' metrics.jsonl (tools/gpu/gpu_multi_turn.sh).
 
-    python -m tools.bench.multi_turn_summary --run multi=OUT/run_multi --run single=OUT/run_single --out X.json
+    python -m tools.bench.multi_turn_summary --run multi=RUN_DIR --run single=RUN_DIR2 [...] --out X.json
 
 Per run: per step the reward, accuracy, tool-call rate (samples with a call), tool calls per sample, turns,
 tool error and time-out rates, policy-token response length, the rollout/trainer log-prob mismatch over
-policy tokens, tokens and per-phase seconds; then per run the means
-over its steps after the first (the first holds warm-up) and, with two runs, the step-time ratio per token.
+policy tokens, tokens and per-phase seconds; then per run the means over its steps after the first (the
+first holds warm-up), seconds per 1k tokens, and each run's step time per token against the run "single".
 """
 from __future__ import annotations
 
@@ -67,11 +67,13 @@ def summarize(runs: dict[str, Path]) -> dict:
         result["runs"][name] = {"curves": c, "num_steps": len(c["step"]),
                                 "mean_after_first": {k: mean_after_first(v) for k, v in c.items() if k != "step"}}
     means = {n: r["mean_after_first"] for n, r in result["runs"].items()}
-    if {"multi", "single"} <= set(means) and all(means[n].get("step_s") and means[n].get("tokens") for n in means):
-        per_token = {n: means[n]["step_s"] / means[n]["tokens"] for n in ("multi", "single")}
-        result["step_s_per_1k_tokens"] = {n: 1000 * v for n, v in per_token.items()}
-        result["multi_vs_single_step_time_per_token"] = per_token["multi"] / per_token["single"]
-        result["multi_vs_single_gen_s"] = (means["multi"]["gen_s"] or 0) / max(means["single"]["gen_s"] or 1e-9, 1e-9)
+    timed = {n: m for n, m in means.items() if m.get("step_s") and m.get("tokens")}
+    result["step_s_per_1k_tokens"] = {n: 1000 * m["step_s"] / m["tokens"] for n, m in timed.items()}
+    result["gen_s_per_1k_tokens"] = {n: 1000 * (m.get("gen_s") or 0) / m["tokens"] for n, m in timed.items()}
+    if "single" in timed:  # each run's step time per token against the single-turn run's
+        base = result["step_s_per_1k_tokens"]["single"]
+        result["step_time_per_token_vs_single"] = {n: v / base for n, v in result["step_s_per_1k_tokens"].items()
+                                                   if n != "single"}
     return result
 
 
@@ -88,7 +90,7 @@ def main(argv=None) -> None:
         m = r["mean_after_first"]
         print(f"{name}: {r['num_steps']} steps; mean after step 1: " + ", ".join(
             f"{k} {m[k]:.4g}" for k in SHOWN if m.get(k) is not None))
-    for key in ("step_s_per_1k_tokens", "multi_vs_single_step_time_per_token", "multi_vs_single_gen_s"):
+    for key in ("step_s_per_1k_tokens", "gen_s_per_1k_tokens", "step_time_per_token_vs_single"):
         if key in result:
             print(f"{key}: {result[key]}")
 

@@ -5,9 +5,11 @@
 # 1. configs/gsm8k_tool_grpo_smollm2.yaml (calculator tool, hermes, up to 4 turns) for ~130 s of training
 #    (trainer.time_limit_min counts the start-up too): per step the tool calls per sample, turns, reward,
 #    accuracy, tool error rate, the rollout/trainer log-prob mismatch over policy tokens, phase seconds.
-# 2. if time is left: the same preset with rollout.mode=single_turn (same prompts and tool schema, no tool
-#    turns) for 2 steps: step time per token of a multi-turn step vs a single-turn step.
-# Writes $OUT/multi_turn/{multi,single}.log, {multi,single}.metrics.jsonl, summary.json (curves and means) and
+# 2. if time is left, 2 steps each, for the step time of a multi-turn step vs a single-turn step per token:
+#    "forced": the same preset with forced tool calls (tools/bench/multi_turn_forced.py: every turn ends at a
+#    newline and is one calculator call, so samples take up to 4 turns; SmolLM2-135M writes no <tool_call> of
+#    its own), then "single": rollout.mode=single_turn (no tool schema in the prompt, one generate call).
+# Writes $OUT/multi_turn/{multi,forced,single}.log and .metrics.jsonl, summary.json (curves and means) and
 # prints the table. CPU dry run (tiny SMOL from the local GGUF, tiny sizes):
 #   DRY=1 OUT=/tmp/dry_multi_turn PY=.venv/bin/python bash tools/gpu/gpu_multi_turn.sh B
 set -uo pipefail
@@ -47,27 +49,32 @@ COMMON=(model.hf_path=$SMOL/hf model.load=$SMOL/mcore data.train_files=$SMOL/gsm
         data.val_files=$SMOL/gsm8k/test.parquet trainer.test_freq=0 trainer.save_freq=0 trainer.export_hf=false
         trainer.resume=disable "trainer.logger=[console,jsonl]")
 
-train() {  # name seconds overrides...
-  local name=$1 secs=$2; shift 2
+train() {  # name seconds module overrides...
+  local name=$1 secs=$2 module=$3; shift 3
   rm -rf /tmp/mt_run_$name
-  log "$name: ${*:-(preset)} (timeout ${secs}s)"
-  timeout -k 5 "$secs" $PY -m rlhf_mcore.train --config configs/gsm8k_tool_grpo_smollm2.yaml "${COMMON[@]}" \
+  log "$name: $module ${*:-(preset)} (timeout ${secs}s)"
+  timeout -k 5 "$secs" $PY -m $module --config configs/gsm8k_tool_grpo_smollm2.yaml "${COMMON[@]}" \
       trainer.output_dir=/tmp/mt_run_$name "${EXTRA[@]}" "$@" 2>&1 | grep -v "Warning\|warnings.warn" > $D/$name.log
   echo "$name rc ${PIPESTATUS[0]}"
   cp /tmp/mt_run_$name/metrics.jsonl $D/$name.metrics.jsonl 2>/dev/null
   grep "rollout: \|step [0-9]*/\|Traceback\|Error" $D/$name.log | cut -c1-400 | tail -14
 }
 
-train multi $(( $(left 20) < MULTI_TIMEOUT ? $(left 20) : MULTI_TIMEOUT )) trainer.time_limit_min=$LIMIT_MIN \
-    trainer.total_steps=1000
-REST=$(left 8)
-if (( REST >= 45 )) || [[ -n "${DRY:-}" ]]; then
-  train single $REST rollout.mode=single_turn trainer.total_steps=$SINGLE_STEPS
-else
-  echo "single: skipped (${REST}s left)"
-fi
+train multi $(( $(left 20) < MULTI_TIMEOUT ? $(left 20) : MULTI_TIMEOUT )) rlhf_mcore.train \
+    trainer.time_limit_min=$LIMIT_MIN trainer.total_steps=1000
+for name in forced single; do
+  REST=$(left 8)
+  if (( REST < 50 )) && [[ -z "${DRY:-}" ]]; then echo "$name: skipped (${REST}s left)"; continue; fi
+  if [[ $name == forced ]]; then
+    train forced $(( REST < 100 ? REST : 100 )) tools.bench.multi_turn_forced trainer.total_steps=$SINGLE_STEPS
+  else
+    train single $REST rlhf_mcore.train rollout.mode=single_turn trainer.total_steps=$SINGLE_STEPS
+  fi
+done
 RUNS=(--run multi=/tmp/mt_run_multi)
-[[ -f /tmp/mt_run_single/metrics.jsonl ]] && RUNS+=(--run single=/tmp/mt_run_single)
+for name in forced single; do
+  [[ -f /tmp/mt_run_$name/metrics.jsonl ]] && RUNS+=(--run $name=/tmp/mt_run_$name)
+done
 log "summary"
 timeout 20 $PY -m tools.bench.multi_turn_summary "${RUNS[@]}" --out $D/summary.json | tee $D/summary.txt
 log "done"
