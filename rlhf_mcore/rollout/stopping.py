@@ -13,6 +13,7 @@ False
 """
 from __future__ import annotations
 
+import functools
 from typing import Callable, Optional, Sequence
 
 import torch
@@ -61,7 +62,28 @@ def stop_string_hits(tails: list[list[int]], stop_strings: Sequence[str], decode
     if decode is None:
         raise ValueError("SamplingParams.stop_strings needs a decode(ids) -> str callable: pass decode= to the "
                          "rollout engine's constructor (e.g. tokenizer.decode).")
-    return [ends_with_stop_string(tail, stop_strings, decode) for tail in tails]
+    ends = {s[-1] for s in stop_strings if s}
+    if not all(c.isascii() and not c.isspace() or c == "\n" for c in ends):  # see `may_end`
+        return [ends_with_stop_string(tail, stop_strings, decode) for tail in tails]
+    return [bool(tail) and may_end(decode, tail[-1], frozenset(ends)) and ends_with_stop_string(tail, stop_strings,
+                                                                                               decode)
+            for tail in tails]
+
+
+@functools.lru_cache(maxsize=1 << 17)
+def may_end(decode: Decode, token: int, ends: frozenset) -> bool:
+    """Can token `token` complete a stop string ending in one of the characters `ends`? Only when its own text
+    holds that character: a stop string's last character (ASCII, not a space, or a newline) lies inside the
+    token that completes it, and a token decoded alone keeps such a character (byte-level BPE keeps every
+    ASCII byte; SentencePiece drops only a leading space). A pre-filter (one cached decode per token id), so a
+    decode step decodes the tails of only the rows that may stop; 512 rows x 256 steps of SmolLM2 with
+    `</tool_call>` took 16 ms a step without it on a CPU core.
+
+    >>> may_end(lambda ids: "".join(chr(96 + i) for i in ids), 3, frozenset("c")), may_end(str, 3, frozenset("x"))
+    (True, False)
+    """
+    text = decode([token])
+    return any(c in text for c in ends)
 
 
 def finish_reason(stopped: bool) -> str:

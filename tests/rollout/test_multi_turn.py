@@ -213,3 +213,15 @@ def test_tools_kwargs_reach_the_tool_as_its_context(tok):
             rows, SamplingParams(n=1, max_new_tokens=60, stop_token_ids=(2,)))
     assert sorted(map(str, seen)) == sorted(["{'ground_truth': '7'}", "{}"])
 
+
+
+@pytest.mark.parametrize("stops", [("</tool_call>",), ("\n",), ("</tool_call>", "####")])
+def test_stop_string_prefilter_finds_every_stop_the_full_check_finds(tok, stops):
+    """`stopping.may_end` (one cached decode per token id) skips only rows that cannot stop: on SmolLM2's real
+    tokenizer, at every prefix of texts holding the stop strings, the hits equal the unfiltered check's."""
+    from rlhf_mcore.rollout.stopping import ends_with_stop_string, stop_string_hits, tail_window
+
+    texts = [CALL + " and then", 'x</tool_call>\n#### 12', "a\nb\n\nc ####5</tool_call>", "no stop here at all"]
+    tails = [ids[max(0, k - tail_window(stops)):k] for ids in map(tok.encode, texts) for k in range(1, len(ids) + 1)]
+    want = [ends_with_stop_string(t, stops, tok.decode) for t in tails]
+    assert stop_string_hits(tails, stops, tok.decode) == want and sum(want) >= 2
