@@ -1,12 +1,17 @@
 """LoRA runs of the trainer (issue 25): PPO with a LoRA actor and a LoRA critic (rank 8 / rank 4, the
 critic's fresh value head trainable) trains on CPU, its checkpoints hold adapters only and record the
-settings, and a run resumed from its step-2 checkpoint repeats the straight run's step 3 bitwise."""
+settings, and a run resumed from its step-2 checkpoint repeats the straight run's step 3 bitwise; GRPO with
+the LoRA preset learns the tiny task."""
 import json
+import os
+import subprocess
+import sys
 
 import pytest
 from torch.distributed.checkpoint import FileSystemReader
 
-from tests.checkpoint.test_trainer_resume import TIMING_KEYS, train
+from tests.checkpoint.test_trainer_resume import ROOT, TIMING_KEYS, train
+from tests.conftest import free_port
 
 pytestmark = pytest.mark.slow
 LORA = ("model.lora_rank=8", "model.lora_alpha=16", "critic.lora_rank=4", "actor.optim.lr=1e-2",
@@ -37,3 +42,19 @@ def test_ppo_lora_actor_and_critic_train_and_resume_bitwise(tmp_path):
     assert [m.get("step") for m in resumed if "actor/pg_loss" in m] == [3]
     compared = [k for k in want if not k.startswith(TIMING_KEYS)]
     assert len(compared) > 20 and {k: got.get(k) for k in compared} == {k: want[k] for k in compared}
+
+
+def test_grpo_lora_raises_reward_on_the_tiny_task(tmp_path):
+    """configs/tiny_grpo_lora.yaml learns the vowel task through its adapters alone (measured 0.02 -> 0.99 in 12
+    steps) while the KL to the reference (the actor with its adapters off) grows from 0."""
+    cmd = [sys.executable, "-m", "rlhf_mcore.train", "--config", str(ROOT / "configs" / "tiny_grpo_lora.yaml"),
+           f"trainer.output_dir={tmp_path}", "trainer.save_freq=0", "trainer.resume=disable", "trainer.export_hf=false",
+           "trainer.total_steps=12", "trainer.logger=jsonl", "data.train_batch_size=8", "rollout.n=8",
+           "actor.ppo_mini_batch_size=8", "actor.micro_batch_size_per_gpu=16"]
+    proc = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT, timeout=600,
+                          env={**os.environ, "MASTER_PORT": str(free_port())})
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    steps = [json.loads(line) for line in open(tmp_path / "metrics.jsonl")]
+    rewards = [m["critic/score/mean"] for m in steps]
+    assert len(rewards) == 12 and sum(rewards[-3:]) / 3 > sum(rewards[:3]) / 3 + 0.3, rewards
+    assert steps[0]["actor/kl"] == 0.0 and steps[-1]["actor/kl"] > 0.1  # B = 0 at the start: the base exactly
