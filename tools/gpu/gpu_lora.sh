@@ -28,7 +28,7 @@ fi
 if [[ $PART == A ]]; then
   log "bench_lora_step"
   if [[ -n "${DRY:-}" ]]; then ARGS=(--tiny); else ARGS=(--budget-s 140); fi
-  timeout -k 5 165 $PY -m tools.bench.bench_lora_step --out $D "${ARGS[@]}" 2>&1 \
+  timeout -k 5 160 $PY -m tools.bench.bench_lora_step --out $D "${ARGS[@]}" 2>&1 \
       | grep -v "Warning\|warnings.warn\|return func\|if hasattr(param" > $D/bench.log
   echo "rc ${PIPESTATUS[0]}"
   sed -n '/tokens per step/,$p' $D/bench.log
@@ -51,7 +51,7 @@ if [[ -n "${DRY:-}" ]]; then
   LIMIT_MIN=0; TRAIN_TIMEOUT=600
 else
   EXTRA=(trainer.total_steps=1000)
-  LIMIT_MIN=${LIMIT_MIN:-2.15}; TRAIN_TIMEOUT=${TRAIN_TIMEOUT:-160}
+  LIMIT_MIN=${LIMIT_MIN:-2.15}; TRAIN_TIMEOUT=${TRAIN_TIMEOUT:-158}
 fi
 for f in $SMOL/hf/config.json $SMOL/mcore $SMOL/gsm8k/train.parquet $SMOL/gsm8k/test.parquet; do
   [[ -e $f ]] || { echo "missing $f: call B prepares SmolLM2 and GSM8K under \$SMOL first (gpu_small_speed.sh)"; exit 4; }
