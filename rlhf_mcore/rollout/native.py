@@ -17,6 +17,9 @@ then decode one token per step for the whole batch until every row has finished.
   sampling and log-probs inside the graph, no host sync per step unless stop tokens / strings can end
   rows; each row's prompt and response at the trainer's columns, so its log-probs are the trainer's).
   Elsewhere it keeps this eager path and logs why once.
+- EP (MoE experts split over ranks): every MoE forward exchanges tokens over the expert-parallel group, so its
+  ranks decode in lockstep: a rank runs as many micro-batches and decode steps as the busiest rank of its group
+  (an extra micro-batch is one padding row, discarded; a rank whose rows have all ended keeps stepping them).
 - Not supported: sequence parallelism (a 1-token decode step cannot be split over TP ranks) and virtual
   pipeline chunks; the constructor says so.
 """
@@ -27,6 +30,7 @@ import logging
 from typing import Optional
 
 import torch
+import torch.distributed as dist
 
 from rlhf_mcore.logs import progress
 from rlhf_mcore.models.full_weights import unwrap_model
@@ -137,8 +141,20 @@ class NativeRolloutEngine:
                     torch.manual_seed(replica_seed(params.seed, self.ctx.dp_rank))
                     responses = [r for chunk in chunks for r in self._generate_static(chunk, params, bar)]
             else:
+                extra = self._group_max(len(chunks)) - len(chunks)  # EP lockstep: padding micro-batches, discarded
                 responses = [r for chunk in chunks for r in self._generate_chunk(chunk, params, generator, bar)]
+                for _ in range(extra):
+                    self._generate_chunk([[self.pad_id]], params, generator, bar)
         return assemble_batch(rows, responses, self.pad_id, self.ctx.device)
+
+    def _group_max(self, n: int) -> int:
+        """n's maximum over the expert-parallel group (EP > 1: its ranks exchange tokens in every MoE
+        forward, so they run the same number of forwards); n itself at EP 1."""
+        if getattr(self.ctx.dims, "ep", 1) <= 1:
+            return n
+        t = torch.tensor([n], dtype=torch.long, device=self.ctx.device)
+        dist.all_reduce(t, op=dist.ReduceOp.MAX, group=self.ctx.pgs.ep)
+        return int(t.item())
 
     def update_weights(self, actor_model) -> None:
         """No-op: the engine decodes with the actor's own modules, so it always sees the current weights."""
@@ -203,10 +219,10 @@ class NativeRolloutEngine:
             alive &= ~finished
             bar.update(1)
             num_alive = int(alive.sum())  # the one host sync per step
-            if num_alive == 0 or step == max_new - 1:
+            if self._group_max(num_alive) == 0 or step == max_new - 1:  # EP: while any rank of the group runs
                 bar.update(max_new - 1 - step)
                 break
-            if num_alive <= alive.numel() // 2:  # stop decoding the finished rows
+            if 0 < num_alive <= alive.numel() // 2:  # stop decoding the finished rows
                 keep = alive.nonzero().squeeze(1)
                 kv_cache.compact(kv, keep)
                 slots, alive, tokens = slots[keep], alive[keep], tokens[keep]
