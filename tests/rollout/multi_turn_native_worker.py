@@ -1,13 +1,14 @@
-"""Worker of tests/rollout/test_multi_turn_native.py (torchrun, gloo, 1 or 2 ranks = TP1 / TP2):
+"""Worker of tests/rollout/test_multi_turn_native.py (torchrun, gloo, 1 or 2 ranks: TP1, TP2 or PP2):
 a multi-turn rollout through the real native engine on a tiny bf16 megatron model, then the same token rows
 fed to the trainer's forward; every turn's text is parsed as a calculator call (a scripted parser: random
 weights write no `<tool_call>`), so each sample runs until max_turns or its budget with real tool turns.
 
-    torchrun --nproc_per_node 2 -m tests.rollout.multi_turn_native_worker OUT.json
+    torchrun --nproc_per_node 2 -m tests.rollout.multi_turn_native_worker OUT.json [tp|pp]
 
 Rank 0 writes: the mean |rollout - trainer| log-prob gap over policy tokens (loss mask 1) of the multi-turn
 rollout and of a single-turn rollout of the same prompts, the turns per row, whether every row's tokens are
-prompt + its turns' sampled ids + the tool turns' ids exactly, and the loss-mask count on tool-turn tokens.
+prompt + its turns' sampled ids + the tool turns' ids exactly, the loss-mask count on tool-turn tokens, the
+rows (for the comparison across layouts) and whether every rank holds the same rows.
 """
 from __future__ import annotations
 
@@ -69,11 +70,13 @@ class TurnCap:
         return batch
 
 
-def main(out: str) -> None:
-    tp = int(os.environ.get("WORLD_SIZE", "1"))
-    ctx = init_distributed(tp=tp, pp=1, seed=1234)
+def main(out: str, layout: str = "tp") -> None:
+    """layout "tp": TP = world size; "pp": PP = world size (the trainer's forward is not run: tokens only)."""
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    tp, pp = (world, 1) if layout == "tp" else (1, world)
+    ctx = init_distributed(tp=tp, pp=pp, seed=1234)
     cfg = tiny_model_config(dtype="bf16", vocab_size=258)
-    cfg.parallel.tp = tp
+    cfg.parallel.tp, cfg.parallel.pp = tp, pp
     model = unwrap_model(build_model("actor", load_hf_config(cfg.model), cfg.model, cfg.parallel, ctx))
     model.eval()
     tok = ByteTokenizer()
@@ -97,12 +100,15 @@ def main(out: str) -> None:
                 want += delta
                 tool_mask += int(multi.loss_mask[i, b:b + len(delta)].sum())
         exact &= row == want
-    multi_gap, multi_tokens = trainer_gap(model, ctx, multi)
-    single_gap, single_tokens = trainer_gap(model, ctx, single)
+    multi_gap, multi_tokens = trainer_gap(model, ctx, multi) if pp == 1 else (None, int(multi.loss_mask.sum()))
+    single_gap, single_tokens = trainer_gap(model, ctx, single) if pp == 1 else (None, int(single.loss_mask.sum()))
+    rows = [None] * world
+    torch.distributed.all_gather_object(rows, multi.tokens.tolist())
     if executor is not None:
         executor.close()
     if torch.distributed.get_rank() == 0:
-        result = {"tp": tp, "multi_gap": multi_gap, "single_gap": single_gap, "multi_tokens": multi_tokens,
+        result = {"tp": tp, "pp": pp, "tokens": rows[0], "same_on_every_rank": all(r == rows[0] for r in rows),
+                  "multi_gap": multi_gap, "single_gap": single_gap, "multi_tokens": multi_tokens,
                   "single_tokens": single_tokens, "num_turns": multi.turns.num_turns,
                   "tool_calls": multi.turns.tool_calls, "tool_errors": multi.turns.tool_errors,
                   "exact_rows": exact, "tool_mask": tool_mask, "engine_calls": len(engine.calls),
@@ -115,4 +121,4 @@ def main(out: str) -> None:
 
 
 if __name__ == "__main__":
-    main(sys.argv[1])
+    main(*sys.argv[1:])
