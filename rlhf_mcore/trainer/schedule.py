@@ -16,6 +16,7 @@ from megatron.core.utils import get_attr_wrapped_model
 
 from rlhf_mcore.data.packing import is_packed, split_packed, token_budget
 from rlhf_mcore.models.packed import packed_seq_params
+from rlhf_mcore.trainer.ep_lockstep import PaddingBatch, pad_to_group, padding_loss
 
 Batch = dict[str, torch.Tensor]
 
@@ -67,6 +68,8 @@ def split_micro_batches(batch: Batch, micro_batch_size: int = 0, max_tokens: int
 def _forward_step(loss_fn: Callable, hooks, data_iterator, model):
     mb = next(data_iterator)
     tokens = mb["tokens"]
+    if isinstance(mb, PaddingBatch):  # EP lockstep (trainer/ep_lockstep.py): no hooks, zero loss
+        hooks, loss_fn = None, partial(padding_loss, loss_fn)
     if hooks is not None:
         hooks.before(model, mb)
     if is_packed(mb):
@@ -88,8 +91,9 @@ def run_schedule(models: list, micro_batches: list[Batch], loss_fn: Callable, fo
     `hooks` (e.g. models.routing.RoutingHooks): hooks.before / after(model_chunk, mb) around each forward."""
     from megatron.core.pipeline_parallel import get_forward_backward_func
 
+    micro_batches, real = pad_to_group(models, micro_batches)  # EP > 1: the expert group's count
     longest = max(mb["tokens"].size(1) for mb in micro_batches)
-    return get_forward_backward_func()(
+    outputs = get_forward_backward_func()(
         forward_step_func=partial(_forward_step, loss_fn, hooks),
         data_iterator=iter(micro_batches),
         model=models,
@@ -99,6 +103,7 @@ def run_schedule(models: list, micro_batches: list[Batch], loss_fn: Callable, fo
         forward_only=forward_only,
         collect_non_loss_data=forward_only,
     )
+    return outputs[:real]  # the padding micro-batches' reports dropped
 
 
 def to_device(batch: Batch, device) -> Batch:
