@@ -72,14 +72,17 @@ def exchange_plan(picked: list[tuple[int, int]], per_rank: int, dp: int) -> tupl
 
 
 def merge_round_metrics(rounds: list[dict]) -> dict:
-    """The scorer's metrics of every round of the step: counts added, means averaged (rounds are equal-sized).
+    """The scorer's metrics of every round of the step: counts added, maxima and minima (`/max`, `/min`:
+    multi-turn's num_turns/max) taken over the rounds, means averaged (rounds are equal-sized).
 
-    >>> merge_round_metrics([{"reward/errors": 1.0, "critic/acc/mean": 0.5},
-    ...                      {"reward/errors": 2.0, "critic/acc/mean": 1.0}])
-    {'reward/errors': 3.0, 'critic/acc/mean': 0.75}
+    >>> merge_round_metrics([{"reward/errors": 1.0, "critic/acc/mean": 0.5, "num_turns/max": 3.0},
+    ...                      {"reward/errors": 2.0, "critic/acc/mean": 1.0, "num_turns/max": 2.0}])
+    {'reward/errors': 3.0, 'critic/acc/mean': 0.75, 'num_turns/max': 3.0}
     """
     keys = dict.fromkeys(k for m in rounds for k in m)
+    extreme = {"/max": max, "/min": min}
     return {k: sum(m.get(k, 0.0) for m in rounds) if k in SUMMED_METRICS
+            else extreme[k[-4:]](m[k] for m in rounds if k in m) if k[-4:] in extreme
             else sum(m[k] for m in rounds if k in m) / sum(k in m for m in rounds) for k in keys}
 
 
