@@ -64,13 +64,13 @@ def test_tiny_tool_preset_runs_tool_turns_through_the_trainer(tmp_path, mcore_ct
 
 
 def test_multi_turn_resume_from_a_mid_run_checkpoint_is_bitwise(tmp_path, mcore_ctx, scripted_calls):
-    steps = ("trainer.total_steps=3", "trainer.save_freq=1", "trainer.max_checkpoints_to_keep=3")
+    steps = ("trainer.total_steps=2", "trainer.save_freq=1", "trainer.max_checkpoints_to_keep=2")
     train(preset(tmp_path / "a", *steps))
     straight = {m["step"]: m for m in records(tmp_path / "a")}
-    assert all(straight[s]["tool_calls/mean"] > 0 for s in (1, 2, 3))
+    assert all(straight[s]["tool_calls/mean"] > 0 for s in (1, 2))
     train(preset(tmp_path / "b", *steps, f"trainer.resume={tmp_path / 'a' / 'global_step_1'}"))
     resumed = {m["step"]: m for m in records(tmp_path / "b")}
-    for step in (2, 3):
+    for step in (2,):
         compared = [k for k in straight[step] if not k.startswith(TIMING_KEYS)]
         assert len(compared) > 20 and "num_turns/mean" in compared
         assert {k: resumed[step].get(k) for k in compared} == {k: straight[step][k] for k in compared}, step
