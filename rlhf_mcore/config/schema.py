@@ -95,6 +95,7 @@ class ModelConfig:
     tie_embeddings: bool = False
     dtype: str = "fp32"  # fp32 | bf16
     attention_backend: str = "auto"  # auto (te if importable, else sdpa) | sdpa | local | te
+    sdpa_kernel: str = "auto"  # CUDA SDPA kernel tried first: auto (torch's) | flash | cudnn | efficient | math
     recompute: str = "none"  # none | full | selective
     make_vocab_size_divisible_by: int = 128
     init_std: float = 0.02
@@ -113,6 +114,7 @@ class ModelConfig:
         if self.init == "random" and self.load:
             errs.append(f"{p}.init: random contradicts {p}.load (got {self.load!r}). Drop one of them.")
         errs += choice(f"{p}.recompute", self.recompute, ("none", "full", "selective"))
+        errs += choice(f"{p}.sdpa_kernel", self.sdpa_kernel, ("auto", "flash", "cudnn", "efficient", "math"))
         errs += positive(f"{p}.make_vocab_size_divisible_by", self.make_vocab_size_divisible_by)
         for key in ("num_layers", "hidden_size", "ffn_hidden_size", "num_attention_heads", "num_query_groups",
                     "vocab_size"):

@@ -59,6 +59,21 @@ def build_model(role: str, hf: dict, model_cfg, parallel_cfg, ctx, source: str =
         return apply_lora(_build_model(role, hf, model_cfg, parallel_cfg, ctx, source), lora, ctx)
 
 
+def with_sdpa_kernel(layer_spec, kernel: str):
+    """A copy of the layer spec whose SDPAttention puts SDPA kernel `kernel` first (model.sdpa_kernel)."""
+    import copy
+
+    from megatron.core.transformer.spec_utils import ModuleSpec
+
+    from rlhf_mcore.models.attention import SDPAttention
+
+    layer_spec = copy.deepcopy(layer_spec)
+    attention = layer_spec.submodules.self_attention.submodules
+    if attention.core_attention is SDPAttention:
+        attention.core_attention = ModuleSpec(module=SDPAttention, params={"sdpa_kernel": kernel})
+    return layer_spec
+
+
 def _build_model(role: str, hf: dict, model_cfg, parallel_cfg, ctx, source: str):
     from megatron.core.models.gpt import GPTModel
 
@@ -76,9 +91,12 @@ def _build_model(role: str, hf: dict, model_cfg, parallel_cfg, ctx, source: str)
 
         layer_spec = use_expert_impl(layer_spec, getattr(model_cfg, "moe_expert_impl", "auto"), ctx.device,
                                      tc.params_dtype)
+    if backend == "sdpa" and getattr(model_cfg, "sdpa_kernel", "auto") != "auto":
+        layer_spec = with_sdpa_kernel(layer_spec, model_cfg.sdpa_kernel)
     if backend not in _logged_backend:
-        log.info("layer spec: %s (attention backend %s)", "transformer-engine" if backend == "te"
-                 else "megatron local", backend)
+        log.info("layer spec: %s (attention backend %s%s)", "transformer-engine" if backend == "te"
+                 else "megatron local", backend, f", SDPA kernel {model_cfg.sdpa_kernel} first"
+                 if backend == "sdpa" and getattr(model_cfg, "sdpa_kernel", "auto") != "auto" else "")
         _logged_backend.add(backend)
     lm_head = spec.lm_head
     tied = lm_head and bool(hf.get("tie_word_embeddings", False))

@@ -7,9 +7,12 @@ the update is the exact global mean however the batch is split across micro-batc
 from __future__ import annotations
 
 import dataclasses
+import logging
 import math
 
 import torch
+
+log = logging.getLogger("rlhf_mcore")
 
 
 @dataclasses.dataclass
@@ -44,6 +47,16 @@ def lr_at(step: int, optim_cfg, total_steps: int) -> float:
     return floor + (base - floor) * 0.5 * (1.0 + math.cos(math.pi * min(1.0, progress)))
 
 
+_announced: list[str] = []
+
+
+def _announce(line: str) -> None:
+    """Log `line` once per process (every role builds a train state)."""
+    if line not in _announced:
+        _announced.append(line)
+        log.info(line)
+
+
 def set_lr(optimizer, lr: float) -> None:
     for group in optimizer.param_groups:
         group["lr"] = lr
@@ -54,6 +67,9 @@ def build_train_state(model, optim_cfg, parallel_cfg) -> TrainState:
     from megatron.core.distributed import DistributedDataParallel, DistributedDataParallelConfig, finalize_model_grads
     from megatron.core.optimizer import OptimizerConfig, get_megatron_optimizer
 
+    from rlhf_mcore.apex_free import apply_apex_free_patches, fuse_torch_adam
+
+    apply_apex_free_patches()  # GPU without apex/TE: megatron's per-tensor optimizer fallbacks -> foreach kernels
     tc = model.config
     ddp_cfg = DistributedDataParallelConfig(
         grad_reduce_in_fp32=True,
@@ -74,6 +90,8 @@ def build_train_state(model, optim_cfg, parallel_cfg) -> TrainState:
         use_distributed_optimizer=parallel_cfg.use_distributed_optimizer,
     )
     optimizer = get_megatron_optimizer(opt_cfg, [ddp])
+    if fuse_torch_adam(optimizer):
+        _announce("optimizer: torch AdamW with fused=True (apex and TE absent; rlhf_mcore/apex_free.py)")
     # The schedule calls these: no grad sync between micro-batches, then one reduction and the
     # division by the global token count at the end.
     tc.no_sync_func = ddp.no_sync

@@ -70,6 +70,24 @@ def test_sdpa_attention_equals_stock_local_attention(mcore_ctx):
     torch.testing.assert_close(sdpa, local, atol=1e-5, rtol=1e-5)
 
 
+@pytest.mark.parametrize("kernel", ["flash", "efficient"])
+def test_sdpa_kernel_reaches_every_layer_and_keeps_the_outputs(mcore_ctx, kernel):
+    """model.sdpa_kernel puts its kernel first in every layer's SDPAttention; on CUDA (bf16) the outputs stay
+    within bf16 rounding of torch's own choice, on CPU (no kernel choice) they are identical."""
+    from torch.nn.attention import SDPBackend
+
+    tokens = torch.randint(0, 250, (3, 17), generator=torch.Generator().manual_seed(0))
+    dtype = "bf16" if torch.cuda.is_available() else "fp32"
+    cfg = tiny_model_config(attention_backend="sdpa", dtype=dtype)
+    _, auto = _forward(cfg, mcore_ctx, "actor", tokens)
+    model, chosen = _forward(dataclasses.replace(cfg, model=dataclasses.replace(cfg.model, sdpa_kernel=kernel)),
+                             mcore_ctx, "actor", tokens)
+    first = {"flash": SDPBackend.FLASH_ATTENTION, "efficient": SDPBackend.EFFICIENT_ATTENTION}[kernel]
+    assert all(layer.self_attention.core_attention.kernels[0] == first for layer in model.decoder.layers)
+    tol = 2e-2 if dtype == "bf16" else 0.0
+    torch.testing.assert_close(chosen.float(), auto.float(), atol=tol, rtol=tol)
+
+
 def test_heads_and_identical_init(mcore_ctx):
     tokens = torch.randint(0, 250, (2, 9), generator=torch.Generator().manual_seed(1))
     cfg = tiny_model_config()
