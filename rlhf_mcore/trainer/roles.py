@@ -121,6 +121,12 @@ def build_roles(cfg, hf: dict, ctx) -> Roles:
     actor_model = build_model("actor", hf, cfg.model, cfg.parallel, ctx)
     _init_actor(actor_model, cfg, hf, ctx, source)
     log.info("actor: %.1fM parameters on this rank", count_parameters(actor_model) / 1e6)
+    experts = hf.get("num_experts") or hf.get("num_local_experts") or 0
+    if experts:
+        log.info("actor: MoE, %d experts, %d on this rank (parallel.ep=%d); routing replay: %s", experts,
+                 experts // cfg.parallel.ep, cfg.parallel.ep,
+                 "R2, the update replays the old-log-prob pass's experts" if cfg.actor.router_replay == "R2"
+                 else "off (actor.router_replay=disabled)")
     ref = build_reference(cfg, hf, ctx, actor_model) if needs_ref(cfg) else None
     critic = None
     if needs_critic(cfg):

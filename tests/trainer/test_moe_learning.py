@@ -19,6 +19,7 @@ def test_tiny_moe_grpo_with_routing_replay_learns(tmp_path):
                           env={**os.environ, "MASTER_PORT": str(free_port()), "OMP_NUM_THREADS": "1"})
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     assert "actor: random initial weights (model.init=random)" in proc.stderr + proc.stdout
+    assert "actor: MoE, 8 experts, 8 on this rank (parallel.ep=1); routing replay: R2" in proc.stderr + proc.stdout
     records = [json.loads(line) for line in open(tmp_path / "metrics.jsonl")]
     steps = [r for r in records if "critic/score/mean" in r]
     rewards = [r["critic/score/mean"] for r in steps]
