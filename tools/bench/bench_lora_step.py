@@ -65,8 +65,10 @@ def phase_flops_per_token(hf: dict, seq: float, phase: str, adapters: int) -> fl
 
     >>> hf = {"hidden_size": 4, "num_hidden_layers": 1, "intermediate_size": 8, "num_attention_heads": 2,
     ...       "num_key_value_heads": 1, "vocab_size": 10}
-    >>> phase_flops_per_token(hf, 3, "update", 0), phase_flops_per_token(hf, 3, "update", 5)  # 3 x 416; 2 x 368 + 3 x 48 + 30
+    >>> phase_flops_per_token(hf, 3, "update", 0), phase_flops_per_token(hf, 3, "update", 5)
     (1248.0, 910.0)
+
+    (3 x 416; 2 x 368 weight FLOPs + 3 x 48 attention + 6 x 5 adapter.)
     """
     forward = forward_flops_per_token(hf, seq)
     if phase == "log_prob":
@@ -122,8 +124,7 @@ def bench_state(label: str, model, hf: dict, ctx, args, batch: dict, build_s: fl
                  "tflops": (rows[0]["tflops"] * rows[0]["step_s"] + rows[1]["tflops"] * rows[1]["step_s"]) / step,
                  "peak_gib": max(rows[0]["peak_gib"], rows[1]["peak_gib"])})
     rows[-1]["mfu"] = rows[-1]["tflops"] / args.peak_tflops
-    del state
-    return rows
+    return rows  # the train state goes with this frame (safe frees the memory)
 
 
 def row(phase: str, hf: dict, seconds: float, tokens: int, seq: int, adapters: int, peak: float, args) -> dict:
@@ -239,17 +240,18 @@ def main(argv=None) -> list[dict]:
     layers = hf["num_hidden_layers"]
     full_layers = args.full_layers or (2 if args.tiny else min(layers, largest_layers(
         hf, args.micro_batch * args.seq_len, 0.85 * capacity_bytes(args))))
-    notes = [f"full fine-tuning: {full_layers} of {layers} layers ({'given' if args.full_layers else 'the most that fit by estimate: 18 B/param + activations, 85% of the device'})"]
+    why = "given" if args.full_layers else "the most that fit by estimate: 18 B/param + activations, 85% of the device"
+    notes = [f"full fine-tuning: {full_layers} of {layers} layers ({why})"]
     batch = make_batch(args.sequences, args.seq_len, hf["vocab_size"], ctx.device)
     rows: list[dict] = []
     model, build_s, init = build(hf, args, ctx, lora=True)
-    rows += safe(lambda: bench_state("lora", model, hf, ctx, args, batch, build_s, init), "lora", layers)
+    rows += safe(partial(bench_state, "lora", model, hf, ctx, args, batch, build_s, init), "lora", layers)
     write_result(args, rows, notes)
     first_s = time.perf_counter() - start
     if full_layers < layers:
         keep_layers(model, full_layers)
         cut = {**hf, "num_hidden_layers": full_layers}
-        rows += safe(lambda: bench_state("lora", model, cut, ctx, args, batch, 0.0, init), "lora", full_layers)
+        rows += safe(partial(bench_state, "lora", model, cut, ctx, args, batch, 0.0, init), "lora", full_layers)
     del model
     free_memory()
     write_result(args, rows, notes)
