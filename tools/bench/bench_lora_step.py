@@ -271,6 +271,11 @@ def main(argv=None) -> list[dict]:
         lo, fu = same["lora"], same["full"]
         notes.append(f"at {full_layers} layers: LoRA step {lo['step_s']:.3f} s vs full {fu['step_s']:.3f} s "
                      f"({fu['step_s'] / lo['step_s']:.2f}x), peak {lo['peak_gib']:.1f} vs {fu['peak_gib']:.1f} GiB")
+    full_row = next((r for r in rows if r.get("model") == "full" and "params_b" in r), None)
+    if full_row:  # not measured: the KL reference a full fine-tuning run also holds
+        ref = full_row["params_b"] * 1e9 * (2 if args.dtype == "bf16" else 4) / GIB
+        notes.append(f"with a KL reference, full fine-tuning also holds its frozen copy (+{ref:.1f} GiB at "
+                     f"{full_layers} layers, not in its peak above); LoRA's is the actor with its adapters off (+0)")
     built = {(r["model"], r["layers"]): r for r in rows if r.get("build_s")}
     notes += [f"{m} {n} layers: built in {r['build_s']:.1f} s (weights drawn on the {r['init']})"
               for (m, n), r in built.items()]
