@@ -1,8 +1,8 @@
 """A tiny Qwen3-MoE on a GPU in bf16 (skipped without CUDA): the grouped experts (torch._grouped_mm, the default
 there) against megatron's SequentialMLP at the model level, each against an fp32 SequentialMLP model with the same
-weights (logits and parameter gradients: the grouped error is no larger than the loop's own bf16 error plus a
-floor), and the native engine decoding the grouped-expert model eagerly (no CUDA graph for MoE, said by
-graph_blockers) with rollout log-probs equal to the trainer's forward within bf16 noise."""
+weights (logits and parameter gradients, relative norm errors: the grouped error is no larger than twice the
+loop's own bf16 error plus a floor), and the native engine decoding the grouped-expert model eagerly (no CUDA
+graph for MoE, said by graph_blockers) with rollout log-probs equal to the trainer's forward within bf16 noise."""
 import dataclasses
 
 import pytest
@@ -35,6 +35,11 @@ def logits_and_grads(model, tokens, ctx):
     return out.detach(), {k: g.float() for k, g in grads.items() if g is not None}
 
 
+def rel_error(got: torch.Tensor, want: torch.Tensor) -> float:
+    """||got - want|| / ||want|| (a norm, not a max: bf16 may flip a near-tie routing choice of a few tokens)."""
+    return ((got - want).norm() / want.norm().clamp_min(1e-12)).item()
+
+
 @pytest.fixture(scope="module")
 def moe_dir(tmp_path_factory):
     path = tmp_path_factory.mktemp("moe_gpu")
@@ -59,15 +64,13 @@ def test_grouped_mm_model_matches_sequential_in_bf16(moe_dir, mcore_ctx):
             assert experts.kernel == "grouped_mm"
         results.append(logits_and_grads(model, tokens, mcore_ctx))
     (exact, exact_g), (loop, loop_g), (grouped, grouped_g) = results
-    scale = exact.abs().max()
-    err_loop, err_grouped = ((loop - exact).abs().max() / scale).item(), ((grouped - exact).abs().max() / scale).item()
+    err_loop, err_grouped = rel_error(loop, exact), rel_error(grouped, exact)
     print(f"tiny qwen3-moe bf16 logits rel err vs fp32: sequential {err_loop:.2e}, grouped_mm {err_grouped:.2e}")
     assert err_grouped <= 2 * err_loop + 2e-3
     assert set(grouped_g) == set(exact_g) == set(loop_g)
     for key, want in exact_g.items():
-        s = want.abs().max().clamp_min(1e-6)
-        e_loop, e_grouped = (loop_g[key] - want).abs().max() / s, (grouped_g[key] - want).abs().max() / s
-        assert e_grouped <= 2 * e_loop + 2e-2, f"{key}: grouped {e_grouped:.2e} loop {e_loop:.2e}"
+        e_loop, e_grouped = rel_error(loop_g[key], want), rel_error(grouped_g[key], want)
+        assert e_grouped <= 2 * e_loop + 1e-2, f"{key}: grouped {e_grouped:.2e} loop {e_loop:.2e}"
 
 
 def test_native_engine_decodes_the_grouped_moe_eagerly(moe_dir, mcore_ctx):
