@@ -1,7 +1,7 @@
 """Qwen3-MoE at every layout of the issue's list (gloo, CPU): `tools.convert_checkpoint hf-to-mcore --ep` then
 `verify` (fp32 logits against transformers within 1e-4) at EP2, TP2, PP2 (2 ranks) and TP2xEP2, PP2xEP2 (4 ranks),
 each checkpoint also verified after resharding from the 1x1 one; `mcore-to-hf` of an EP2 checkpoint gives the
-input HF tensors bitwise; the same for Mixtral at EP2. Plus the layout rules checked before any model is built
+input HF tensors bitwise; Mixtral at EP2, TP2 and PP2. Plus the layout rules checked before any model is built
 (expert TP, SP at tp > 1)."""
 import os
 import subprocess
@@ -65,12 +65,15 @@ def test_logits_at_tp2xep2_and_pp2xep2_and_round_trip_bitwise(tmp_path):
 
 @pytest.mark.dist
 def test_mixtral_logits_at_ep2_and_round_trip_bitwise(tmp_path):
-    """Mixtral (block_sparse_moe w1/w3/w2): `hf-to-mcore --ep 2` then verify, and back to HF bitwise."""
+    """Mixtral (block_sparse_moe w1/w3/w2): `hf-to-mcore` at EP2, TP2 and PP2, each verified (and the 1x1
+    checkpoint resharded to it) against transformers; the EP2 checkpoint back to HF bitwise."""
     from tests.models.test_qwen3_moe import tiny_mixtral
 
     tiny_mixtral().save_pretrained(str(tmp_path / "hf" / "mixtral"))
-    rows = convert_and_verify(tmp_path, 2, "1x1,1x1x2", "mixtral")
-    assert layouts_of(rows, "mixtral") == [("1x1", "1", "1", "1"), ("1x1x2", "1", "1", "2"), ("1x1", "1", "1", "2")]
+    rows = convert_and_verify(tmp_path, 2, "1x1,1x1x2,2x1,1x2", "mixtral")
+    assert layouts_of(rows, "mixtral") == [("1x1", "1", "1", "1"), ("1x1x2", "1", "1", "2"), ("1x1", "1", "1", "2"),
+                                           ("2x1", "2", "1", "1"), ("1x1", "2", "1", "1"), ("1x2", "1", "2", "1"),
+                                           ("1x1", "1", "2", "1")]
     assert all(r["passed"] and float(r["logits_max"]) <= 1e-4 for r in rows)
     assert round_trip(tmp_path, "1x1x2", "mixtral") == []
 
