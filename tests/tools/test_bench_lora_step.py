@@ -18,6 +18,10 @@ def test_flops_model_examples_and_the_7b_shape():
     full = bench.phase_flops_per_token(hf, 1024, "update", 0)
     lora = bench.phase_flops_per_token(hf, 1024, "update", adapters)
     assert 0.66 < lora / full < 0.69  # 2/3 of the weight FLOPs, attention's backward kept, + the adapters
+    # the GPU command's layer count for full fine-tuning (no GPU here: an H200's 139 GiB)
+    args = bench.parse_args([])
+    assert bench.full_layer_count(hf, args) == 20 and bench.full_layer_count(hf, bench.parse_args(["--tiny"])) == 2
+    assert bench.full_layer_count(hf, bench.parse_args(["--capacity-gib", "1000"])) == 28
 
 
 def test_tiny_run_writes_every_row(tmp_path, mcore_ctx):
@@ -42,3 +46,13 @@ def test_tiny_run_writes_every_row(tmp_path, mcore_ctx):
     for model, layers, _ in got:
         phase = {p: got[(model, layers, p)]["step_s"] for p in ("log_prob", "update", "grpo step")}
         assert abs(phase["grpo step"] - phase["log_prob"] - phase["update"]) < 1e-9
+
+
+def test_the_gpu_command_path_at_a_small_shape(tmp_path, mcore_ctx, monkeypatch):
+    """The non-tiny path (bf16, the layer count from the estimate, the budget check) on a small shape."""
+    monkeypatch.setattr(bench, "QWEN7B", {**bench.QWEN7B, **bench.TINY, "num_hidden_layers": 3})
+    rows = bench.main(["--sequences", "2", "--seq-len", "16", "--micro-batch", "1", "--steps", "1", "--warmup", "0",
+                       "--capacity-gib", "0.0133", "--out", str(tmp_path)])
+    layers = {(r["model"], r["layers"]) for r in rows}
+    assert layers == {("lora", 3), ("lora", 2), ("full", 2)}, rows  # 0.0133 GiB: 2 layers fit by estimate
+    assert all(r["step_s"] > 0 for r in rows) and json.loads((tmp_path / "lora_step.json").read_text())["notes"]

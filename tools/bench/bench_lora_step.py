@@ -222,6 +222,7 @@ def parse_args(argv=None):
     p.add_argument("--warmup", type=int, default=1)
     p.add_argument("--peak-tflops", type=float, default=790.0)
     p.add_argument("--budget-s", type=float, default=150.0, help="skip a run that would end after this")
+    p.add_argument("--capacity-gib", type=float, default=0, help="device memory for the estimate (0: the device's)")
     p.add_argument("--cpu-init", action="store_true", help="draw the weights on the CPU, as the trainer does")
     p.add_argument("--out", default="")
     args = p.parse_args(argv)
@@ -231,6 +232,15 @@ def parse_args(argv=None):
     return args
 
 
+def full_layer_count(hf: dict, args) -> int:
+    """Layers of the full fine-tuning run: --full-layers, else the most whose estimate fits 85% of the device
+    (2 for --tiny)."""
+    if args.full_layers or args.tiny:
+        return args.full_layers or 2
+    return min(hf["num_hidden_layers"], largest_layers(hf, args.micro_batch * args.seq_len,
+                                                       0.85 * capacity_bytes(args)))
+
+
 def main(argv=None) -> list[dict]:
     args = parse_args(argv)
     init_logger()
@@ -238,8 +248,7 @@ def main(argv=None) -> list[dict]:
     ctx = init_distributed(1, 1, seed=1)
     hf = {**QWEN7B, **(TINY if args.tiny else {})}
     layers = hf["num_hidden_layers"]
-    full_layers = args.full_layers or (2 if args.tiny else min(layers, largest_layers(
-        hf, args.micro_batch * args.seq_len, 0.85 * capacity_bytes(args))))
+    full_layers = full_layer_count(hf, args)
     why = "given" if args.full_layers else "the most that fit by estimate: 18 B/param + activations, 85% of the device"
     notes = [f"full fine-tuning: {full_layers} of {layers} layers ({why})"]
     batch = make_batch(args.sequences, args.seq_len, hf["vocab_size"], ctx.device)
@@ -248,7 +257,7 @@ def main(argv=None) -> list[dict]:
     rows += safe(partial(bench_state, "lora", model, hf, ctx, args, batch, build_s, init), "lora", layers)
     write_result(args, rows, notes)
     first_s = time.perf_counter() - start
-    if full_layers < layers:
+    if 0 < full_layers < layers:
         keep_layers(model, full_layers)
         cut = {**hf, "num_hidden_layers": full_layers}
         rows += safe(partial(bench_state, "lora", model, cut, ctx, args, batch, 0.0, init), "lora", full_layers)
@@ -257,7 +266,9 @@ def main(argv=None) -> list[dict]:
     write_result(args, rows, notes)
     cut = {**hf, "num_hidden_layers": full_layers}
     elapsed = time.perf_counter() - start
-    if elapsed + first_s * full_layers / layers * 1.3 > args.budget_s:  # a full run costs about a LoRA one
+    if not full_layers:
+        rows.append({"model": "full", "layers": 0, "skipped": "skipped: not one layer fits by estimate"})
+    elif elapsed + first_s * full_layers / layers * 1.3 > args.budget_s:  # a full run costs about a LoRA one
         rows.append({"model": "full", "layers": full_layers, "skipped": f"skipped: {elapsed:.0f} s used of "
                      f"--budget-s {args.budget_s:.0f}, the run needs ~{first_s * full_layers / layers * 1.3:.0f} s"})
     else:
