@@ -56,3 +56,15 @@ def test_the_gpu_command_path_at_a_small_shape(tmp_path, mcore_ctx, monkeypatch)
     layers = {(r["model"], r["layers"]) for r in rows}
     assert layers == {("lora", 3), ("lora", 2), ("full", 2)}, rows  # 0.0133 GiB: 2 layers fit by estimate
     assert all(r["step_s"] > 0 for r in rows) and json.loads((tmp_path / "lora_step.json").read_text())["notes"]
+
+
+def test_gpu_initialization_only_changes_where_weights_are_drawn():
+    import rlhf_mcore.models.build as build_module
+    from rlhf_mcore.config import ModelConfig, ParallelConfig
+
+    hf = {**bench.QWEN7B, **bench.TINY}
+    original = build_module.to_transformer_config
+    with bench.gpu_initialization():
+        tc = build_module.to_transformer_config(hf, ModelConfig(), ParallelConfig())
+    assert build_module.to_transformer_config is original and tc.use_cpu_initialization is False
+    assert original(hf, ModelConfig(), ParallelConfig()).use_cpu_initialization is True
