@@ -42,12 +42,15 @@ def reseed_experts_(mlp, global_layer: int) -> None:
     if experts is None:
         return
     config = mlp.config
+    # drawn on the GPU where there is one (a CPU draw of a large MoE's experts takes minutes): the same weights at
+    # every layout of one device type
+    device = torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() else torch.device("cpu")
     for index, expert in zip(mlp.local_expert_indices, experts):
-        with torch.random.fork_rng(devices=[]):
+        with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):
             torch.manual_seed(EXPERT_SEED_BASE + 100_003 * global_layer + index)
             for linear, init in ((expert.linear_fc1, config.init_method),
                                  (expert.linear_fc2, config.output_layer_init_method)):
-                full = torch.empty(linear.weight.shape, dtype=torch.float32)
+                full = torch.empty(linear.weight.shape, dtype=torch.float32, device=device)
                 init(full)
                 linear.weight.copy_(full)
 

@@ -8,8 +8,8 @@
 #    peak memory; plus a 2-layer model, so the largest MoE that trains with the distributed optimizer is stated
 #    from a line through two measured peaks;
 # 2. the Qwen3-0.6B dense shape against Qwen2.5-0.5B's on the same tokens;
-# 3. tools.bench.bench_rollout: native-engine eager decode tokens/s of the MoE (ROLL_LAYERS layers), per expert
-#    implementation;
+# 3. tools.bench.bench_rollout: native-engine eager decode tokens/s of the MoE cut to ROLL_LAYERS layers (2: its
+#    random weights are drawn on the CPU, ~5 s per layer), per expert implementation;
 # 4. the MoE GPU tests (tests/models: grouped_mm vs the loop, bf16 model vs fp32, eager MoE decode).
 # Everything under $OUT/moe/ (JSON per command, logs, summary.json); the table at the end (tools.bench.moe_table).
 # CPU dry run (tiny shapes, local venv): DRY=1 OUT=/tmp/dry_moe PY=.venv/bin/python bash tools/gpu/gpu_moe.sh A
@@ -43,15 +43,15 @@ run_step() {  # run_step NAME MAX_SECONDS CMD...: CMD under timeout (its max, or
 if [[ -n "${DRY:-}" ]]; then
   STEP=(--tiny) ROLL=(--dtype fp32 --batch 4 --prompt-len 8 --new-tokens 4 --repeat 1) SHAPE=TINY ROLL_LAYERS=2
 else
-  STEP=(--sequences 8 --seq-len 2048 --micro-batch 4 --steps 2 --warmup 1)
-  ROLL=(--dtype bf16 --batch 64 --prompt-len 128 --new-tokens 32 --repeat 1) SHAPE=MOE ROLL_LAYERS=${ROLL_LAYERS:-8}
+  STEP=(--sequences 8 --seq-len 2048 --micro-batch 4 --steps ${STEPS:-1} --warmup 1)
+  ROLL=(--dtype bf16 --batch 64 --prompt-len 128 --new-tokens 32 --repeat 1) SHAPE=MOE ROLL_LAYERS=${ROLL_LAYERS:-2}
   nvidia-smi --query-gpu=name,memory.total --format=csv,noheader
 fi
 $PY -c "import torch; print('torch', torch.__version__, 'cuda', torch.cuda.is_available())"
 
-run_step moe_step 90 $PY -m tools.bench.bench_moe_step "${STEP[@]}" --dense 0 --out "$D/step"
+run_step moe_step 85 $PY -m tools.bench.bench_moe_step "${STEP[@]}" --dense 0 --out "$D/step"
 cp "$D"/step/moe_step*.json "$D/moe_step.json" 2>/dev/null
-TAIL=3 run_step dense 30 $PY -m tools.bench.bench_moe_step "${STEP[@]}" --moe 0 --out "$D/dense_run"
+TAIL=3 run_step dense 20 $PY -m tools.bench.bench_moe_step "${STEP[@]}" --moe 0 --out "$D/dense_run"
 cp "$D"/dense_run/moe_step*.json "$D/dense.json" 2>/dev/null
 
 HF=$D/hf_moe_${ROLL_LAYERS}l  # the MoE's config.json only: bench_rollout builds random weights from it
@@ -60,10 +60,10 @@ cfg = {**MOE, **(TINY if sys.argv[1] == 'TINY' else {}), 'num_hidden_layers': in
 os.makedirs(sys.argv[3], exist_ok=True); json.dump(cfg, open(os.path.join(sys.argv[3], 'config.json'), 'w'))" \
   $SHAPE $ROLL_LAYERS "$HF"
 for impl in grouped sequential; do
-  TAIL=3 run_step "rollout_$impl" 25 $PY -m tools.bench.bench_rollout --hf-path "$HF" --moe-expert-impl $impl \
+  TAIL=3 run_step "rollout_$impl" 30 $PY -m tools.bench.bench_rollout --hf-path "$HF" --moe-expert-impl $impl \
       "${ROLL[@]}" --out "$D"
 done
-TAIL=6 run_step gpu_tests 40 $PY -m pytest -q -x -p no:cacheprovider tests/models/test_moe_gpu.py \
+TAIL=6 run_step gpu_tests 30 $PY -m pytest -q -x -p no:cacheprovider tests/models/test_moe_gpu.py \
     tests/models/test_experts_grouped.py -m gpu -s
 log "summary"
 $PY -m tools.bench.moe_table "$D" | tee "$D/table.txt"
