@@ -13,7 +13,6 @@ import argparse
 import json
 import sys
 
-import torch
 import torch.distributed as dist
 
 from rlhf_mcore.convert.mcore import build_for_conversion

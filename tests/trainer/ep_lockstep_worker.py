@@ -13,7 +13,6 @@ import json
 import sys
 from functools import partial
 
-import torch
 import torch.distributed as dist
 
 from rlhf_mcore.config.load import load_config
