@@ -141,11 +141,11 @@ def bench_model(label: str, hf: dict, ctx, args, batch: dict) -> list[dict]:
     parallel = ParallelConfig(use_distributed_optimizer=True)
     free_memory()
     start = time.perf_counter()
-    model = build_model("actor", hf, model_cfg, parallel, ctx)
+    model, drawn = build_fast("actor", hf, model_cfg, parallel, ctx)
     num_params = count_parameters(model)
     state = build_train_state(model, actor_cfg.optim, parallel)
     common = {"model": label, "layers": hf["num_hidden_layers"], "params_b": num_params / 1e9,
-              "active_params_b": active_params(hf) / 1e9, "build_s": time.perf_counter() - start}
+              "active_params_b": active_params(hf) / 1e9, "build_s": time.perf_counter() - start, "init": drawn}
     loss_fn = partial(actor_loss, model=state.module, tp_group=ctx.pgs.tp, actor_cfg=actor_cfg, temperature=1.0,
                       norm_length=float(batch["tokens"].size(1)))
     mbs = split_micro_batches(batch, args.micro_batch)
@@ -187,6 +187,23 @@ def bench_model(label: str, hf: dict, ctx, args, batch: dict) -> list[dict]:
     for r in rows:
         r["logp_max_diff_vs_sequential"] = diff if len(kernels) == 2 else None
     return rows  # the model and its optimizer go with this frame (safe_bench frees the memory)
+
+
+def build_fast(role: str, hf: dict, model_cfg, parallel, ctx):
+    """(model, where its random weights were drawn): on the GPU where there is one (bench_lora_step's
+    gpu_initialization: seconds instead of a minute of CPU draws for billions of parameters), else the CPU."""
+    if torch.cuda.is_available():
+        from tools.bench.bench_lora_step import gpu_initialization
+
+        try:
+            with gpu_initialization():
+                return build_model(role, hf, model_cfg, parallel, ctx), "gpu"
+        except torch.OutOfMemoryError:
+            raise
+        except Exception as e:  # the trainer's CPU initialisation always works
+            print(f"GPU initialisation failed ({type(e).__name__}: {e}); drawing the weights on the CPU")
+            free_memory()
+    return build_model(role, hf, model_cfg, parallel, ctx), "cpu"
 
 
 def free_memory() -> None:

@@ -119,7 +119,12 @@ def main(argv=None) -> None:
     cfg = Config(model=model_cfg, parallel=ParallelConfig(tp=args.tp, pp=args.pp))
     ctx = init_distributed(args.tp, args.pp, seed=1234)
     hf = load_hf_config(cfg.model)
-    model = build_model("actor", hf, cfg.model, cfg.parallel, ctx)
+    if args.hf_path and ctx.device.type == "cuda":  # random weights drawn on the GPU (seconds, not minutes)
+        from tools.bench.bench_moe_step import build_fast
+
+        model, _ = build_fast("actor", hf, cfg.model, cfg.parallel, ctx)
+    else:
+        model = build_model("actor", hf, cfg.model, cfg.parallel, ctx)
     engine = NativeRolloutEngine(model, ctx, pad_id=0, micro_batch_size=args.micro_batch_size)
     rows = [bench_batch(engine, ctx, args, int(b), hf["vocab_size"]) for b in args.batch.split(",")]
     if ctx.rank != 0:

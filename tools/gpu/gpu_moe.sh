@@ -8,8 +8,8 @@
 #    peak memory; plus a 2-layer model, so the largest MoE that trains with the distributed optimizer is stated
 #    from a line through two measured peaks;
 # 2. the Qwen3-0.6B dense shape against Qwen2.5-0.5B's on the same tokens;
-# 3. tools.bench.bench_rollout: native-engine eager decode tokens/s of the MoE cut to ROLL_LAYERS layers (2: its
-#    random weights are drawn on the CPU, ~5 s per layer), per expert implementation;
+# 3. tools.bench.bench_rollout: native-engine eager decode tokens/s of the MoE cut to ROLL_LAYERS (4) layers, per
+#    expert implementation (random weights drawn on the GPU: bench_moe_step.build_fast);
 # 4. the MoE GPU tests (tests/models: grouped_mm vs the loop, bf16 model vs fp32, eager MoE decode).
 # Everything under $OUT/moe/ (JSON per command, logs, summary.json); the table at the end (tools.bench.moe_table).
 # CPU dry run (tiny shapes, local venv): DRY=1 OUT=/tmp/dry_moe PY=.venv/bin/python bash tools/gpu/gpu_moe.sh A
@@ -44,7 +44,7 @@ if [[ -n "${DRY:-}" ]]; then
   STEP=(--tiny) ROLL=(--dtype fp32 --batch 4 --prompt-len 8 --new-tokens 4 --repeat 1) SHAPE=TINY ROLL_LAYERS=2
 else
   STEP=(--sequences 8 --seq-len 2048 --micro-batch 4 --steps ${STEPS:-1} --warmup 1)
-  ROLL=(--dtype bf16 --batch 64 --prompt-len 128 --new-tokens 32 --repeat 1) SHAPE=MOE ROLL_LAYERS=${ROLL_LAYERS:-2}
+  ROLL=(--dtype bf16 --batch 64 --prompt-len 128 --new-tokens 32 --repeat 1) SHAPE=MOE ROLL_LAYERS=${ROLL_LAYERS:-4}
   nvidia-smi --query-gpu=name,memory.total --format=csv,noheader
 fi
 $PY -c "import torch; print('torch', torch.__version__, 'cuda', torch.cuda.is_available())"
