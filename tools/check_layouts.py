@@ -1,12 +1,14 @@
 """Check that a parallel layout gives the same numbers as another: the core promise of rlhf-mcore.
 
     torchrun --nproc_per_node 4 -m tools.check_layouts --config configs/tiny_grpo.yaml --layouts 1x1,2x1,1x2,2x2
+    torchrun --nproc_per_node 4 -m tools.check_layouts --config configs/tiny_moe_grpo.yaml --layouts 1x1,1x1x2,2x1x2
 
-Layouts are TPxPP; DP fills the rest of the world. With --packing on every layout runs packed micro-batches
-(data.use_sequence_packing), with --packing both each layout runs padded and then packed, all compared
-against the first (padded) one. Micro-batches are the trainer's (`phases.micro_batching`): packed ones under
---max-tokens, or the config's budget (0 = auto, `packing.token_budget`). At each layout the same batch goes through the
-actor (forward-only log-probs, then a PPO forward + backward + optimizer step) and the critic (value
+Layouts are TPxPP or TPxPPxEP (EP: an MoE model's experts split over ep ranks of the data-parallel group); DP fills
+the rest of the world. An MoE layout at tp > 1 runs with sequence parallelism (megatron's MoE layer needs it).
+With --packing on every layout runs packed micro-batches (data.use_sequence_packing), with --packing both each
+layout runs padded and then packed, all compared against the first (padded) one. Micro-batches are the trainer's
+(`phases.micro_batching`): packed ones under --max-tokens, or the config's budget (0 = auto,
+`packing.token_budget`). At each layout the same batch goes through the actor (forward-only log-probs, then a PPO forward + backward + optimizer step) and the critic (value
 loss forward + backward + step; --steps N takes N steps on that batch, so LoRA's A matrices, whose first
 gradient is zero, are compared too). Per layout it prints loss, grad norm and the max abs difference of
 per-token log-probs / values (before and after the steps) against the first layout, and exits 1 when a
@@ -24,6 +26,7 @@ import torch
 from rlhf_mcore.config.load import ConfigError, load_config
 from rlhf_mcore.logs import init_logger
 from rlhf_mcore.models.build import build_model
+from rlhf_mcore.models.lora import LoraSettings
 from rlhf_mcore.models.transformer_config import load_hf_config
 from rlhf_mcore.parallel import destroy_distributed, init_distributed, reset_model_parallel, torchrun_env
 from rlhf_mcore.trainer.losses import actor_loss, critic_loss
@@ -58,7 +61,9 @@ def dp_shard(batch: dict, ctx) -> dict:
 
 def run_role(role, cfg, hf, ctx, batch, section, loss_fn, key, split: dict, steps: int = 1):
     """(global loss, grad norm of the last step, per-token output before the steps, after them) for one role."""
-    state = build_train_state(build_model(role, hf, cfg.model, cfg.parallel, ctx), section.optim, cfg.parallel)
+    lora = LoraSettings.from_model_cfg(cfg.model, rank=cfg.critic.lora_rank) if role == "critic" else "model"
+    state = build_train_state(build_model(role, hf, cfg.model, cfg.parallel, ctx, lora=lora), section.optim,
+                              cfg.parallel)  # the trainer's roles: model.lora_* for the actor, critic.lora_rank
     model = state.module
     fn = partial(loss_fn, model=model, tp_group=ctx.pgs.tp, actor_cfg=section, temperature=1.0,
                  norm_length=float(batch["tokens"].size(1))) if role == "actor" else \
@@ -79,16 +84,54 @@ def run_role(role, cfg, hf, ctx, batch, section, loss_fn, key, split: dict, step
     return loss, grad_norm, gather_dp(before * mask, ctx), gather_dp(after * mask, ctx)
 
 
-def check_layout(cfg, layout: tuple[int, int, bool], seed: int, num: int, seq: int, max_tokens: int,
+def parse_layouts(text: str, packing: str) -> list[tuple[int, int, int, bool]]:
+    """'1x1,2x1x2' -> [(tp, pp, ep, packed), ...]; --packing both gives each layout padded, then packed.
+
+    >>> parse_layouts("1x1,2x1x2", "both")
+    [(1, 1, 1, False), (1, 1, 1, True), (2, 1, 2, False), (2, 1, 2, True)]
+    """
+    modes = {"off": (False,), "on": (True,), "both": (False, True)}[packing]
+    layouts = []
+    for item in text.split(","):
+        dims = [int(x) for x in item.lower().split("x")]
+        if len(dims) not in (2, 3):
+            raise ValueError(f"--layouts: {item!r} is not TPxPP or TPxPPxEP. Write e.g. 2x1 or 1x1x2.")
+        layouts += [(dims[0], dims[1], dims[2] if len(dims) == 3 else 1, packed) for packed in modes]
+    return layouts
+
+
+def is_moe(hf: dict) -> bool:
+    return bool(hf.get("num_experts") or hf.get("num_local_experts"))
+
+
+def layout_errors(hf: dict, layouts: list[tuple[int, int, int, bool]], world: int) -> list[str]:
+    """One line per layout the model or the world cannot take (EP on a dense model or not dividing the
+    experts, a world not divisible by tp*pp*ep), before any model is built."""
+    experts, errs = hf.get("num_experts") or hf.get("num_local_experts") or 0, []
+    for tp, pp, ep, _ in dict.fromkeys(layouts):
+        name = f"{tp}x{pp}x{ep}"
+        if ep > 1 and (not experts or experts % ep):
+            errs.append(f"--layouts: {name}: ep={ep} must divide the expert count (got {experts or 'a dense model'})."
+                        " Use an MoE config and a divisor of its num_experts.")
+        if world % (tp * pp * ep):
+            errs.append(f"--layouts: {name}: tp*pp*ep = {tp * pp * ep} must divide the world size {world}. "
+                        "Launch a multiple of it.")
+    return errs
+
+
+def check_layout(cfg, layout: tuple[int, int, int, bool], seed: int, num: int, seq: int, max_tokens: int,
                  steps: int = 1) -> dict:
-    tp, pp, packed = layout
-    sp = cfg.parallel.sequence_parallel and tp > 1  # sequence parallelism splits over TP ranks only
-    cfg = dataclasses.replace(cfg, parallel=dataclasses.replace(cfg.parallel, tp=tp, pp=pp, sequence_parallel=sp))
-    reset_model_parallel()
-    ctx = init_distributed(tp, pp, seed=seed)
+    tp, pp, ep, packed = layout
     hf = load_hf_config(cfg.model)
+    # sequence parallelism splits over TP ranks only; an MoE model at tp > 1 needs it
+    sp = (cfg.parallel.sequence_parallel or is_moe(hf)) and tp > 1
+    cfg = dataclasses.replace(cfg, parallel=dataclasses.replace(cfg.parallel, tp=tp, pp=pp, ep=ep,
+                                                                sequence_parallel=sp))
+    reset_model_parallel()
+    ctx = init_distributed(tp, pp, seed=seed, ep=ep)
     batch = to_device(dp_shard(synthetic_batch(num, seq, hf["vocab_size"], seed), ctx), ctx.device)
-    result = {"layout": f"tp{tp} pp{pp} dp{ctx.dims.dp}{' sp' if sp else ''}{' packed' if packed else ''}"}
+    result = {"layout": f"tp{tp} pp{pp}{f' ep{ep}' if ep > 1 else ''} dp{ctx.dims.dp}{' sp' if sp else ''}"
+                        f"{' packed' if packed else ''}"}
     cfg = dataclasses.replace(cfg, data=dataclasses.replace(cfg.data, use_sequence_packing=packed))
     if max_tokens:
         cfg = dataclasses.replace(cfg, actor=dataclasses.replace(cfg.actor, max_tokens_per_gpu=max_tokens))
@@ -103,7 +146,7 @@ def check_layout(cfg, layout: tuple[int, int, bool], seed: int, num: int, seq: i
 
 def compare(results: list[dict], tol: float) -> tuple[list[str], bool]:
     ref, ok, lines = results[0], True, []
-    header = f"{'layout':<23}{'actor loss':>14}{'actor gnorm':>14}{'logp diff':>11}{'logp diff*':>11}" \
+    header = f"{'layout':<27}{'actor loss':>14}{'actor gnorm':>14}{'logp diff':>11}{'logp diff*':>11}" \
              f"{'critic loss':>14}{'critic gnorm':>14}{'value diff':>11}{'value diff*':>12}"
     lines.append(header)
     for r in results:
@@ -112,17 +155,19 @@ def compare(results: list[dict], tol: float) -> tuple[list[str], bool]:
         for k in ("actor_loss", "actor_grad_norm", "critic_loss", "critic_grad_norm"):
             ok &= abs(r[k] - ref[k]) <= tol * max(1.0, abs(ref[k]))
         ok &= all(d <= tol * 10 for d in diffs.values())
-        lines.append(f"{r['layout']:<23}{r['actor_loss']:>14.8f}{r['actor_grad_norm']:>14.8f}"
+        lines.append(f"{r['layout']:<27}{r['actor_loss']:>14.8f}{r['actor_grad_norm']:>14.8f}"
                      f"{diffs['actor_before']:>11.2e}{diffs['actor_after']:>11.2e}{r['critic_loss']:>14.8f}"
                      f"{r['critic_grad_norm']:>14.8f}{diffs['critic_before']:>11.2e}{diffs['critic_after']:>12.2e}")
-    lines.append("(* = after one optimizer step; diffs are max abs vs the first layout)")
+    lines.append("(* = after the optimizer steps; diffs are max abs vs the first layout)")
+    moved = {k: float((ref[f"{k}_after"] - ref[f"{k}_before"]).abs().max()) for k in ("actor", "critic")}
+    lines.append(f"moved by the steps (first layout): actor logp {moved['actor']:.2e}, values {moved['critic']:.2e}")
     return lines, ok
 
 
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--config", required=True)
-    parser.add_argument("--layouts", default="1x1,2x1,1x2,2x2", help="comma-separated TPxPP")
+    parser.add_argument("--layouts", default="1x1,2x1,1x2,2x2", help="comma-separated TPxPP or TPxPPxEP")
     parser.add_argument("--tolerance", type=float, default=1e-5, help="relative tolerance (fp32 on CPU: 1e-5)")
     parser.add_argument("--num-samples", type=int, default=8)
     parser.add_argument("--seq-len", type=int, default=24)
@@ -138,15 +183,17 @@ def main(argv=None) -> int:
     args = parser.parse_args(argv)
     rank, _, world = torchrun_env()
     init_logger(rank)
-    modes = {"off": (False,), "on": (True,), "both": (False, True)}[args.packing]
-    layouts = [(*(int(x) for x in item.lower().split("x")), packed) for item in args.layouts.split(",")
-               for packed in modes]
     try:
+        layouts = parse_layouts(args.layouts, args.packing)
         cfg = load_config(args.config, args.overrides)
         cfg = dataclasses.replace(cfg, parallel=dataclasses.replace(cfg.parallel,
                                                                     sequence_parallel=args.sequence_parallel))
-    except ConfigError as e:
-        print(e, file=sys.stderr)
+        errors = layout_errors(load_hf_config(cfg.model), layouts, world)
+    except (ConfigError, ValueError) as e:
+        errors = [str(e)]
+    if errors:
+        if rank == 0:
+            print("\n".join(errors), file=sys.stderr)
         return 2
     results = [check_layout(cfg, layout, args.seed, args.num_samples, args.seq_len, args.max_tokens, args.steps)
                for layout in layouts]

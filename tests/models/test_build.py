@@ -56,7 +56,8 @@ def test_bottom_right_mask_matches_decode_positions():
 
 def _forward(cfg, ctx, role, tokens):
     model = build_model(role, load_hf_config(cfg.model), cfg.model, cfg.parallel, ctx)
-    pos = torch.arange(tokens.size(1)).unsqueeze(0).expand_as(tokens)
+    tokens = tokens.to(ctx.device)
+    pos = torch.arange(tokens.size(1), device=ctx.device).unsqueeze(0).expand_as(tokens)
     return model, model(tokens, pos, None)
 
 
