@@ -8,7 +8,8 @@ the rest of the world. An MoE layout at tp > 1 runs with sequence parallelism (m
 With --packing on every layout runs packed micro-batches (data.use_sequence_packing), with --packing both each
 layout runs padded and then packed, all compared against the first (padded) one. Micro-batches are the trainer's
 (`phases.micro_batching`): packed ones under --max-tokens, or the config's budget (0 = auto,
-`packing.token_budget`). At each layout the same batch goes through the actor (forward-only log-probs, then a PPO forward + backward + optimizer step) and the critic (value
+`packing.token_budget`). At each layout the same batch goes through the actor
+(forward-only log-probs, then a PPO forward + backward + optimizer step) and the critic (value
 loss forward + backward + step; --steps N takes N steps on that batch, so LoRA's A matrices, whose first
 gradient is zero, are compared too). Per layout it prints loss, grad norm and the max abs difference of
 per-token log-probs / values (before and after the steps) against the first layout, and exits 1 when a
