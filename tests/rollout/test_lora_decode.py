@@ -15,6 +15,7 @@ from rlhf_mcore.rollout.native import NativeRolloutEngine, unwrap_model
 from rlhf_mcore.rollout.static_decode import StaticDecoder
 from rlhf_mcore.rollout.types import SamplingParams
 from tests.conftest import tiny_model_config
+from tests.rollout.test_static_decode import rollout_gap
 
 SETTINGS = LoraSettings(rank=4, alpha=8.0, target_modules=expand_targets(["all-linear"]))
 PARAMS = SamplingParams(n=2, max_new_tokens=12, temperature=1.0, seed=3)
@@ -119,14 +120,7 @@ def test_graphed_lora_rollout_logprobs_equal_the_trainers(mcore_ctx, magnitude):
         batch = engine.generate(prompts, SamplingParams(n=4, max_new_tokens=160, temperature=1.0, seed=1))
         torch.cuda.synchronize()
         seconds = time.perf_counter() - start
-        with torch.no_grad():
-            positions = torch.arange(batch.tokens.size(1), device=batch.tokens.device)[None]
-            hidden = model(batch.tokens, positions.expand_as(batch.tokens), None)
-            logp, _ = token_logprobs(model, hidden, batch.tokens, mcore_ctx.pgs.tp)
-        cols = torch.arange(batch.tokens.size(1), device=logp.device)[None]
-        start = batch.prompt_lengths[:, None]
-        mask = (cols >= start) & (cols < start + batch.response_lengths[:, None])
-        gap = (logp - batch.rollout_logprobs).abs()[mask]
+        gap = rollout_gap(model, batch, mcore_ctx.pgs.tp)
         print(f"LORA_GPU magnitude={magnitude} rollout={step}: mean |rollout - trainer| {gap.mean().item():.3e}, "
               f"exact {(gap <= 1e-5).float().mean():.3f}, max {gap.max().item():.3e}, {seconds:.3f} s")
         assert gap.mean() < 3e-3, gap.mean()

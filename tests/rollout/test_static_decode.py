@@ -15,6 +15,21 @@ from rlhf_mcore.rollout.types import SamplingParams
 from tests.conftest import tiny_model_config
 
 
+def rollout_gap(model, batch, tp_group) -> torch.Tensor:
+    """|rollout log-prob - trainer log-prob| over the response tokens of a rollout batch (the trainer's forward
+    of the assembled batch: one right-padded micro-batch, causal)."""
+    from rlhf_mcore.models.logprobs import token_logprobs
+
+    with torch.no_grad():
+        positions = torch.arange(batch.tokens.size(1), device=batch.tokens.device)[None]
+        hidden = model(batch.tokens, positions.expand_as(batch.tokens), None)
+        logp, _ = token_logprobs(model, hidden, batch.tokens, tp_group)
+    cols = torch.arange(batch.tokens.size(1), device=logp.device)[None]
+    start = batch.prompt_lengths[:, None]
+    mask = (cols >= start) & (cols < start + batch.response_lengths[:, None])
+    return (logp - batch.rollout_logprobs).abs()[mask]
+
+
 def test_buckets_cover_every_batch_size():
     for n in range(1, 2100):
         b = bucket_for(n)
@@ -241,8 +256,6 @@ def test_graphed_rollout_logprobs_equal_the_trainers_on_ragged_prompts(mcore_ctx
     assembled batch (one right-padded micro-batch, causal). With the trainer's layout and SDPA decode attention
     they are the trainer's numbers (over the cache cut to length buckets too: 160 new tokens cross them); the
     split-KV kernel sums in its own order (bf16 noise)."""
-    from rlhf_mcore.models.logprobs import token_logprobs
-
     cfg = tiny_model_config(hidden_size=128, ffn_hidden_size=256, num_layers=3, vocab_size=1000, dtype="bf16")
     model = unwrap_model(build_model("actor", load_hf_config(cfg.model), cfg.model, cfg.parallel, mcore_ctx)).eval()
     engine = NativeRolloutEngine(model, mcore_ctx, pad_id=0, decode_attention=attention)
@@ -250,14 +263,7 @@ def test_graphed_rollout_logprobs_equal_the_trainers_on_ragged_prompts(mcore_ctx
     lengths = torch.randint(3, 60, (48,), generator=g)
     prompts = [torch.randint(1, 1000, (int(n),), generator=g).tolist() for n in lengths]
     batch = engine.generate(prompts, SamplingParams(n=4, max_new_tokens=160, temperature=1.0, seed=1))
-    with torch.no_grad():
-        positions = torch.arange(batch.tokens.size(1), device=batch.tokens.device)[None]
-        hidden = model(batch.tokens, positions.expand_as(batch.tokens), None)
-        logp, _ = token_logprobs(model, hidden, batch.tokens, mcore_ctx.pgs.tp)
-    cols = torch.arange(batch.tokens.size(1), device=logp.device)[None]
-    start = batch.prompt_lengths[:, None]
-    mask = (cols >= start) & (cols < start + batch.response_lengths[:, None])
-    gap = (logp - batch.rollout_logprobs).abs()[mask]
+    gap = rollout_gap(model, batch, mcore_ctx.pgs.tp)
     picked = engine.static.attention_name  # auto: sdpa where the probe finds it exact (an H200), else triton
     print(f"{attention} ({picked}): mean |rollout - trainer| {gap.mean().item():.3e}, "
           f"exact {(gap <= 1e-5).float().mean():.3f}")

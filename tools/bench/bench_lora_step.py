@@ -39,9 +39,9 @@ from rlhf_mcore.models.flops import forward_flops_per_token
 from rlhf_mcore.models.lora import adapter_parameters
 from rlhf_mcore.parallel import init_distributed
 from rlhf_mcore.trainer.losses import actor_loss
-from rlhf_mcore.trainer.optim import build_train_state, optimizer_step, zero_grads
+from rlhf_mcore.trainer.optim import build_train_state
 from rlhf_mcore.trainer.schedule import run_schedule, split_micro_batches
-from tools.bench.bench_moe_step import capacity_bytes, free_memory, peak_gib, time_phase
+from tools.bench.bench_moe_step import capacity_bytes, free_memory, peak_gib, time_phase, update_fn
 from tools.bench.bench_train_step import make_batch
 from tools.bench.moe_memory import GIB, largest_layers
 
@@ -102,14 +102,7 @@ def bench_state(label: str, model, hf: dict, ctx, args, batch: dict, build_s: fl
         with torch.no_grad():
             run_schedule(state.model, mbs, partial(loss_fn, non_loss_data=True), forward_only=True)
 
-    def update():  # the peaks of forward + backward and of the optimizer step, apart
-        peak_gib(reset=True)
-        zero_grads(state)
-        outputs = run_schedule(state.model, mbs, loss_fn, forward_only=False)
-        peaks["fwd_bwd"] = max(peaks.get("fwd_bwd", 0.0), peak_gib(reset=True))
-        optimizer_step(state, actor_cfg.optim.lr)
-        peaks["optimizer"] = max(peaks.get("optimizer", 0.0), peak_gib(reset=True))
-        return float(sum(o["actor/loss_sum"] for o in outputs))
+    update = update_fn(state, mbs, loss_fn, actor_cfg.optim.lr, peaks)
 
     rows = []
     peak_gib(reset=True)

@@ -77,6 +77,21 @@ def set_expert_kernel(model, kernel: str) -> int:
     return len(experts)
 
 
+def update_fn(state, mbs, loss_fn, lr: float, peaks: dict):
+    """One update (forward + backward over `mbs`, optimizer step) as a function returning the loss sum; it keeps
+    the peaks of forward + backward and of the optimizer step apart in `peaks` (GiB, max over calls)."""
+    def update() -> float:
+        peak_gib(reset=True)
+        zero_grads(state)
+        outputs = run_schedule(state.model, mbs, loss_fn, forward_only=False)
+        peaks["fwd_bwd"] = max(peaks.get("fwd_bwd", 0.0), peak_gib(reset=True))
+        optimizer_step(state, lr)
+        peaks["optimizer"] = max(peaks.get("optimizer", 0.0), peak_gib(reset=True))
+        return float(sum(o["actor/loss_sum"] for o in outputs))
+
+    return update
+
+
 def synced_time(fn) -> float:
     if torch.cuda.is_available():
         torch.cuda.synchronize()
@@ -157,15 +172,7 @@ def bench_model(label: str, hf: dict, ctx, args, batch: dict) -> list[dict]:
         return torch.cat([o["logp"].float().flatten() for o in outputs])
 
     peaks = {}
-
-    def update():  # the peaks of forward + backward and of the optimizer step, apart
-        peak_gib(reset=True)
-        zero_grads(state)
-        outputs = run_schedule(state.model, mbs, loss_fn, forward_only=False)
-        peaks["fwd_bwd"] = max(peaks.get("fwd_bwd", 0.0), peak_gib(reset=True))
-        optimizer_step(state, actor_cfg.optim.lr)
-        peaks["optimizer"] = max(peaks.get("optimizer", 0.0), peak_gib(reset=True))
-        return float(sum(o["actor/loss_sum"] for o in outputs))
+    update = update_fn(state, mbs, loss_fn, actor_cfg.optim.lr, peaks)
 
     rows, logps = [], {}
     for kernel in kernels:  # forward-only first, while every kernel sees the same weights
