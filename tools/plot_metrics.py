@@ -25,6 +25,8 @@ PANELS = (
     ("grad norm", "actor/grad_norm", None),
 )
 CRITIC_PANELS = (("value loss", "critic/vf_loss", None), ("explained variance", "critic/vf_explained_var", None))
+TOOL_PANELS = (("turns", "num_turns/mean", None), ("tool calls per sample", "tool_calls/mean", None),
+               ("tool-call rate", "tool/call_rate", None), ("tool error rate", "tool/error_rate", None))
 
 
 def phases_of(rows: list[dict]) -> list[str]:
@@ -89,7 +91,7 @@ def plot(run_dir: str | Path, out: str | Path | None = None) -> Path:
     run_dir = Path(run_dir)
     train, val = load_metrics(run_dir / "metrics.jsonl")
     out = Path(out) if out else run_dir / "metrics.png"
-    panels = PANELS + tuple(p for p in CRITIC_PANELS if any(p[1] in r for r in train))
+    panels = PANELS + tuple(p for p in CRITIC_PANELS + TOOL_PANELS if any(p[1] in r for r in train))
     num_rows = -(-(len(panels) + 1) // 4)  # the panels and the phase bars, four a row
     fig, axes = plt.subplots(num_rows, 4, figsize=(20, 3.7 * num_rows))
     axes = axes.ravel()
