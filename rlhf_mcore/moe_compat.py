@@ -4,6 +4,7 @@ Applied by `apply_moe_patches()` (models.build, before an MoE model is built), o
 condition and names its call site:
 - M1, only where transformer_engine is absent (CPU or GPU);
 - M2, always: the installed torch (2.13) `all_to_all_single` binding refuses the numpy split sizes megatron passes.
+`reduce_experts_over_expert_dp(model)` (M3) is per model: models.build calls it on each MoE model it builds.
 """
 from __future__ import annotations
 
@@ -43,3 +44,29 @@ def apply_moe_patches() -> list[str]:
         mappings._AllToAll.forward = staticmethod(listed)
         _applied.append("M2 _AllToAll split sizes as lists")
     return _applied
+
+
+def reduce_experts_over_expert_dp(model) -> int:
+    """M3: make DDP reduce the routed experts' gradients over the expert-data-parallel group; returns how many
+    parameters it marked (0 where megatron's own choice is right).
+
+    Megatron 0.16.1 (ColumnParallelLinear / RowParallelLinear.__init__, tensor_parallel/layers.py:886, 1209;
+    GroupedMLP, moe/experts.py:203) sets `allreduce = not (is_expert and expert_model_parallel_size > 1)`, and
+    DistributedDataParallel.__init__ (distributed_data_parallel.py:122) puts `allreduce` parameters in the
+    dense buffers, reduced over the data-parallel group only. At EP 1 that is right only when the experts are
+    split like the dense layers (etp == tp). Ours are whole on every rank (etp = 1): at tp > 1 each TP rank
+    runs its experts on its own sequence-parallel shard of the tokens, so their gradients must also be summed
+    over TP, which the expert-data-parallel group (dp x tp / etp ranks) does and the dense one does not. Without
+    this, TP2 diverges from TP1 from the first step on: each TP rank steps its own copy of the experts with the
+    gradient of its shard only, and the copies drift apart.
+    `allreduce = False` moves them to DDP's expert buffers and megatron's expert optimizer, as at EP > 1."""
+    from megatron.core.transformer.moe.moe_layer import MoELayer
+
+    tc = model.config
+    if not tc.num_moe_experts or tc.expert_model_parallel_size > 1 or \
+            (tc.expert_tensor_parallel_size or tc.tensor_model_parallel_size) == tc.tensor_model_parallel_size:
+        return 0
+    params = [p for m in model.modules() if isinstance(m, MoELayer) for p in m.experts.parameters()]
+    for p in params:  # the shared experts (MoELayer.shared_experts) are split over TP like a dense MLP: kept
+        p.allreduce = False
+    return len(params)

@@ -129,6 +129,10 @@ def _build_model(role: str, hf: dict, model_cfg, parallel_cfg, ctx, source: str)
     if backend != "te":
         enable_position_rope(model)
     model.to(device=ctx.device, dtype=tc.params_dtype)  # norms are built in fp32; bf16 runs keep all in bf16
+    if tc.num_moe_experts:  # whole experts at tp > 1: their grads summed over TP too (moe_compat M3)
+        from rlhf_mcore.moe_compat import reduce_experts_over_expert_dp
+
+        reduce_experts_over_expert_dp(model)
     if not spec.trainable:
         model.requires_grad_(False)
         model.eval()
