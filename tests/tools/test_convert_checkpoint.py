@@ -34,7 +34,7 @@ def test_round_trip_and_verify_at_tp1(case, tiny_work, capsys):
     assert not problems, f"{case}: {problems}"
     meta = json.loads((tiny_work / "mcore" / f"{case}_1x1" / "conversion.json").read_text())
     assert meta == {"role": "actor", "dtype": "fp32", "source": str(tiny_work / "hf" / case), "saved_tp": 1,
-                    "saved_pp": 1, "padded_vocab_size": 256}
+                    "saved_pp": 1, "saved_ep": 1, "padded_vocab_size": 256}
     reloaded = AutoModelForCausalLM.from_pretrained(str(out))  # transformers reads the export
     assert reloaded.config.tie_word_embeddings == CASES[case][1] and reloaded.config.vocab_size == VOCAB
     row = verify(tiny_work, case, f"{case}_1x1", capsys)
