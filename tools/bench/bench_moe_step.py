@@ -92,16 +92,6 @@ def update_fn(state, mbs, loss_fn, lr: float, peaks: dict):
     return update
 
 
-def synced_time(fn) -> float:
-    if torch.cuda.is_available():
-        torch.cuda.synchronize()
-    start = time.perf_counter()
-    fn()
-    if torch.cuda.is_available():
-        torch.cuda.synchronize()
-    return time.perf_counter() - start
-
-
 def median(xs: list[float]) -> float:
     return sorted(xs)[len(xs) // 2]
 

@@ -112,19 +112,21 @@ def make_batch(lengths: list[tuple[int, int]], seq: int, vocab: int, device, see
     return {k: v.to(device) for k, v in batch.items()}
 
 
+def synced_time(fn) -> float:
+    """Seconds of one call of `fn`, the device synchronised before and after."""
+    if torch.cuda.is_available():
+        torch.cuda.synchronize()
+    start = time.perf_counter()
+    fn()
+    if torch.cuda.is_available():
+        torch.cuda.synchronize()
+    return time.perf_counter() - start
+
+
 def timed(fn, repeats: int) -> float:
     """Median seconds of `repeats` calls after one warm-up call (use an odd count: of 2 it is their mean)."""
-    times = []
-    for i in range(repeats + 1):
-        if torch.cuda.is_available():
-            torch.cuda.synchronize()
-        start = time.perf_counter()
-        fn()
-        if torch.cuda.is_available():
-            torch.cuda.synchronize()
-        if i:
-            times.append(time.perf_counter() - start)
-    return statistics.median(times)
+    synced_time(fn)
+    return statistics.median([synced_time(fn) for _ in range(repeats)])
 
 
 def peak_gib(reset: bool = False) -> float:
