@@ -8,48 +8,12 @@ field that names a registry entry (`registry_fields`: the registry is the list o
 from __future__ import annotations
 
 import dataclasses
-import math
 from dataclasses import dataclass, field
 from typing import Optional
 
+from rlhf_mcore.config.checks import choice, in_range, non_finite_floats, positive
+
 DC = dict(kw_only=True, slots=True)
-
-
-def choice(key: str, value, options) -> list[str]:
-    """One error when `value` is not among `options`."""
-    if value in options:
-        return []
-    return [f"{key}: must be one of {', '.join(map(str, options))} (got {value!r}). Pick one of those."]
-
-
-def positive(key: str, value, allow_zero: bool = False) -> list[str]:
-    if value > 0 or (allow_zero and value == 0):
-        return []
-    bound = ">= 0" if allow_zero else "> 0"
-    return [f"{key}: must be {bound} (got {value!r}). Set a {'non-negative' if allow_zero else 'positive'} value."]
-
-
-def in_range(key: str, value, lo: float, hi: float, lo_open: bool = False, hi_open: bool = False,
-             fix: str = "") -> list[str]:
-    """One error when `value` lies outside [lo, hi] (a parenthesis marks an open end)."""
-    above = value > lo if lo_open else value >= lo
-    below = value < hi if hi_open else value <= hi
-    if above and below:
-        return []
-    interval = f"{'(' if lo_open else '['}{lo}, {hi}{')' if hi_open else ']'}"
-    return [f"{key}: must be in {interval} (got {value!r}). {fix or 'Set a value in that range.'}"]
-
-
-def non_finite_floats(section, prefix: str) -> list[str]:
-    """An error for every float field that is inf or nan (no key accepts them: lr=inf trains on garbage)."""
-    errs = []
-    for f in dataclasses.fields(section):
-        value = getattr(section, f.name)
-        if dataclasses.is_dataclass(value):
-            errs += non_finite_floats(value, f"{prefix}.{f.name}")
-        elif isinstance(value, float) and not math.isfinite(value):
-            errs.append(f"{prefix}.{f.name}: must be a finite number (got {value!r}). Write a finite value.")
-    return errs
 
 
 LORA_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")  # HF projection names
