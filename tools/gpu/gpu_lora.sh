@@ -40,12 +40,7 @@ fi
 
 if [[ -n "${DRY:-}" ]]; then
   SMOL=${DRY_SMOL:-/tmp/dry_smol_lora}
-  if [[ ! -d $SMOL/mcore ]]; then  # a tiny SMOL: the real tokenizer and weights (fp32), 64 train rows
-    GGUF=$($PY -c "from tools.gguf_to_hf import find_smollm2_gguf as f; print(f())")
-    $PY -m tools.gguf_to_hf --gguf "$GGUF" --out $SMOL/hf --dtype fp32 --overwrite 2>&1 | tail -1
-    $PY -m tools.convert_checkpoint hf-to-mcore --hf-dir $SMOL/hf --out $SMOL/mcore --dtype fp32 2>&1 | tail -1
-    $PY -m tools.prepare_gsm8k --output-dir $SMOL/gsm8k --max-train 64 --max-test 4 | tail -1
-  fi
+  source tools/gpu/dry_smol.sh && dry_smol $SMOL  # a tiny SMOL: the real tokenizer and weights, 64 train rows
   EXTRA=(model.dtype=fp32 data.train_batch_size=2 rollout.n=2 rollout.max_response_length=8
          actor.ppo_mini_batch_size=2 actor.micro_batch_size_per_gpu=4 reward.num_workers=1 trainer.total_steps=2)
   LIMIT_MIN=0; TRAIN_TIMEOUT=600
