@@ -1,6 +1,7 @@
 """Logging: one `init_logger()`, `MetricLogger` fanning a step's metrics out to JSONL, TensorBoard and
-wandb, `timer(name, timings)` for per-phase seconds, and `progress(...)` for long phases: a tqdm bar on a
-terminal, a plain log line every few seconds when stdout is a file or a pipe (no 7k-character bar lines)."""
+wandb, `timer(name, timings)` for per-phase seconds, `progress(...)` for long phases: a tqdm bar on a
+terminal, a plain log line every few seconds when stdout is a file or a pipe (no 7k-character bar lines), and
+`log_once(...)` for a message worth saying once per process."""
 from __future__ import annotations
 
 import contextlib
@@ -10,10 +11,9 @@ import os
 import sys
 import threading
 import time
+from collections.abc import Hashable
 
 import torch
-
-from rlhf_mcore.disk import disk_full_message
 
 log = logging.getLogger("rlhf_mcore")
 
@@ -26,6 +26,31 @@ def init_logger(rank: int = 0, level: int = logging.INFO) -> None:
                         stream=sys.stdout, force=True)
     for noisy in ("megatron", "torch.distributed", "httpx"):
         logging.getLogger(noisy).setLevel(logging.WARNING)
+
+
+_logged_once: set[tuple[str, Hashable]] = set()
+_logged_once_lock = threading.Lock()
+
+
+def log_once(logger: logging.Logger, key: Hashable, message: str, *args, level: int = logging.INFO) -> bool:
+    """`logger.log(level, message, *args)` the first time this process sees (logger name, key); later calls
+    with the same pair are silent. Returns whether it logged. (Every role builds its model and train state, so
+    a choice made per build is announced once, not once per role.)"""
+    seen = (logger.name, key)
+    if seen in _logged_once:  # the common case (a per-forward call), without the lock
+        return False
+    with _logged_once_lock:
+        if seen in _logged_once:
+            return False
+        _logged_once.add(seen)
+    logger.log(level, message, *args, stacklevel=2)  # the record names the caller, not this helper
+    return True
+
+
+def reset_log_once() -> None:
+    """Forget what `log_once` logged (tests that assert on a once-per-process line)."""
+    with _logged_once_lock:
+        _logged_once.clear()
 
 
 @contextlib.contextmanager
@@ -157,6 +182,8 @@ class _Jsonl:
             self.file.write(json.dumps({"step": step, **metrics}) + "\n")
             self.file.flush()
         except OSError as e:
+            from rlhf_mcore.disk import disk_full_message  # here, so logs imports none of ours (models use it)
+
             raise OSError(e.errno, disk_full_message(e, self.path) or f"writing {self.path} failed: {e}") from e
 
     def close(self) -> None:

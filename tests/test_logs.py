@@ -1,5 +1,5 @@
 """Loggers and progress: wandb imported only when named (offline through its own API), periodic progress
-lines when stdout is not a terminal, a heartbeat for phases that cannot count their work."""
+lines when stdout is not a terminal, a heartbeat for phases that cannot count their work, and log_once."""
 import json
 import logging
 import sys
@@ -8,7 +8,7 @@ import types
 import pytest
 
 from rlhf_mcore import logs
-from rlhf_mcore.logs import MetricLogger, heartbeat, progress
+from rlhf_mcore.logs import MetricLogger, heartbeat, log_once, progress, reset_log_once
 
 
 class FakeRun:
@@ -84,3 +84,22 @@ def test_heartbeat_reports_while_the_block_runs(caplog):
     beats = [r.getMessage() for r in caplog.records if r.getMessage().startswith("converting: still running")]
     assert len(beats) >= 2
     assert logs.PROGRESS_EVERY_S > 0
+
+
+def test_log_once_logs_each_key_once_per_logger_until_reset(caplog):
+    reset_log_once()
+    first, other = logging.getLogger("rlhf_mcore.test_once"), logging.getLogger("rlhf_mcore.test_once_other")
+    with caplog.at_level(logging.DEBUG, logger="rlhf_mcore"):
+        assert log_once(first, "a", "kernel: %s (%s)", "sdpa", "cpu") is True
+        assert log_once(first, "a", "kernel: %s (%s)", "other", "cpu") is False  # same key: silent
+        assert log_once(first, ("b", 1), "fallback", level=logging.WARNING) is True
+        assert log_once(other, "a", "same key, another logger") is True
+        reset_log_once()
+        assert log_once(first, "a", "again after reset") is True
+    got = [(r.name, r.levelno, r.getMessage()) for r in caplog.records]
+    assert got == [("rlhf_mcore.test_once", logging.INFO, "kernel: sdpa (cpu)"),
+                   ("rlhf_mcore.test_once", logging.WARNING, "fallback"),
+                   ("rlhf_mcore.test_once_other", logging.INFO, "same key, another logger"),
+                   ("rlhf_mcore.test_once", logging.INFO, "again after reset")]
+    assert {r.funcName for r in caplog.records} == {"test_log_once_logs_each_key_once_per_logger_until_reset"}
+    reset_log_once()

@@ -16,6 +16,7 @@ import logging
 import torch
 from megatron.core.transformer.transformer_block import TransformerBlockSubmodules, get_num_layers_to_build
 
+from rlhf_mcore.logs import log_once
 from rlhf_mcore.models.heads import HiddenStatesHead, ScalarHead
 from rlhf_mcore.models.init import init_output_weight, seeded_layer_spec
 from rlhf_mcore.models.layer_specs import LAYER_SPECS, resolve_backend
@@ -28,7 +29,6 @@ from rlhf_mcore.models.transformer_config import padded_vocab_size, rope_theta, 
 
 log = logging.getLogger(__name__)
 EMBEDDING_SEED = 31337
-_logged_backend: set[str] = set()
 
 
 def block_spec(layer_spec, backend: str, config, pp_rank: int):
@@ -93,11 +93,10 @@ def _build_model(role: str, hf: dict, model_cfg, parallel_cfg, ctx, source: str)
                                      tc.params_dtype)
     if backend == "sdpa" and getattr(model_cfg, "sdpa_kernel", "auto") != "auto":
         layer_spec = with_sdpa_kernel(layer_spec, model_cfg.sdpa_kernel)
-    if backend not in _logged_backend:
-        log.info("layer spec: %s (attention backend %s%s)", "transformer-engine" if backend == "te"
-                 else "megatron local", backend, f", SDPA kernel {model_cfg.sdpa_kernel} first"
-                 if backend == "sdpa" and getattr(model_cfg, "sdpa_kernel", "auto") != "auto" else "")
-        _logged_backend.add(backend)
+    log_once(log, f"layer spec {backend}", "layer spec: %s (attention backend %s%s)",
+             "transformer-engine" if backend == "te" else "megatron local", backend,
+             f", SDPA kernel {model_cfg.sdpa_kernel} first"
+             if backend == "sdpa" and getattr(model_cfg, "sdpa_kernel", "auto") != "auto" else "")
     lm_head = spec.lm_head
     tied = lm_head and bool(hf.get("tie_word_embeddings", False))
     torch.manual_seed(EMBEDDING_SEED)  # the embedding is drawn first, identically at every layout

@@ -29,12 +29,12 @@ import torch
 import torch.nn.functional as F
 from megatron.core.transformer.moe.experts import SequentialMLP
 
+from rlhf_mcore.logs import log_once
 from rlhf_mcore.registry import Registry
 
 log = logging.getLogger(__name__)
 EXPERT_IMPLS = ("auto", "sequential", "grouped", "grouped-reference")
 GROUPED_MM: Registry = Registry("grouped matmul kernel")
-_logged: set[str] = set()
 
 
 def _bounds(counts: list[int]) -> list[tuple[int, int]]:
@@ -169,9 +169,8 @@ class GroupedExperts(SequentialMLP):
         if self.config.moe_apply_probs_on_input:  # top-1 only (SequentialMLP asserts it): scale x, p = 1
             x, probs = (probs.unsqueeze(-1) * x).to(x.dtype), torch.ones_like(probs)
         kernel, why = (self.kernel, "asked") if self.kernel == "reference" else kernel_for(x.device, x.dtype)
-        if kernel != self.kernel and f"fallback {why}" not in _logged:
-            log.info("MoE experts: grouped, torch reference loop (%s)", why)
-            _logged.add(f"fallback {why}")
+        if kernel != self.kernel:
+            log_once(log, f"fallback {why}", "MoE experts: grouped, torch reference loop (%s)", why)
         fc1 = [e.linear_fc1.weight for e in self.local_experts]
         fc2 = [e.linear_fc2.weight for e in self.local_experts]
         counts = [int(n) for n in tokens_per_expert.tolist()]
@@ -203,7 +202,5 @@ def use_expert_impl(layer_spec, name: str, device: torch.device, dtype: torch.dt
     line = {"sequential": "megatron SequentialMLP (one GEMM pair per expert)",
             "grouped": "grouped (torch._grouped_mm where CUDA + bf16, else the torch reference loop)",
             "grouped-reference": "grouped, torch reference loop"}[impl]
-    if (impl, why) not in _logged:
-        log.info("MoE experts: %s [%s]", line, why)
-        _logged.add((impl, why))
+    log_once(log, f"impl {impl} [{why}]", "MoE experts: %s [%s]", line, why)
     return layer_spec

@@ -27,11 +27,11 @@ import torch
 import torch.nn.functional as F
 from megatron.core.packed_seq_params import PackedSeqParams
 
+from rlhf_mcore.logs import log_once
 from rlhf_mcore.registry import Registry
 
 log = logging.getLogger(__name__)
 PACKED_KERNELS: Registry = Registry("packed attention kernel")
-_logged: set[str] = set()
 
 
 @dataclasses.dataclass
@@ -192,7 +192,6 @@ def choose_packed_kernel(q: torch.Tensor) -> str:
 def packed_attention(q, k, v, params: PackedSeqs, scale: float) -> torch.Tensor:
     """Causal attention within each packed sequence: q [T, np, hn], k/v [T, ng, hn] -> [T, np, hn]."""
     name = choose_packed_kernel(q)
-    if name not in _logged:
-        log.info("packed attention: %s (%s, %s)", name, q.device.type, str(q.dtype).removeprefix("torch."))
-        _logged.add(name)
+    log_once(log, f"packed attention {name}", "packed attention: %s (%s, %s)", name, q.device.type,
+             str(q.dtype).removeprefix("torch."))
     return PACKED_KERNELS.get(name)(q, k, v, params, scale)

@@ -12,6 +12,8 @@ import math
 
 import torch
 
+from rlhf_mcore.logs import log_once
+
 log = logging.getLogger("rlhf_mcore")
 
 
@@ -45,16 +47,6 @@ def lr_at(step: int, optim_cfg, total_steps: int) -> float:
     progress = (step - optim_cfg.lr_warmup_steps) / max(1, total_steps - optim_cfg.lr_warmup_steps)
     floor = base * optim_cfg.min_lr_ratio
     return floor + (base - floor) * 0.5 * (1.0 + math.cos(math.pi * min(1.0, progress)))
-
-
-_announced: list[str] = []
-
-
-def _announce(line: str) -> None:
-    """Log `line` once per process (every role builds a train state)."""
-    if line not in _announced:
-        _announced.append(line)
-        log.info(line)
 
 
 def set_lr(optimizer, lr: float) -> None:
@@ -91,7 +83,8 @@ def build_train_state(model, optim_cfg, parallel_cfg) -> TrainState:
     )
     optimizer = get_megatron_optimizer(opt_cfg, [ddp])
     if fuse_torch_adam(optimizer):
-        _announce("optimizer: torch AdamW with fused=True (apex and TE absent; rlhf_mcore/apex_free.py)")
+        log_once(log, "fused torch adamw", "optimizer: torch AdamW with fused=True (apex and TE absent; "
+                 "rlhf_mcore/apex_free.py)")
     # The schedule calls these: no grad sync between micro-batches, then one reduction and the
     # division by the global token count at the end.
     tc.no_sync_func = ddp.no_sync
