@@ -12,7 +12,9 @@ prompts, one optimizer step per step (ppo_mini_batch_size = train_batch_size, on
 KL, GRPO, random rewards. No stop tokens, so every response has exactly 256 tokens (runs are comparable).
 Reported: per-phase seconds (median of the timed steps), tokens/s, peak memory, rollout-vs-trainer
 log-prob mismatch (`rollout/mismatch_*`), MFU of the log-prob + update phases, and a standalone rollout
-(512 x 256 with log-probs; prefill-only call for ms per decode step).
+(512 x 256 with log-probs; prefill-only call for ms per decode step). `--hf-path DIR` takes the architecture
+from DIR/config.json instead (random weights; e.g. a Qwen3-MoE shape, `--moe-expert-impl`; MFU counts the
+active experts).
 """
 from __future__ import annotations
 
@@ -44,6 +46,7 @@ from rlhf_mcore.config import (
 )
 from rlhf_mcore.config.validate import validate
 from rlhf_mcore.logs import MetricLogger, init_logger
+from rlhf_mcore.models.flops import forward_flops_per_token
 from rlhf_mcore.models.transformer_config import load_hf_config
 from rlhf_mcore.parallel import init_distributed, torchrun_env
 from rlhf_mcore.rollout import static_decode
@@ -77,6 +80,9 @@ def parse_args(argv=None):
     p.add_argument("--max-tokens", type=int, default=0,
                    help=">0: token-budget micro-batches (actor.use_dynamic_bsz, actor.max_tokens_per_gpu)")
     p.add_argument("--sdpa-kernel", default="auto", help="model.sdpa_kernel (auto|flash|cudnn|efficient)")
+    p.add_argument("--hf-path", default="", help="the architecture from this HF dir's config.json (random bf16 "
+                   "weights, e.g. an MoE shape) instead of the Qwen2.5-0.5B shape")
+    p.add_argument("--moe-expert-impl", default="auto", help="model.moe_expert_impl of an MoE --hf-path")
     p.add_argument("--steps", type=int, default=3, help="timed steps (after --warmup)")
     p.add_argument("--warmup", type=int, default=1)
     p.add_argument("--attention-backend", default="triton", help="rollout.sglang.attention_backend")
@@ -110,13 +116,21 @@ def build_config(args) -> Config:
                                                        gpu_memory_utilization=0.5))
     actor = ActorConfig(optim=OptimConfig(lr=1e-6), ppo_mini_batch_size=args.prompts,
                         micro_batch_size_per_gpu=args.micro_batch, use_dynamic_bsz=args.max_tokens > 0,
-                        max_tokens_per_gpu=args.max_tokens or ActorConfig.max_tokens_per_gpu)
-    model = ModelConfig(**(TINY if args.tiny else QWEN), sdpa_kernel=args.sdpa_kernel)
+                        max_tokens_per_gpu=args.max_tokens)
+    model = ModelConfig(**model_shape(args), sdpa_kernel=args.sdpa_kernel)
     return Config(model=model, rollout=rollout, actor=actor,
                   algorithm=AlgorithmConfig(adv_estimator="grpo"),  # the default is verl's gae (a critic)
                   parallel=ParallelConfig(tp=args.tp, pp=args.pp),
                   data=DataConfig(train_batch_size=args.prompts, max_prompt_length=args.prompt_len),
                   trainer=TrainerConfig(seed=1, logger=[], total_steps=1000))
+
+
+def model_shape(args) -> dict:
+    """The model section's architecture fields: --hf-path's config.json (random weights), or the fixed shape."""
+    if args.hf_path:
+        return dict(hf_path=args.hf_path, init="random", dtype="fp32" if args.tiny else "bf16",
+                    moe_expert_impl=args.moe_expert_impl)
+    return TINY if args.tiny else QWEN
 
 
 class RandomPrompts:
@@ -285,11 +299,9 @@ def profile_rollout(run, args, path: str) -> None:
 
 
 def train_flops(hf: dict, rows: int, seq: int, passes: float) -> float:
-    """Matmul FLOPs of `passes` forward-equivalents (fwd = 1, fwd + bwd = 3) over rows x seq tokens."""
-    h, layers, ffn, v = hf["hidden_size"], hf["num_hidden_layers"], hf["intermediate_size"], hf["vocab_size"]
-    kv = hf["num_key_value_heads"] * h // hf["num_attention_heads"]
-    per_token = 2 * (layers * (2 * h * h + 2 * h * kv + 3 * h * ffn) + h * v) + 2 * layers * h * seq
-    return passes * per_token * rows * seq
+    """Model FLOPs of `passes` forward-equivalents (fwd = 1, fwd + bwd = 3) over rows x seq tokens (MoE: the
+    active experts), at the mean causal context of seq / 2."""
+    return passes * forward_flops_per_token(hf, seq / 2) * rows * seq
 
 
 def summarize(args, cfg, run, steps: list[dict], rollout: dict) -> dict:
@@ -311,7 +323,8 @@ def summarize(args, cfg, run, steps: list[dict], rollout: dict) -> dict:
         "engine_start_s": run.engine_start_s, "rollout": rollout,
         "weight_sync_gb": last.get("perf/weight_sync_gb"), "weight_reshard_gb": last.get("perf/weight_reshard_gb"),
         "shape": {"prompts": args.prompts, "n": args.n, "prompt_len": args.prompt_len, "new_tokens": args.new_tokens,
-                  "micro_batch": args.micro_batch, "dtype": cfg.model.dtype, "tiny": args.tiny},
+                  "micro_batch": args.micro_batch, "dtype": cfg.model.dtype, "tiny": args.tiny,
+                  "hf_path": args.hf_path, "moe_expert_impl": args.moe_expert_impl if args.hf_path else None},
         "config": {"attention_backend": cfg.rollout.sglang.attention_backend,
                    "cuda_graphs": cfg.rollout.native.cuda_graphs, "compile_decode": cfg.rollout.native.compile_decode,
                    "decode_attention": getattr(getattr(run.engine, "static", None), "attention_name", None),
