@@ -22,7 +22,8 @@ SIZE_BOUNDS = {  # dotted key: the largest value accepted
     "rollout.n": 1 << 16, "rollout.max_response_length": 1 << 22, "rollout.micro_batch_size": 1 << 20,
     "rollout.top_k": 1 << 24, "rollout.sglang.cuda_graph_max_bs": 1 << 16, "rollout.sglang.weight_bucket_mb": 1 << 20,
     "actor.ppo_mini_batch_size": 1 << 20, "actor.ppo_epochs": 1000, "actor.micro_batch_size_per_gpu": 1 << 16,
-    "actor.max_tokens_per_gpu": 1 << 30, "critic.ppo_mini_batch_size": 1 << 20, "critic.ppo_epochs": 1000,
+    "actor.max_tokens_per_gpu": 1 << 30, "actor.log_prob_max_tokens_per_gpu": 1 << 30,
+    "critic.ppo_mini_batch_size": 1 << 20, "critic.ppo_epochs": 1000,
     "critic.micro_batch_size_per_gpu": 1 << 16, "critic.max_tokens_per_gpu": 1 << 30,
     "reward.num_workers": 1024, "algorithm.filter_groups.max_num_gen_batches": 1 << 20,
 }

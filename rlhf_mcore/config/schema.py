@@ -287,6 +287,9 @@ class UpdateConfig:
 
 @dataclass(**DC)
 class ActorConfig(UpdateConfig):
+    log_prob_max_tokens_per_gpu: int = 0  # the forward-only passes' token budget (old/ref log-probs, values, reward
+    #                                       model) where max_tokens_per_gpu applies; no backward, so it can be
+    #                                       larger (verl's log_prob_max_token_len_per_gpu). 0 = max_tokens_per_gpu
     policy_loss: str = "vanilla"  # rlhf_mcore.algorithms.POLICY_LOSSES
     clip_ratio_low: float = 0.2
     clip_ratio_high: float = 0.2
@@ -311,6 +314,7 @@ class ActorConfig(UpdateConfig):
 
     def _checks(self, p: str) -> list[str]:
         errs = self._update_checks(p)
+        errs += positive(f"{p}.log_prob_max_tokens_per_gpu", self.log_prob_max_tokens_per_gpu, allow_zero=True)
         errs += positive(f"{p}.tau_pos", self.tau_pos) + positive(f"{p}.tau_neg", self.tau_neg)
         errs += in_range(f"{p}.kl_cov_ratio", self.kl_cov_ratio, 0.0, 1.0, lo_open=True, fix="Use e.g. 0.0002.")
         errs += positive(f"{p}.kl_cov_coef", self.kl_cov_coef, allow_zero=True)

@@ -156,9 +156,12 @@ def _length_rules(cfg: Config, shape: dict | None) -> list[str]:
         errs.append(f"{shape['window_key']}: the model attends within {shape['window']} tokens, fewer than {where} "
                     f"= {seq} (got {shape['window']}); this trainer has no sliding-window attention. Shorten the "
                     "prompt or response lengths.")
-    if (cfg.actor.use_dynamic_bsz or cfg.data.use_sequence_packing) and 0 < cfg.actor.max_tokens_per_gpu < seq:
-        errs.append(f"actor.max_tokens_per_gpu: must hold one sequence of {where} = {seq} tokens "
-                    f"(got {cfg.actor.max_tokens_per_gpu}). Set it to at least {seq} (or 0: auto).")
+    zero_means = {"max_tokens_per_gpu": "auto", "log_prob_max_tokens_per_gpu": "actor.max_tokens_per_gpu"}
+    for key, zero in zero_means.items():
+        budget = getattr(cfg.actor, key)
+        if (cfg.actor.use_dynamic_bsz or cfg.data.use_sequence_packing) and 0 < budget < seq:
+            errs.append(f"actor.{key}: must hold one sequence of {where} = {seq} tokens (got {budget}). "
+                        f"Set it to at least {seq} (or 0: {zero}).")
     if cfg.critic.use_dynamic_bsz and "critic" in _trained_roles(cfg) and 0 < cfg.critic.max_tokens_per_gpu < seq:
         errs.append(f"critic.max_tokens_per_gpu: must hold one sequence of {where} = {seq} tokens "
                     f"(got {cfg.critic.max_tokens_per_gpu}). Set it to at least {seq} (or 0: auto).")

@@ -67,6 +67,7 @@ def _resume_mode(value: Any) -> str:
 _FSDP = ("FSDP options have no effect: megatron shards the model with parallel.tp/pp and "
          "parallel.use_distributed_optimizer")
 _LOGPROB_MB = "log-prob passes use the update's micro-batches (actor.micro_batch_size_per_gpu)"
+_LOGPROB_TOK = "one budget for the old-policy and reference passes: the last one given wins"
 _ROLLOUT_TP = "the native engine decodes in the training layout; SGLang runs inference TP=1 per GPU"
 _WORLD = "the world size comes from torchrun (--nproc_per_node x nodes); parallel.tp/pp split it"
 
@@ -131,7 +132,7 @@ VERL_KEYS: dict[str, VerlKey] = {
     f"{_ARR}.rollout.log_prob_micro_batch_size_per_gpu": ignored(_LOGPROB_MB),
     f"{_ARR}.rollout.log_prob_micro_batch_size": ignored(_LOGPROB_MB),
     f"{_ARR}.rollout.log_prob_use_dynamic_bsz": ignored(_LOGPROB_MB),
-    f"{_ARR}.rollout.log_prob_max_token_len_per_gpu": ignored(_LOGPROB_MB),
+    f"{_ARR}.rollout.log_prob_max_token_len_per_gpu": alias("actor.log_prob_max_tokens_per_gpu", note=_LOGPROB_TOK),
     f"{_ARR}.rollout.enforce_eager": ignored("the native engine graphs decode per rollout.native.cuda_graphs"),
     f"{_ARR}.rollout.free_cache_engine": ignored("engine memory is always released during training"),
     f"{_ARR}.rollout.enable_chunked_prefill": ignored("vLLM option"),
@@ -152,6 +153,7 @@ VERL_KEYS: dict[str, VerlKey] = {
     # reference
     f"{_ARR}.ref.log_prob_micro_batch_size_per_gpu": ignored(_LOGPROB_MB),
     f"{_ARR}.ref.log_prob_micro_batch_size": ignored(_LOGPROB_MB),
+    f"{_ARR}.ref.log_prob_max_token_len_per_gpu": alias("actor.log_prob_max_tokens_per_gpu", note=_LOGPROB_TOK),
     f"{_ARR}.ref.fsdp_config.": ignored(_FSDP),
     # data
     "data.max_response_length": alias("rollout.max_response_length"),

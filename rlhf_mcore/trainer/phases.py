@@ -119,14 +119,17 @@ def seq_multiple(cfg) -> int:
     return cfg.parallel.tp if cfg.parallel.sequence_parallel else 1
 
 
-def micro_batching(cfg, section) -> dict:
+def micro_batching(cfg, section, forward_only: bool = False) -> dict:
     """split_micro_batches arguments for a role's section (actor or critic; forward passes use the actor's):
     token-budget micro-batches under the section's max_tokens_per_gpu (its use_dynamic_bsz), packed ones
     (`data.use_sequence_packing`) under actor.max_tokens_per_gpu, or fixed-size ones. A budget of 0 is
     automatic: the section's micro_batch_size_per_gpu rows of the batch's longest row (`packing.token_budget`),
-    so packed micro-batches hold no more tokens than the largest padded one."""
+    so packed micro-batches hold no more tokens than the largest padded one. `forward_only` passes (no
+    activations kept for a backward) take actor.log_prob_max_tokens_per_gpu instead when it is set."""
     pack = cfg.data.use_sequence_packing
     budget = section.max_tokens_per_gpu if section.use_dynamic_bsz else cfg.actor.max_tokens_per_gpu if pack else 0
+    if forward_only and (section.use_dynamic_bsz or pack) and cfg.actor.log_prob_max_tokens_per_gpu > 0:
+        budget = cfg.actor.log_prob_max_tokens_per_gpu
     return dict(micro_batch_size=section.micro_batch_size_per_gpu, max_tokens=budget, multiple=seq_multiple(cfg),
                 pack=pack, dynamic=section.use_dynamic_bsz)
 
@@ -184,7 +187,7 @@ def forward_passes(roles, losses: LossFns, batch: StepBatch, cfg, ctx, timings: 
     """Forward-only passes, each timed: old log-probs (actor, timing_s/old_log_prob, unless on_policy;
     + sum pi^2 for OTB), reference log-probs (timing_s/ref), values (critic, timing_s/values)."""
     seq = batch.tokens.size(1)
-    mbs = split_micro_batches(batch, **micro_batching(cfg, cfg.actor))
+    mbs = split_micro_batches(batch, **micro_batching(cfg, cfg.actor, forward_only=True))
     with heartbeat(f"log-prob passes ({len(mbs)} micro-batches)", enabled=ctx.is_logging_rank):
         return batch.replace(**_forward_passes(roles, losses, mbs, seq, cfg, ctx, timings, on_policy))
 
@@ -223,7 +226,7 @@ def routing_record(cfg, roles, mbs: list, seq: int) -> RoutingHooks | None:
 
 def reward_model_pass(roles, batch: dict, cfg, ctx) -> torch.Tensor:
     """[B, S] reward-model scores at each sequence's last token."""
-    mbs = split_micro_batches(batch, **micro_batching(cfg, cfg.actor))
+    mbs = split_micro_batches(batch, **micro_batching(cfg, cfg.actor, forward_only=True))
     return forward_collect([roles.reward], mbs, reward_model_scores, ("scores",), batch["tokens"].size(1),
                            ctx.pgs.pp)["scores"]
 

@@ -100,6 +100,19 @@ def test_our_keys_are_never_translated_and_every_alias_target_exists():
     assert (cfg.actor.clip_ratio_low, cfg.actor.clip_ratio_high) == (0.3, 0.3)
 
 
+def test_log_prob_token_budgets_land_on_ours():
+    """verl's old-policy and reference budgets are one key here (the last one given wins); the log-prob
+    micro-batch sizes stay ignored (the forward passes use the update's)."""
+    rollout, ref = (f"actor_rollout_ref.{r}.log_prob_max_token_len_per_gpu" for r in ("rollout", "ref"))
+    notes: list[str] = []
+    cfg = load_config(None, [f"{rollout}=16384", f"{ref}=24576",
+                             "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu=8"], check=False, notes=notes)
+    assert cfg.actor.log_prob_max_tokens_per_gpu == 24576 and cfg.actor.max_tokens_per_gpu == 0
+    assert f"verl key {rollout} -> actor.log_prob_max_tokens_per_gpu" in notes
+    assert f"verl key {ref} -> actor.log_prob_max_tokens_per_gpu" in notes
+    assert load_config(None, [f"{rollout}=8192"], check=False).actor.log_prob_max_tokens_per_gpu == 8192
+
+
 @pytest.mark.parametrize("value", ["['a.parquet','b.parquet']", "[a.parquet, b.parquet]", "a.parquet,b.parquet"])
 def test_file_lists_in_verl_and_our_forms(value):
     assert load_config(None, [f"data.train_files={value}"], check=False).data.train_files == "a.parquet,b.parquet"
