@@ -82,10 +82,6 @@ def _parallel_rules(cfg: Config, shape: dict, world_size: int | None) -> list[st
     if p.sequence_parallel and p.tp == 1:
         errs.append("parallel.sequence_parallel: needs tp > 1 (got true with tp=1). Set it to false.")
     errs += _router_replay_rules(cfg, experts)
-    if experts and p.ep > 1 and cfg.rollout.mode == "multi_turn":  # ranks may take different numbers of turns
-        errs.append(f"rollout.mode: multi_turn at parallel.ep > 1 is not supported yet (got ep={p.ep}): the ranks of "
-                    "an expert group decode in lockstep and may take different numbers of turns. Use "
-                    "rollout.mode=single_turn, or parallel.ep=1.")
     from rlhf_mcore.rollout.base import ROLLOUT_ENGINES
 
     if cfg.rollout.engine in ROLLOUT_ENGINES:  # the engine says which layouts it can roll out with

@@ -19,7 +19,9 @@ then decode one token per step for the whole batch until every row has finished.
   Elsewhere it keeps this eager path and logs why once.
 - EP (MoE experts split over ranks): every MoE forward exchanges tokens over the expert-parallel group, so its
   ranks decode in lockstep: a rank runs as many micro-batches and decode steps as the busiest rank of its group
-  (an extra micro-batch is one padding row, discarded; a rank whose rows have all ended keeps stepping them).
+  (an extra micro-batch is one padding row, discarded, that counts as ended; a rank whose rows have all ended
+  keeps stepping them). `lockstep_group` names that group, so callers with a per-rank number of calls
+  (multi-turn) agree on each call and its max_new_tokens; `generate([])` then runs padding forwards only.
 - Not supported: sequence parallelism (a 1-token decode step cannot be split over TP ranks) and virtual
   pipeline chunks; the constructor says so.
 """
@@ -144,8 +146,14 @@ class NativeRolloutEngine:
                 extra = self._group_max(len(chunks)) - len(chunks)  # EP lockstep: padding micro-batches, discarded
                 responses = [r for chunk in chunks for r in self._generate_chunk(chunk, params, generator, bar)]
                 for _ in range(extra):
-                    self._generate_chunk([[self.pad_id]], params, generator, bar)
+                    self._generate_chunk([[self.pad_id]], params, generator, bar, padding=True)
         return assemble_batch(rows, responses, self.pad_id, self.ctx.device)
+
+    @property
+    def lockstep_group(self):
+        """The ranks whose generate() calls must meet, with the same max_new_tokens: the expert-parallel group at
+        EP > 1 (its ranks exchange tokens in every MoE forward), None at EP 1."""
+        return self.ctx.pgs.ep if getattr(self.ctx.dims, "ep", 1) > 1 else None
 
     def _group_max(self, n: int) -> int:
         """n's maximum over the expert-parallel group (EP > 1: its ranks exchange tokens in every MoE
@@ -201,7 +209,10 @@ class NativeRolloutEngine:
             self._kv = kv_cache.new_context(batch_size, sequence_length)
         return self._kv
 
-    def _generate_chunk(self, rows: list[list[int]], params: SamplingParams, generator, bar) -> list[Response]:
+    def _generate_chunk(self, rows: list[list[int]], params: SamplingParams, generator, bar,
+                        padding: bool = False) -> list[Response]:
+        """Prefill then decode `rows`; a padding chunk (EP lockstep) counts as ended, so it steps only while a
+        peer of its group still runs rows."""
         prompt, valid = kv_cache.left_pad(rows, self.pad_id, self.ctx.device)  # [B, P]
         num_rows, max_new = len(rows), params.max_new_tokens
         kv = self._context(num_rows, prompt.size(1) + max_new)
@@ -219,7 +230,7 @@ class NativeRolloutEngine:
             alive &= ~finished
             bar.update(1)
             num_alive = int(alive.sum())  # the one host sync per step
-            if self._group_max(num_alive) == 0 or step == max_new - 1:  # EP: while any rank of the group runs
+            if self._group_max(0 if padding else num_alive) == 0 or step == max_new - 1:  # EP: while any rank runs
                 bar.update(max_new - 1 - step)
                 break
             if 0 < num_alive <= alive.numel() // 2:  # stop decoding the finished rows
@@ -301,7 +312,8 @@ class NativeRolloutEngine:
             finished = is_stop_token(tokens, params.stop_token_ids)  # [b] bool
             if params.stop_strings:
                 tails = out.tails(slots[alive], step, tokens[alive], tail_window(params.stop_strings))
-                hits = torch.tensor(stop_string_hits(tails, params.stop_strings, self.decode), device=tokens.device)
+                hits = torch.tensor(stop_string_hits(tails, params.stop_strings, self.decode), dtype=torch.bool,
+                                    device=tokens.device)  # bool even with no running rows (EP lockstep)
                 finished[alive.nonzero().squeeze(1)] |= hits
             payload = comm.pack_step(tokens, logprobs, finished)
         else:

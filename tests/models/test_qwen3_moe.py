@@ -114,13 +114,8 @@ def test_expert_parallel_checks_before_build(tmp_path):
         load_config(tiny, blank + [f"model.hf_path={tmp_path}", "parallel.ep=4"], world_size=2)
     assert any(e.startswith("parallel.ep: tp*pp*ep = 4 must divide the world size 2") for e in info.value.errors)
     assert json.loads((tmp_path / "config.json").read_text())["num_local_experts"] == 8
-    with pytest.raises(ConfigError) as info:
-        load_config(tiny, blank + [f"model.hf_path={tmp_path}", "parallel.ep=2", "rollout.mode=multi_turn"],
-                    world_size=2)
-    assert [e for e in info.value.errors if e.startswith("rollout.mode")] == [
-        "rollout.mode: multi_turn at parallel.ep > 1 is not supported yet (got ep=2): the ranks of an expert group "
-        "decode in lockstep and may take different numbers of turns. Use rollout.mode=single_turn, or "
-        "parallel.ep=1."]
+    load_config(tiny, blank + [f"model.hf_path={tmp_path}", "parallel.ep=2", "rollout.mode=multi_turn",
+                               "rollout.multi_turn.tools=[calculator]"], world_size=2)  # EP ranks agree per turn
     load_config(tiny, blank + [f"model.hf_path={tmp_path}", "parallel.ep=2"], world_size=2)  # single_turn: fine
 
 

@@ -18,13 +18,19 @@ Per sample (prompt x rollout.n), up to `rollout.multi_turn.max_turns` assistant 
 Every rank of a DP replica gets the same prompts and makes the same calls. DP replicas may run different
 numbers of turns: neither engine's `generate` has a collective across DP replicas (native: TP all-gathers
 and PP broadcasts inside the replica; sglang: an all-gather over the replica's ranks), so a replica that
-is done early just stops calling it. A row's tools_kwargs (`extra_info.tools_kwargs[name]`, verl's
+is done early just stops calling it. The exception is the engine's `lockstep_group` (the native engine at
+EP > 1: every MoE forward exchanges tokens over the expert group, whose ranks are DP replicas): before each
+turn its ranks agree (one all-reduce) whether any of them still runs rows and on the turn's max_new_tokens
+(the group's largest remaining budget), and a rank with no running rows calls `generate([])` with it, so
+the all-to-alls meet (its engine runs padding forwards). Without such a group (EP 1, dense models, sglang)
+there is no extra collective. A row's tools_kwargs (`extra_info.tools_kwargs[name]`, verl's
 create_kwargs / execute_kwargs merged) reach tool `name` as its context with every call of that row.
 """
 from __future__ import annotations
 
 import dataclasses
 
+import torch
 import torch.distributed as dist
 
 from rlhf_mcore.chat import tool_delta_ids
@@ -62,6 +68,27 @@ def sampled_turns(batch: RolloutBatch) -> list[tuple[list[int], list[float], str
     starts, lengths = batch.prompt_lengths.tolist(), batch.response_lengths.tolist()
     return [(tokens[i][s:s + n], logprobs[i][s:s + n], batch.finish_reasons[i])
             for i, (s, n) in enumerate(zip(starts, lengths))]
+
+
+def agree_turn(group, device, num_active: int, budget: int) -> tuple[bool, int]:
+    """(does any rank of the lockstep group still run rows, the turn's max_new_tokens: the group's largest
+    remaining budget); this rank's own values without a group (no collective)."""
+    if group is None:
+        return num_active > 0, budget
+    t = torch.tensor([num_active, budget], dtype=torch.long, device=device)
+    dist.all_reduce(t, op=dist.ReduceOp.MAX, group=group)
+    return bool(t[0] > 0), int(t[1])
+
+
+def generate_turn(engine, prompts, trajs: list[Trajectory], active: list[int], params: SamplingParams,
+                  turn: int, budget: int, show_progress: bool) -> RolloutBatch:
+    """One turn's call: the n samples of each prompt at turn 0 (single_turn's call, so no tool call =
+    single_turn; params.max_new_tokens, the same on every rank), then one row per running sample (none on a
+    lockstep rank that is done) at `budget`."""
+    if turn == 0:
+        return engine.generate([list(p.prompt_ids) for p in prompts], params, show_progress=show_progress)
+    return engine.generate([trajs[i].prefix for i in active], dataclasses.replace(
+        params, n=1, max_new_tokens=budget, seed=turn_seed(params.seed, turn)), show_progress=show_progress)
 
 
 def end_of_turn(t: Trajectory, ids: list[int], kept: list[int], stop_ids, last_turn: bool) -> str:
@@ -116,19 +143,14 @@ def multi_turn(engine, prompts, params: SamplingParams, env: ModeEnv, show_progr
     trajs = [Trajectory(list(p.prompt_ids), params.max_new_tokens) for p, _ in rows]
     row_kwargs = [tools_kwargs(p.extra_info) for p, _ in rows]
     stops = tuple(params.stop_strings) + tuple(s for s in env.stop_strings if s not in params.stop_strings)
-    stop_ids = set(params.stop_token_ids)
+    stop_ids, turn_params = set(params.stop_token_ids), dataclasses.replace(params, stop_strings=stops)
+    group, device = getattr(engine, "lockstep_group", None), getattr(env.ctx, "device", "cpu")
     for turn in range(opts.max_turns):
         active = [i for i, t in enumerate(trajs) if not t.done]
-        if not active:
+        running, budget = agree_turn(group, device, len(active), max((trajs[i].remaining for i in active), default=0))
+        if not running:
             break
-        if turn == 0:  # n samples per prompt in one call: single_turn's call, so no tool call = single_turn
-            batch = engine.generate([list(p.prompt_ids) for p in prompts],
-                                    dataclasses.replace(params, stop_strings=stops), show_progress=show_progress)
-        else:
-            budget = max(trajs[i].remaining for i in active)
-            batch = engine.generate([trajs[i].prefix for i in active], dataclasses.replace(
-                params, n=1, max_new_tokens=budget, stop_strings=stops, seed=turn_seed(params.seed, turn)),
-                show_progress=show_progress)
+        batch = generate_turn(engine, prompts, trajs, active, turn_params, turn, budget, show_progress)
         calls = {}
         for i, (ids, logprobs, _) in zip(active, sampled_turns(batch)):
             t = trajs[i]
