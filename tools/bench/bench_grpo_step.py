@@ -61,7 +61,7 @@ QWEN = dict(family="qwen2", num_layers=24, hidden_size=896, ffn_hidden_size=4864
             num_query_groups=2, vocab_size=151936, tie_embeddings=True, dtype="bf16")
 TINY = dict(num_layers=2, hidden_size=64, ffn_hidden_size=128, num_attention_heads=4, num_query_groups=2,
             vocab_size=300, dtype="fp32")
-PHASES = ("gen", "reward", "old_log_prob", "adv", "update_actor", "sync_weights")
+PHASES = ("gen", "reward", "old_log_prob", "ref", "adv", "update_actor", "sync_weights")
 PEAK_TFLOPS = 790.0  # measured bf16 dense matmul rate of the H200 (benchmarks/2026-11-30-training-step)
 
 
@@ -79,6 +79,11 @@ def parse_args(argv=None):
                    help="actor.micro_batch_size_per_gpu (64: 46%% MFU on an H200, 32: 43%%)")
     p.add_argument("--max-tokens", type=int, default=0,
                    help=">0: token-budget micro-batches (actor.use_dynamic_bsz, actor.max_tokens_per_gpu)")
+    p.add_argument("--mini-batches", type=int, default=1,
+                   help="optimizer steps a step (mini-batch = prompts / this; > 1 runs the old-log-prob pass)")
+    p.add_argument("--kl-loss", type=int, default=0, help="1: actor.use_kl_loss (a reference model and its pass)")
+    p.add_argument("--pack", type=int, default=0, help="1: data.use_sequence_packing (under --max-tokens)")
+    p.add_argument("--log-prob-max-tokens", type=int, default=0, help="actor.log_prob_max_tokens_per_gpu")
     p.add_argument("--sdpa-kernel", default="auto", help="model.sdpa_kernel (auto|flash|cudnn|efficient)")
     p.add_argument("--hf-path", default="", help="the architecture from this HF dir's config.json (random bf16 "
                    "weights, e.g. an MoE shape) instead of the Qwen2.5-0.5B shape")
@@ -114,14 +119,16 @@ def build_config(args) -> Config:
                             sglang=SGLangRolloutConfig(attention_backend=args.attention_backend,
                                                        fp32_lm_head=bool(args.fp32_lm_head),
                                                        gpu_memory_utilization=0.5))
-    actor = ActorConfig(optim=OptimConfig(lr=1e-6), ppo_mini_batch_size=args.prompts,
+    actor = ActorConfig(optim=OptimConfig(lr=1e-6), ppo_mini_batch_size=args.prompts // args.mini_batches,
+                        use_kl_loss=bool(args.kl_loss),
                         micro_batch_size_per_gpu=args.micro_batch, use_dynamic_bsz=args.max_tokens > 0,
-                        max_tokens_per_gpu=args.max_tokens)
+                        max_tokens_per_gpu=args.max_tokens, log_prob_max_tokens_per_gpu=args.log_prob_max_tokens)
     model = ModelConfig(**model_shape(args), sdpa_kernel=args.sdpa_kernel)
     return Config(model=model, rollout=rollout, actor=actor,
                   algorithm=AlgorithmConfig(adv_estimator="grpo"),  # the default is verl's gae (a critic)
                   parallel=ParallelConfig(tp=args.tp, pp=args.pp),
-                  data=DataConfig(train_batch_size=args.prompts, max_prompt_length=args.prompt_len),
+                  data=DataConfig(train_batch_size=args.prompts, max_prompt_length=args.prompt_len,
+                                  use_sequence_packing=bool(args.pack)),
                   trainer=TrainerConfig(seed=1, logger=[], total_steps=1000))
 
 
@@ -308,8 +315,8 @@ def summarize(args, cfg, run, steps: list[dict], rollout: dict) -> dict:
     med = {k: statistics.median(s.get(f"timing_s/{k}", 0.0) for s in steps) for k in PHASES + ("step",)}
     hf = load_hf_config(cfg.model)
     rows, seq = args.prompts * args.n, args.prompt_len + args.new_tokens
-    passes = 3.0 + (1.0 if med["old_log_prob"] > 0.05 else 0.0)  # update fwd+bwd, + the old-log-prob pass
-    train_s = med["old_log_prob"] + med["update_actor"]
+    passes = 3.0 + sum(1.0 for p in ("old_log_prob", "ref") if med[p] > 0.05)  # update fwd+bwd, + forward passes
+    train_s = med["old_log_prob"] + med["ref"] + med["update_actor"]
     last = steps[-1]
     return {
         "system": f"ours-{args.engine}" + (f"-{args.label}" if args.label else ""), "engine": args.engine,
@@ -323,7 +330,8 @@ def summarize(args, cfg, run, steps: list[dict], rollout: dict) -> dict:
         "engine_start_s": run.engine_start_s, "rollout": rollout,
         "weight_sync_gb": last.get("perf/weight_sync_gb"), "weight_reshard_gb": last.get("perf/weight_reshard_gb"),
         "shape": {"prompts": args.prompts, "n": args.n, "prompt_len": args.prompt_len, "new_tokens": args.new_tokens,
-                  "micro_batch": args.micro_batch, "dtype": cfg.model.dtype, "tiny": args.tiny,
+                  "micro_batch": args.micro_batch, "max_tokens": args.max_tokens, "pack": bool(args.pack),
+                  "log_prob_max_tokens": args.log_prob_max_tokens, "dtype": cfg.model.dtype, "tiny": args.tiny,
                   "hf_path": args.hf_path, "moe_expert_impl": args.moe_expert_impl if args.hf_path else None},
         "config": {"attention_backend": cfg.rollout.sglang.attention_backend,
                    "cuda_graphs": cfg.rollout.native.cuda_graphs, "compile_decode": cfg.rollout.native.compile_decode,
