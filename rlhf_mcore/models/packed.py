@@ -49,7 +49,12 @@ def packed_seq_params(mb: dict, qkv_format: str) -> PackedSeqs:
 
 
 def enable_position_rope(model) -> None:
-    """Make `model`'s rotary table follow PackedSeqs.position_ids when a forward gets packed params."""
+    """Make `model`'s rotary table follow PackedSeqs.position_ids while a forward that got packed params runs.
+
+    The positions are cleared when that forward returns (or raises): the native engine's static decoder reads
+    `model.rotary_pos_emb(length)` outside any forward, and a table indexed by the last packed micro-batch's
+    positions would give its decode slots the wrong rotary angles whenever it re-allocates its state after a
+    packed pass (a cause that fits an H200 run whose rollout/trainer gap grew from 0.025 to 0.6 with packing)."""
     state = {"positions": None}
 
     def before(module, args, kwargs):
@@ -57,10 +62,14 @@ def enable_position_rope(model) -> None:
         use = isinstance(params, PackedSeqs) and params.qkv_format != "thd"
         state["positions"] = params.position_ids if use else None
 
+    def clear(*_):
+        state["positions"] = None
+
     def after(module, args, output):
         return output if state["positions"] is None else output[state["positions"]]
 
     model.register_forward_pre_hook(before, with_kwargs=True)
+    model.register_forward_hook(clear, always_call=True)
     model.rotary_pos_emb.register_forward_hook(after)
 
 

@@ -112,6 +112,19 @@ def test_rope_positions_restart_at_every_boundary(mcore_ctx):
     assert torch.equal(seen["emb"], table[expected])  # token j of every sequence gets row j of the table
 
 
+def test_rope_table_outside_a_forward_is_the_plain_table_after_a_packed_forward(mcore_ctx):
+    """The native engine's static decoder reads `model.rotary_pos_emb(length)` between trainer passes: after a
+    packed forward it must get the plain [length] table, not one indexed by the packed positions."""
+    cfg = tiny_model_config()
+    model = build_model("actor", load_hf_config(cfg.model), cfg.model, cfg.parallel, mcore_ctx)
+    batch = {k: v.to(mcore_ctx.device) for k, v in ragged_batch().items()}
+    length = batch["tokens"].size(1)
+    plain = model.rotary_pos_emb(length).clone()
+    mb = pack_rows(batch, [0, 3, 4], batch["lengths"].tolist(), multiple=4)
+    model(mb["tokens"], mb["position_ids"], None, packed_seq_params=packed_seq_params(mb, "sbhd"))
+    assert torch.equal(model.rotary_pos_emb(length), plain)
+
+
 def test_mask_kernel_equals_attention_per_sequence():
     g = torch.Generator().manual_seed(0)
     lens = [5, 1, 7, 3]
