@@ -29,7 +29,7 @@ quiet() { grep -v "Warning\|warnings.warn"; }
 COMMON=(model.hf_path=$SMOL/hf model.load=$SMOL/mcore data.train_files=$SMOL/gsm8k/train.parquet
         data.val_files=$SMOL/gsm8k/test.parquet trainer.save_freq=0 trainer.export_hf=false trainer.resume=disable
         "trainer.logger=[console,jsonl]")
-ENGINE=sglang
+ENGINE=${ENGINE:-sglang}  # D's multi-turn runs (native without part B)
 if [[ -n "${DRY:-}" ]]; then
   SMOL=/tmp/dry_smol_close
   source tools/gpu/dry_smol.sh && dry_smol $SMOL
