@@ -12,23 +12,15 @@ turn spans and the (rows, max_new_tokens) of every engine call to OUT.json.
 """
 from __future__ import annotations
 
-import argparse
-import json
 import sys
 from types import SimpleNamespace
 
-import torch.distributed as dist
-
 from rlhf_mcore.agent.parsers import ToolCall
-from rlhf_mcore.convert.mcore import build_for_conversion
-from rlhf_mcore.logs import init_logger
-from rlhf_mcore.models.hf_io import read_hf_config
-from rlhf_mcore.models.hf_load import load_hf_weights
-from rlhf_mcore.parallel import destroy_distributed, init_distributed, reset_model_parallel, torchrun_env
 from rlhf_mcore.rollout.modes import Rollout
 from rlhf_mcore.rollout.native import NativeRolloutEngine
 from rlhf_mcore.rollout.types import SamplingParams
 from rlhf_mcore.tokenizer_bytes import ByteTokenizer
+from tests.rollout.ep_worker_common import gather_ranks, model_at, run_ep_worker
 from tests.rollout.multi_turn_helpers import Row, tool_env
 
 STOPS = tuple("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ")  # a turn ends at any letter
@@ -65,40 +57,19 @@ def parser(rank: int):
 
 
 def rollout(hf_dir: str, ep: int) -> dict:
-    reset_model_parallel()
-    ctx = init_distributed(1, 1, ep=ep, seed=1234)
-    hf_cfg = read_hf_config(hf_dir)
-    model = build_for_conversion(hf_cfg, "actor", ctx, "fp32")
-    load_hf_weights(model, hf_dir, hf_cfg, 0, 1)
-    model.eval()
+    ctx, model = model_at(hf_dir, ep, seed=1234)
     tok = ByteTokenizer()
     prompts = [Row((3, 4, 5, 6)), Row((7, 8, 9))] if ctx.rank == 0 else [Row((10, 11, 12, 13, 14))]
     env = tool_env(tok, FakeExecutor(), parse=parser(ctx.rank), max_turns=4)
     env.ctx, env.pad_id = ctx, 0  # the tiny model's vocabulary (250) has no ByteTokenizer pad id
     engine = Recorder(NativeRolloutEngine(model, ctx, pad_id=0, decode=tok.decode))
     batch = Rollout(engine, "multi_turn", env).generate(prompts, PARAMS)
-    mine = {"tokens": batch.tokens.tolist(), "logprobs": batch.rollout_logprobs.tolist(),
-            "mask": batch.loss_mask.int().tolist(), "lengths": batch.total_lengths.tolist(),
-            "prompt_lengths": batch.prompt_lengths.tolist(), "spans": batch.turns.spans,
-            "num_turns": batch.turns.num_turns, "calls": engine.calls, "lockstep": engine.lockstep_group is not None}
-    everyone = [None] * dist.get_world_size()
-    dist.all_gather_object(everyone, mine)
-    return {"ranks": everyone}
-
-
-def main() -> int:
-    parser_ = argparse.ArgumentParser()
-    parser_.add_argument("--hf-dir", required=True)
-    parser_.add_argument("--out", required=True)
-    args = parser_.parse_args()
-    init_logger(torchrun_env()[0])
-    result = {f"ep{ep}": rollout(args.hf_dir, ep) for ep in (2, 1)}
-    if dist.get_rank() == 0:
-        with open(args.out, "w") as f:
-            json.dump(result, f)
-    destroy_distributed()
-    return 0
+    return gather_ranks({"tokens": batch.tokens.tolist(), "logprobs": batch.rollout_logprobs.tolist(),
+                         "mask": batch.loss_mask.int().tolist(), "lengths": batch.total_lengths.tolist(),
+                         "prompt_lengths": batch.prompt_lengths.tolist(), "spans": batch.turns.spans,
+                         "num_turns": batch.turns.num_turns, "calls": engine.calls,
+                         "lockstep": engine.lockstep_group is not None})
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(run_ep_worker(rollout))
