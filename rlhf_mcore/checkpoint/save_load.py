@@ -114,7 +114,8 @@ def _save_role(role_dir: Path, model, optimizer) -> dict:
         sharded["optimizer"] = optimizer_sharded_state_dict(optimizer, model_sd, is_loading=False)
     with watch_writers(role_dir):  # a writer that dies would hang the save forever (checkpoint/writers.py)
         dist_checkpointing.save(sharded, str(role_dir))
-    role = {"trainable": optimizer is not None, "optimizer": optimizer_kind(optimizer) if optimizer is not None else None}
+    role = {"trainable": optimizer is not None,
+            "optimizer": optimizer_kind(optimizer) if optimizer is not None else None}
     return {**role, "lora": _lora_of(model)} if _lora_of(model) else role
 
 

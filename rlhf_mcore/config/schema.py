@@ -150,6 +150,8 @@ class NativeRolloutConfig:
 
     cuda_graphs: bool = True  # CUDA-graphed decode at tp=pp=1 on a GPU (else eager, logged)
     keep_graphs: bool = True  # keep the static KV cache and graphs between steps (false frees them)
+    empty_cache: bool = True  # after each rollout hand the freed KV cache back to the device (torch.cuda.empty_cache);
+    #                           false: the trainer phases reuse torch's cached blocks (no cudaMalloc per step)
     compile_decode: bool = True  # torch.compile the graphed decode step (a compile error falls back, logged)
     decode_attention: str = "auto"  # auto | triton (split-KV kernel, fastest) | sdpa; auto = sdpa where a probe
     #                                 finds it bitwise the trainer's attention (exact log-probs), else triton
@@ -291,6 +293,9 @@ class ActorConfig(UpdateConfig):
     #                                       model) where max_tokens_per_gpu applies; no backward, so it can be
     #                                       larger (verl's log_prob_max_token_len_per_gpu). 0 = max_tokens_per_gpu
     policy_loss: str = "vanilla"  # rlhf_mcore.algorithms.POLICY_LOSSES
+    old_log_prob: str = "recompute"  # recompute (a forward pass of the actor) | rollout: the engine's log-probs
+    #                                  are pi_old, no pass (exact where they are the trainer's: the native engine,
+    #                                  padded; the update's first mini-batch reports rollout/mismatch_*)
     clip_ratio_low: float = 0.2
     clip_ratio_high: float = 0.2
     clip_ratio_c: float = 3.0
@@ -323,6 +328,7 @@ class ActorConfig(UpdateConfig):
             errs.append(f"{p}.router_replay: R3 (replay the rollout's routing) is not supported (got 'R3'). Use R2: "
                         "the old-log-prob pass records the experts and the update replays them.")
         errs += choice(f"{p}.bypass_loss_type", self.bypass_loss_type, ("ppo_clip", "reinforce"))
+        errs += choice(f"{p}.old_log_prob", self.old_log_prob, ("recompute", "rollout"))
         errs += positive(f"{p}.clip_ratio_low", self.clip_ratio_low, allow_zero=True)
         errs += positive(f"{p}.clip_ratio_high", self.clip_ratio_high, allow_zero=True)
         if not self.clip_ratio_c > 1.0:

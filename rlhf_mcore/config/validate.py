@@ -227,7 +227,29 @@ def _algorithm_rules(cfg: Config) -> list[str]:
     if name in ADVANTAGES and estimator_needs(name).groups and cfg.rollout.n < 2:
         errs.append(f"rollout.n: {cfg.algorithm.adv_estimator} compares samples of the same prompt and needs "
                     f"at least 2 (got {cfg.rollout.n}). Set rollout.n=4 or more.")
-    return errs + _filter_groups_rules(cfg)
+    return errs + _filter_groups_rules(cfg) + _old_log_prob_rules(cfg)
+
+
+def _old_log_prob_rules(cfg: Config) -> list[str]:
+    """actor.old_log_prob=rollout skips the old-policy pass: nothing may need what only that pass computes."""
+    from rlhf_mcore.algorithms import ADVANTAGES, estimator_needs
+
+    a = cfg.actor
+    if a.old_log_prob != "rollout":
+        return []
+    why = "the old-policy pass computes it; set actor.old_log_prob=recompute"
+    errs = []
+    if cfg.algorithm.adv_estimator in ADVANTAGES and estimator_needs(cfg.algorithm.adv_estimator).sum_pi_squared:
+        errs.append(f"algorithm.adv_estimator: {cfg.algorithm.adv_estimator} needs the old policy's sum pi^2 "
+                    f"(got actor.old_log_prob=rollout): {why}.")
+    if a.router_replay == "R2":
+        errs.append(f"actor.router_replay: R2 replays the experts the old-policy pass records (got 'R2' with "
+                    f"actor.old_log_prob=rollout): {why}.")
+    if a.rollout_correction != "none" and a.policy_loss != "bypass_mode":
+        errs.append(f"actor.rollout_correction: with actor.old_log_prob=rollout pi_old is the rollout's, so there "
+                    f"is nothing to correct (got {a.rollout_correction!r}). Set actor.rollout_correction=none, or "
+                    "actor.old_log_prob=recompute to weight by pi_old / pi_rollout.")
+    return errs
 
 
 def _filter_groups_rules(cfg: Config) -> list[str]:

@@ -74,7 +74,7 @@ class NativeRolloutEngine:
 
     def __init__(self, model, ctx, pad_id: int, decode: Optional[Decode] = None, micro_batch_size: int = 0,
                  cuda_graphs: bool = True, keep_graphs: bool = True, compile_decode: bool = True,
-                 decode_attention: str = "auto"):
+                 decode_attention: str = "auto", empty_cache: bool = True):
         self.model = unwrap_model(model)
         if getattr(self.model.config, "sequence_parallel", False):
             raise ValueError("parallel.sequence_parallel: the native rollout engine cannot decode with sequence "
@@ -88,6 +88,7 @@ class NativeRolloutEngine:
         self._kv = None  # StaticInferenceContext, kept between calls while it is large enough
         self._released = False
         self.keep_graphs = keep_graphs  # release_memory() keeps the static cache and graphs
+        self.empty_cache = empty_cache  # release_memory() returns torch's cached blocks to the device
         self.static = self._static_decoder(cuda_graphs, compile_decode, decode_attention)
 
     @classmethod
@@ -95,7 +96,8 @@ class NativeRolloutEngine:
         """From rollout.native (`options`) and the run's `EngineSetup`."""
         return cls(setup.model, setup.ctx, setup.pad_id, setup.decode, micro_batch_size=setup.micro_batch_size,
                    cuda_graphs=options.cuda_graphs, keep_graphs=options.keep_graphs,
-                   compile_decode=options.compile_decode, decode_attention=options.decode_attention)
+                   compile_decode=options.compile_decode, decode_attention=options.decode_attention,
+                   empty_cache=options.empty_cache)
 
     def _static_decoder(self, cuda_graphs: bool, compile_decode: bool, attention: str) -> Optional[StaticDecoder]:
         if not cuda_graphs:
@@ -172,12 +174,14 @@ class NativeRolloutEngine:
 
     def release_memory(self) -> None:
         """Drop the KV cache (the weights are the actor's and stay); the static cache and its graphs stay
-        too when keep_graphs (re-capturing them costs more than the memory is worth at small scale)."""
+        too when keep_graphs (re-capturing them costs more than the memory is worth at small scale). With
+        empty_cache the freed blocks go back to the device; else torch keeps them cached for the trainer (it
+        frees cached blocks itself before an allocation would fail)."""
         self._kv = None
         self._released = True
         if self.static is not None and not self.keep_graphs:
             self.static.release()
-        if torch.cuda.is_available():
+        if self.empty_cache and torch.cuda.is_available():
             torch.cuda.empty_cache()
 
     def resume_memory(self) -> None:

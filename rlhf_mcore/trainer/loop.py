@@ -42,7 +42,7 @@ def train_step(run: Run, step: int) -> dict:
     on_policy = phases.is_on_policy(cfg, batch.num_rows, run.rows_per_mini("actor"))
     batch = phases.forward_passes(roles, losses, batch, cfg, ctx, timings, on_policy)  # old/ref log-probs, values
     with timer("adv", timings):
-        batch, mismatch_metrics = phases.rollout_correction(batch, cfg.actor)
+        batch, mismatch_metrics = phases.rollout_correction(batch, cfg)
         batch, adv_metrics, reward_kl = phases.compute_advantages(batch, cfg, run.kl_ctrl.value, ctx)
     reports = [mismatch_metrics]  # reduced over DP with the loss functions' reports (trainer/metrics.py)
     lrs = {f"{r}/lr": lr_at(step, getattr(cfg, r).optim, run.total_steps) for r in ("actor", "critic")}
@@ -55,7 +55,8 @@ def train_step(run: Run, step: int) -> dict:
         del lrs["critic/lr"]
     with timer("update_actor", timings):
         reports += phases.update_role("actor", roles.actor, batch, losses.actor, cfg.actor, run.rows_per_mini("actor"),
-                                      lrs["actor/lr"], phases.micro_batching(cfg, cfg.actor))
+                                      lrs["actor/lr"], phases.micro_batching(cfg, cfg.actor),
+                                      first_loss_fn=losses.actor_first)
     with timer("sync_weights", timings):
         sync_metrics = sync_weights(run)
     extra = {**reward_metrics, **adv_metrics, **sync_metrics, **lrs, "training/global_step": step + 1}

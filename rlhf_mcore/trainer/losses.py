@@ -49,13 +49,14 @@ def policy_loss_inputs(mb: dict, logp: torch.Tensor, old_logp: torch.Tensor, is_
 
 
 def actor_loss(mb, output, non_loss_data=False, *, model, tp_group, actor_cfg, temperature, norm_length,
-               num_rows=None, with_sum_pi_squared=False):
+               num_rows=None, with_sum_pi_squared=False, measure_mismatch=False):
     """output = final hidden states [b, s, h] ([1, T, h] packed: log-probs go back to rows first).
     num_rows: global rows of the mini-batch (seq-mean-token-sum-norm).
     Forward-only with `with_sum_pi_squared` also returns sum_v pi(v)^2 per token (optimal token baseline).
     Without mb["old_logp"] the step is on-policy (one epoch, one mini-batch): this forward's own log-probs,
     detached, are pi_old, and the rollout mismatch and its correction are computed here per micro-batch
-    (`phases.is_on_policy`)."""
+    (`phases.is_on_policy`). `measure_mismatch`: this forward runs at the rollout's weights while mb["old_logp"]
+    is the rollout's (`phases.old_from_rollout`): report the rollout mismatch of this forward's log-probs."""
     logp, entropy = token_logprobs(model, output, mb["tokens"], tp_group, temperature)  # [b, s]
     if is_packed(mb):
         logp, entropy = to_rows(logp, mb), to_rows(entropy, mb)
@@ -71,6 +72,8 @@ def actor_loss(mb, output, non_loss_data=False, *, model, tp_group, actor_cfg, t
     if old_logp is None:
         old_logp = logp.detach()
         is_weights, mismatch = rollout_mismatch(old_logp, mb["rollout_logp"], mask, actor_cfg)
+    elif measure_mismatch:
+        _, mismatch = rollout_mismatch(logp.detach(), mb["rollout_logp"], mask, actor_cfg)
     per_token, metrics = POLICY_LOSSES.get(actor_cfg.policy_loss)(
         policy_loss_inputs(mb, logp, old_logp, is_weights, actor_cfg))
     metrics = {f"actor/{k}": v for k, v in metrics.items()}  # token means over the valid tokens

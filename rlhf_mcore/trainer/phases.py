@@ -160,6 +160,7 @@ class LossFns:
     """The roles' loss functions, bound to the config once at start-up (megatron's loss_fn contract)."""
 
     actor: Callable  # the actor update: (loss_sum, count, metrics)
+    actor_first: Callable | None  # its first mini-batch when pi_old is the rollout's: + the rollout mismatch
     old_logp: Callable  # forward-only actor: log-probs (+ sum pi^2 when the estimator needs it)
     ref: Callable | None  # forward-only reference: log-probs (None without a reference)
     critic: Callable | None  # the critic update and its forward-only values (None without a critic)
@@ -168,7 +169,8 @@ class LossFns:
 def build_loss_fns(cfg, ctx, roles, update_loss: Callable = actor_loss) -> LossFns:
     """`update_loss`: the actor's loss function for its update (`losses.actor_loss`)."""
     critic = critic_loss_fn(cfg) if roles.critic is not None else None
-    return LossFns(actor=actor_loss_fn(cfg, ctx, roles.actor.module, loss=update_loss),
+    actor = actor_loss_fn(cfg, ctx, roles.actor.module, loss=update_loss)
+    return LossFns(actor=actor, actor_first=partial(actor, measure_mismatch=True) if old_from_rollout(cfg) else None,
                    old_logp=actor_loss_fn(cfg, ctx, roles.actor.module, forward_only=True),
                    ref=actor_loss_fn(cfg, ctx, roles.ref) if roles.ref is not None else None, critic=critic)
 
@@ -182,20 +184,33 @@ def is_on_policy(cfg, rows: int, rows_per_mini: int) -> bool:
             and not needs_sum_pi_squared(cfg))
 
 
+def old_from_rollout(cfg) -> bool:
+    """pi_old is the rollout engine's log-probs, no old-policy pass: actor.old_log_prob=rollout, or the
+    bypass_mode loss (which reads the rollout's log-probs itself, as verl's bypass mode)."""
+    return cfg.actor.old_log_prob == "rollout" or cfg.actor.policy_loss == "bypass_mode"
+
+
 def forward_passes(roles, losses: LossFns, batch: StepBatch, cfg, ctx, timings: dict,
                    on_policy: bool = False) -> StepBatch:
-    """Forward-only passes, each timed: old log-probs (actor, timing_s/old_log_prob, unless on_policy;
-    + sum pi^2 for OTB), reference log-probs (timing_s/ref), values (critic, timing_s/values)."""
+    """Forward-only passes, each timed: old log-probs (actor, timing_s/old_log_prob, unless on_policy or
+    `old_from_rollout`; + sum pi^2 for OTB), reference log-probs (timing_s/ref), values (critic, timing_s/values)."""
     seq = batch.tokens.size(1)
+    from_rollout = old_from_rollout(cfg) and not on_policy
+    if from_rollout:
+        batch = batch.replace(old_logp=batch.rollout_logp)
+    if roles.ref is None and roles.critic is None and (on_policy or from_rollout):
+        timings["old_log_prob"] = 0.0
+        return batch
     mbs = split_micro_batches(batch, **micro_batching(cfg, cfg.actor, forward_only=True))
     with heartbeat(f"log-prob passes ({len(mbs)} micro-batches)", enabled=ctx.is_logging_rank):
-        return batch.replace(**_forward_passes(roles, losses, mbs, seq, cfg, ctx, timings, on_policy))
+        return batch.replace(**_forward_passes(roles, losses, mbs, seq, cfg, ctx, timings,
+                                               skip_old=on_policy or from_rollout))
 
 
-def _forward_passes(roles, losses: LossFns, mbs: list, seq: int, cfg, ctx, timings: dict, on_policy: bool) -> dict:
+def _forward_passes(roles, losses: LossFns, mbs: list, seq: int, cfg, ctx, timings: dict, skip_old: bool) -> dict:
     out = {}
     with timer("old_log_prob", timings):
-        if not on_policy:
+        if not skip_old:
             keys = ("logp", "sum_pi_squared") if needs_sum_pi_squared(cfg) else ("logp",)
             record = routing_record(cfg, roles, mbs, seq)
             with record or nullcontext():
@@ -293,30 +308,35 @@ def compute_advantages(batch: StepBatch, cfg, kl_coef: float, ctx) -> tuple[Step
     return batch.replace(token_level_rewards=rewards, advantages=adv[mine], returns=returns[mine]), metrics, reward_kl
 
 
-def rollout_correction(batch: StepBatch, actor_cfg) -> tuple[StepBatch, dict]:
+def rollout_correction(batch: StepBatch, cfg) -> tuple[StepBatch, dict]:
     """Importance weights between the rollout engine's log-probs and the trainer's (mismatch metrics too).
-    On-policy steps have no old_logp yet: the actor loss does this per micro-batch."""
-    if batch.old_logp is None:
+    On-policy steps have no old_logp yet, and with `old_from_rollout` it is the rollout's: the actor loss
+    measures the mismatch in its first mini-batch instead (at the rollout's weights)."""
+    actor_cfg = cfg.actor
+    if batch.old_logp is None or old_from_rollout(cfg):
         return batch, {}
     weights, metrics = rollout_mismatch(batch.old_logp, batch.rollout_logp, batch.response_mask, actor_cfg)
     return batch.replace(is_weights=weights), metrics
 
 
 def update_role(name: str, state, batch: dict, loss_fn, section, rows_per_mini: int, lr: float,
-                batching: dict) -> list[dict]:
+                batching: dict, first_loss_fn: Callable | None = None) -> list[dict]:
     """ppo_epochs x mini-batches of forward-backward over micro-batches (`batching`: micro_batching(...)),
-    one optimizer step each. Returns the loss functions' reports plus one {"<name>/grad_norm"} per step."""
+    one optimizer step each; `first_loss_fn` (if given) replaces loss_fn for the first mini-batch, the one
+    that runs at the weights the rollout used. Returns the loss functions' reports plus one
+    {"<name>/grad_norm"} per step."""
     rows = batch["tokens"].size(0)
     reports = []
     num_steps = section.ppo_epochs * -(-rows // rows_per_mini)
     routing = RoutingHooks.for_model(state.model, replay="routed_experts" in batch)  # MoE actor: replay, counts
     with progress(num_steps, f"update_{name}", dist.get_rank() == 0, unit="optimizer steps") as bar, \
             moe_update_metrics(routing, reports):
-        for _ in range(section.ppo_epochs):
+        for epoch in range(section.ppo_epochs):
             for start in range(0, rows, rows_per_mini):
                 mbs = split_micro_batches(take(batch, slice(start, start + rows_per_mini)), **batching)
                 zero_grads(state)
-                reports += run_schedule(state.model, mbs, loss_fn, forward_only=False, hooks=routing)
+                fn = first_loss_fn if first_loss_fn is not None and epoch == start == 0 else loss_fn
+                reports += run_schedule(state.model, mbs, fn, forward_only=False, hooks=routing)
                 applied, grad_norm = optimizer_step(state, lr)  # skipped (weights kept) when not finite
                 reports.append({f"{name}/grad_norm": torch.tensor(grad_norm),
                                 f"{name}/skipped_update_frac": torch.tensor(0.0 if applied else 1.0)})

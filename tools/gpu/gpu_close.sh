@@ -13,7 +13,8 @@
 #    mismatch, update MFU; configs/tiny_moe_grpo.yaml (widened to head_dim 64) with SGLang: reward rises.
 # D: $SMOL (gpu_small_speed.sh part2's preparation); the SmolLM2 preset per issue-27 variant (VARIANTS, 5 steps,
 #    the last profiled); then configs/gsm8k_tool_grpo_smollm2.yaml with rollout.engine=sglang: 3 steps of
-#    forced tool calls (tools/bench/multi_turn_forced.py), then the preset itself for the time left.
+#    forced tool calls (tools/bench/multi_turn_forced.py), then the preset itself for the time left
+#    (MULTI_TURN=0: the variants only).
 # E: the preset (with E_OVERRIDES) for trainer.time_limit_min=MINUTES (5), then validation on all test prompts.
 # Everything under $OUT/<part>/. CPU dry run of D and E (tiny SMOL, native engine, seconds per step):
 #   DRY=1 OUT=/tmp/dry_close PY=.venv/bin/python bash tools/gpu/gpu_close.sh D
@@ -106,6 +107,7 @@ D)
     train "${variant%%:*}" 100 rlhf_mcore.train configs/gsm8k_grpo_smollm2.yaml trainer.total_steps=$STEPS \
         "trainer.profile_steps=[$STEPS]" trainer.test_freq=0 "${overrides[@]}"
   done
+  [[ ${MULTI_TURN:-1} == 1 ]] || { log "done"; exit 0; }  # MULTI_TURN=0: the variants only
   train forced 150 tools.bench.multi_turn_forced configs/gsm8k_tool_grpo_smollm2.yaml rollout.engine=$ENGINE \
       trainer.total_steps=3 trainer.test_freq=0
   TAIL=8 train tool $(( ${BUDGET:-560} - SECONDS > 60 ? ${BUDGET:-560} - SECONDS : 60 )) rlhf_mcore.train \
