@@ -13,17 +13,14 @@ outputs [1, T] go back to that layout with `to_rows`, so the loss maths never se
 
 Rows go to micro-batches by `plan_bins`: the fewest bins under the token budget, each filled longest row
 first into the lightest bin (balanced micro-batches); `plan_dp_split` gives DP ranks equal row counts and
-balanced token counts the same way. Padded token-budget micro-batches (no packing) are planned by
-`plan_padded`: rows sorted by length and cut where that saves the most padding. The budget (`token_budget`)
-is `max_tokens_per_gpu` when set, else the token slots of the largest padded micro-batch of the same rows
-(rows x the longest row), so that a packed micro-batch never holds more tokens, nor more activations, than a
-padded one would.
+balanced token counts the same way. The budget (`token_budget`) is `max_tokens_per_gpu` when set, else the
+token slots of the largest padded micro-batch of the same rows (rows x the longest row), so that a packed
+micro-batch never holds more tokens, nor more activations, than a padded one would.
 """
 from __future__ import annotations
 
 import heapq
 
-import numpy as np
 import torch
 import torch.nn.functional as F
 
@@ -88,41 +85,6 @@ def plan_bins(lengths: list[int], max_tokens: int) -> list[list[int]]:
     while (bins := _fill(lengths, num_bins, max_tokens, len(lengths))) is None:
         num_bins += 1
     return sorted(bins)
-
-
-MICRO_BATCH_OVERHEAD_TOKENS = 4096  # a padded micro-batch's fixed cost (launches, the loss), as padded tokens
-
-
-def plan_padded(lengths: list[int], max_tokens: int, multiple: int = 1,
-                overhead: int = MICRO_BATCH_OVERHEAD_TOKENS) -> list[list[int]]:
-    """Row indices per padded micro-batch (each trimmed to its longest row, rounded up to `multiple`): rows
-    sorted longest first, cut into runs of rows x longest <= max_tokens (a row over it goes alone) with the
-    least padded tokens plus `overhead` tokens per micro-batch (a shortest-path over the cut points). Rows
-    of similar lengths share a micro-batch, so little padding is computed.
-
-    >>> plan_padded([10, 300, 12, 290, 11], 1200)  # [300, 290] padded to 300, [12, 11, 10] to 12
-    [[1, 3], [2, 4, 0]]
-    >>> plan_padded([5, 5, 5], 8, overhead=0)
-    [[0], [1], [2]]
-    """
-    if not lengths:
-        return []
-    order = sorted(range(len(lengths)), key=lambda i: (-lengths[i], i))
-    width = np.array([round_up(lengths[i], multiple) for i in order], dtype=np.int64)
-    n = len(order)
-    best = np.zeros(n + 1)
-    start = np.zeros(n + 1, dtype=np.int64)
-    for j in range(1, n + 1):  # best[j]: the cheapest plan of the j longest rows; its last run starts at start[j]
-        rows = j - np.arange(j)  # a last run [i, j) pads to width[i]
-        cost = best[:j] + rows * width[:j] + overhead
-        cost[(rows * width[:j] > max_tokens) & (rows > 1)] = np.inf
-        start[j] = int(np.argmin(cost))
-        best[j] = cost[start[j]]
-    runs, j = [], n
-    while j > 0:
-        runs.append(order[start[j]:j])
-        j = int(start[j])
-    return runs[::-1]
 
 
 def plan_dp_split(lengths: list[int], num_ranks: int) -> list[list[int]]:

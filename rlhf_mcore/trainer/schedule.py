@@ -14,7 +14,7 @@ from typing import Callable
 import torch
 from megatron.core.utils import get_attr_wrapped_model
 
-from rlhf_mcore.data.packing import is_packed, plan_padded, split_packed, token_budget
+from rlhf_mcore.data.packing import is_packed, split_packed, token_budget
 from rlhf_mcore.models.packed import packed_seq_params
 from rlhf_mcore.trainer.ep_lockstep import PaddingBatch, pad_to_group, padding_loss
 
@@ -40,8 +40,8 @@ def trim(batch: Batch, multiple: int = 1) -> Batch:
 
 def split_micro_batches(batch: Batch, micro_batch_size: int = 0, max_tokens: int = 0, multiple: int = 1,
                         pack: bool = False, dynamic: bool = False) -> list[Batch]:
-    """Fixed size (`micro_batch_size`), grouped to a token budget (`dynamic` or `max_tokens` > 0: rows of
-    similar lengths together, rows * longest <= the budget, `packing.plan_padded`), or,
+    """Fixed size (`micro_batch_size`), grouped to a token budget (`dynamic` or `max_tokens` > 0, first-fit:
+    sequences are taken in order and a micro-batch closes when (rows * longest) would pass the budget), or,
     with `pack`, packed without padding into balanced micro-batches of at most the budget's tokens. With
     `pack` or `dynamic` and max_tokens=0 the budget is automatic (`packing.token_budget`: micro_batch_size
     rows of this batch's longest row, the largest padded micro-batch)."""
@@ -54,7 +54,14 @@ def split_micro_batches(batch: Batch, micro_batch_size: int = 0, max_tokens: int
     batch = {**batch, "row_index": torch.arange(num, device=batch["tokens"].device)}
     if not max_tokens:
         return [trim(take(batch, slice(i, i + micro_batch_size)), multiple) for i in range(0, num, micro_batch_size)]
-    groups = plan_padded(lengths if lengths is not None else batch["lengths"].tolist(), max_tokens, multiple)
+    groups, current, longest = [], [], 0
+    for i, length in enumerate(lengths if lengths is not None else batch["lengths"].tolist()):
+        if current and (len(current) + 1) * max(longest, length) > max_tokens:
+            groups.append(current)
+            current, longest = [], 0
+        current.append(i)
+        longest = max(longest, length)
+    groups.append(current)
     return [trim(take(batch, torch.tensor(g)), multiple) for g in groups]
 
 

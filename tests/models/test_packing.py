@@ -71,23 +71,6 @@ def test_packed_equals_padded(role, mcore_ctx):
     assert any(g.abs().sum() > 0 for g in grads_pack.values())
 
 
-@pytest.mark.parametrize("role", ["actor", "critic"])
-def test_length_sorted_token_budget_micro_batches_equal_fixed_ones(role, mcore_ctx):
-    """Padded token-budget micro-batches (`packing.plan_padded`: rows sorted by length, out of their order)
-    give the fixed-size micro-batches' per-token outputs, loss and gradients."""
-    batch = ragged_batch()
-    split = dict(max_tokens=64, dynamic=True)
-    planned = split_micro_batches(batch, **split)
-    assert len(planned) > 1 and any(mb["row_index"].tolist() != sorted(mb["row_index"].tolist()) for mb in planned)
-    out_fixed, loss_fixed, grads_fixed = run_role(role, batch, mcore_ctx, micro_batch_size=3)
-    out_plan, loss_plan, grads_plan = run_role(role, batch, mcore_ctx, **split)
-    mask = batch["response_mask"].to(mcore_ctx.device).repeat(1, 2 if role == "actor" else 1)
-    assert float(((out_fixed - out_plan) * mask).abs().max()) <= TOL and loss_fixed[1] == loss_plan[1]
-    assert abs(float(loss_fixed[0] - loss_plan[0])) <= TOL * max(1, abs(float(loss_fixed[0])))
-    for name, g in grads_fixed.items():
-        assert torch.allclose(g, grads_plan[name], atol=TOL, rtol=TOL), name
-
-
 def _packed_logp(model, batch, rows, mcore_ctx):
     mb = pack_rows(batch, rows, batch["lengths"].tolist())
     hidden = model(mb["tokens"], mb["position_ids"], None, packed_seq_params=packed_seq_params(mb, "sbhd"))

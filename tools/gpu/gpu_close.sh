@@ -2,6 +2,7 @@
 # Issues 23, 24 and 27 on one warm H200 with SGLang: five calls on the same machine, each under the box's 600 s
 # (a call carries at most 64 MiB; each must follow the one before within the box's idle window):
 #   bash tools/gpu/gpu_close.sh A   # carry .gpu-w1: megatron-core + SGLang part 1 into /tmp/site
+#                                   # (NO_SGLANG=1, native engine only: carry .gpu-w2/gguf-*.whl too, skip B)
 #   bash tools/gpu/gpu_close.sh B   # carry .gpu-w2: SGLang part 2; issue 24 on SGLang (below)
 #   bash tools/gpu/gpu_close.sh C   # carry gguf/smollm2.gguf.part1: the GGUF's first half into /tmp
 #   bash tools/gpu/gpu_close.sh D   # carry gguf/smollm2.gguf.part2: SmolLM2 + GSM8K; issues 27 and 23 (below)
@@ -60,6 +61,10 @@ train() {  # name seconds module config overrides...: one run, its log and metri
 case $PART in
 A)
   mkdir -p /tmp/site && install .gpu-w1/mcore/megatron_core*.whl .gpu-w1/*.whl || exit 3
+  if [[ -n ${NO_SGLANG:-} ]]; then  # no part B: the box's transformers (part 1's needs part 2's tokenizers);
+    rm -rf /tmp/site/transformers /tmp/site/transformers-*.dist-info  # gguf from part 2 (carry that wheel too)
+    install .gpu-w2/gguf-*.whl || exit 3
+  fi
   nvidia-smi -L; $PY -c "import torch, megatron.core; print(torch.__version__, megatron.core.__version__)" ;;
 B)
   install .gpu-w2/*.whl || exit 3
