@@ -21,10 +21,10 @@ def main(out_path: str, config: str, *overrides: str) -> None:
                                  "values": values[cfg.algorithm.filter_groups.metric].tolist()}})
         return batch, metrics, values
 
-    def recording_update(name, state, batch, *args):
+    def recording_update(name, state, batch, *args, **kwargs):
         events.append({"trained": {"tokens": batch["tokens"].tolist(), "group_index": batch["group_index"].tolist(),
                                    "scores": batch["token_level_scores"].sum(-1).tolist()}})
-        return update(name, state, batch, *args)
+        return update(name, state, batch, *args, **kwargs)
 
     phases.score, phases.update_role = recording_score, recording_update
     run = train(cfg)

@@ -134,9 +134,9 @@ def test_constant_reward_groups_are_never_trained(tmp_path, mcore_ctx, monkeypat
         generated.append(values["score"].clone())
         return batch, metrics, values
 
-    def recording_update(name, state, batch, *args):
+    def recording_update(name, state, batch, *args, **kwargs):
         trained.append({k: batch[k].clone() for k in ("token_level_scores", "group_index", "advantages")})
-        return update(name, state, batch, *args)
+        return update(name, state, batch, *args, **kwargs)
 
     monkeypatch.setattr(phases, "score", recording_score)
     monkeypatch.setattr(phases, "update_role", recording_update)
