@@ -186,8 +186,10 @@ def is_on_policy(cfg, rows: int, rows_per_mini: int) -> bool:
 
 def old_from_rollout(cfg) -> bool:
     """pi_old is the rollout engine's log-probs, no old-policy pass: actor.old_log_prob=rollout, or the
-    bypass_mode loss (which reads the rollout's log-probs itself, as verl's bypass mode)."""
-    return cfg.actor.old_log_prob == "rollout" or cfg.actor.policy_loss == "bypass_mode"
+    bypass_mode loss (which reads the rollout's log-probs itself, as verl's bypass mode) unless the pass is
+    needed for more than log-probs (sum pi^2 for OTB, R2's recorded experts)."""
+    needs_pass = needs_sum_pi_squared(cfg) or cfg.actor.router_replay == "R2"
+    return cfg.actor.old_log_prob == "rollout" or (cfg.actor.policy_loss == "bypass_mode" and not needs_pass)
 
 
 def forward_passes(roles, losses: LossFns, batch: StepBatch, cfg, ctx, timings: dict,

@@ -73,3 +73,10 @@ def test_a_bad_value_names_the_choices():
         load_config(TINY, ["actor.old_log_prob=engine"])
     assert info.value.errors == ["actor.old_log_prob: must be one of recompute, rollout (got 'engine'). "
                                  "Pick one of those."]
+
+
+def test_bypass_mode_keeps_the_pass_when_more_than_log_probs_come_from_it():
+    bypass = ["actor.policy_loss=bypass_mode"]
+    assert phases.old_from_rollout(load_config(TINY, bypass))
+    otb = load_config(TINY, [*bypass, "algorithm.adv_estimator=optimal_token_baseline"])
+    assert not phases.old_from_rollout(otb)  # sum pi^2 comes from the old-policy pass
