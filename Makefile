@@ -21,7 +21,7 @@ $(STAMP): setup.py
 	touch $(STAMP)
 
 test: venv
-	$(PY) -m pytest -q tests
+	$(PY) -m pytest -q --durations=15 tests
 
 test-unit: venv
 	$(PY) -m pytest -q tests -m "not dist and not slow"
