@@ -1,13 +1,19 @@
-"""Shared pytest set-up: GPU tests skip cleanly where CUDA is absent."""
-import os
+"""Shared pytest set-up: each test is marked with its tier (its folder under tests/); GPU tests skip cleanly
+where CUDA is absent. Shared helpers live in tests/support/, launches go through tests/launch.py."""
+from pathlib import Path
 
 import pytest
 import torch
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+TIERS = ("unit", "dist", "e2e")
+HERE = Path(__file__).resolve().parent
 
 
 def pytest_collection_modifyitems(config, items):
+    for item in items:
+        tier = Path(str(item.fspath)).resolve().relative_to(HERE).parts[0]
+        if tier in TIERS:
+            item.add_marker(getattr(pytest.mark, tier))
     if torch.cuda.is_available():
         return
     skip = pytest.mark.skip(reason="needs CUDA (run `make test-gpu` on a GPU machine)")
@@ -27,20 +33,23 @@ def mcore_ctx():
     return init_distributed(tp=1, pp=1, seed=1234)
 
 
-def tiny_model_config(**overrides):
-    """A tiny Llama-shaped Config (hidden 64, 2 layers, GQA 4/2, vocab 250)."""
-    from rlhf_mcore.config import Config, ModelConfig
+@pytest.fixture(scope="session")
+def tiny_work(tmp_path_factory, mcore_ctx):
+    """work/hf/<case>/ for every case of tests/support/tiny_hf.py, and work/mcore/<case>_1x1/ converted in this
+    process: built once per test run (per xdist worker)."""
+    from tests.support.tiny_hf import CASES, save_tiny
+    from tools.convert_checkpoint import run
 
-    fields = dict(num_layers=2, hidden_size=64, ffn_hidden_size=128, num_attention_heads=4, num_query_groups=2,
-                  vocab_size=250)
-    fields.update(overrides)
-    return Config(model=ModelConfig(**fields))
+    work = tmp_path_factory.mktemp("convert")
+    for case in CASES:
+        hf_dir = save_tiny(work / "hf" / case, case)
+        assert run(["hf-to-mcore", "--hf-dir", str(hf_dir), "--out", str(work / "mcore" / f"{case}_1x1")]) == 0
+    return work
 
 
-def free_port() -> int:
-    """A TCP port nobody listens on now (for torchrun's rendezvous in tests)."""
-    import socket
+@pytest.fixture(scope="session")
+def smollm2_dir():
+    """SmolLM2-135M-Instruct as a plain HF dir (first run: ~20 s GGUF de-quantisation, then cached)."""
+    from tools.gguf_to_hf import ensure_smollm2
 
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    return ensure_smollm2()

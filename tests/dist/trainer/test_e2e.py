@@ -1,0 +1,126 @@
+"""PPO and GRPO end to end under torchrun (gloo): finite losses, every trainable parameter changes, and
+the whole RL loop (rollout included) gives the same metrics at TP/PP splits of one DP replica.
+
+Every run of this file is a row of RUNS; the module fixture runs them in one launch per world size (the shared
+worker's train_run case), and each test reads the runs it compares."""
+import json
+
+import pytest
+
+from tests.launch import torchrun, worker
+from tests.support.paths import CONFIGS
+
+pytestmark = pytest.mark.dist
+STEPS = ("trainer.total_steps=2",)
+PACKED = ("data.use_sequence_packing=true", "actor.max_tokens_per_gpu=64")
+GRPO_DP = ("data.train_batch_size=4", "actor.ppo_mini_batch_size=2")
+RM = "reward.model_path={rm}"  # filled in with the tiny reward model the fixture converts
+# label -> (ranks, config, overrides)
+RUNS = {
+    "grpo": (1, "tiny_grpo.yaml", STEPS),
+    "grpo_tp2": (2, "tiny_grpo.yaml", STEPS + ("parallel.tp=2",)),
+    "grpo_pp2": (2, "tiny_grpo.yaml", STEPS + ("parallel.pp=2",)),
+    "grpo_dp2": (2, "tiny_grpo.yaml", STEPS + GRPO_DP),
+    "grpo_dp2_packed": (2, "tiny_grpo.yaml", STEPS + GRPO_DP + PACKED),
+    "ppo": (1, "tiny_ppo.yaml", STEPS),
+    "ppo_packed": (1, "tiny_ppo.yaml", STEPS + PACKED),
+    "ppo_rule_only_1step": (1, "tiny_ppo.yaml", ("trainer.total_steps=1",)),
+    "ppo_rm": (1, "tiny_ppo.yaml", STEPS + (RM,)),
+    "ppo_tp2pp2": (4, "tiny_ppo.yaml", STEPS + ("parallel.tp=2", "parallel.pp=2")),
+    "ppo_rm_tp2pp2": (4, "tiny_ppo.yaml", STEPS + (RM, "parallel.tp=2", "parallel.pp=2")),
+    "ppo_tp2_dp2": (4, "tiny_ppo.yaml", STEPS + ("parallel.tp=2", "data.train_batch_size=4",
+                                                 "actor.ppo_mini_batch_size=4", "critic.ppo_mini_batch_size=4",
+                                                 "trainer.test_freq=2", "data.val_batch_size=3")),
+}
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory) -> dict[str, dict]:
+    """Every row of RUNS, one launch per world size: {label: what train_run reported}."""
+    work = tmp_path_factory.mktemp("e2e")
+    rm = str(work / "rm")  # a random tiny llama reward model on the byte vocabulary, converted (own process)
+    torchrun("tools.bench.make_reward_model", 1, "--out", rm, timeout=300)
+    for nproc in sorted({n for n, _, _ in RUNS.values()}):
+        worker(nproc, *[("train_run", work / f"{label}.json", CONFIGS / config,
+                         f"trainer.output_dir={work}/run_{label}", "trainer.save_freq=0", "trainer.resume=disable",
+                         *(o.format(rm=rm) for o in overrides))
+                        for label, (n, config, overrides) in RUNS.items() if n == nproc], timeout=900)
+    return {label: json.loads((work / f"{label}.json").read_text()) for label in RUNS}
+
+
+# Metrics that must agree across layouts of one DP replica (same prompts, same sampling seeds).
+COMPARED = ("critic/score/mean", "response_length/mean", "actor/pg_loss", "actor/entropy", "actor/grad_norm",
+            "critic/vf_loss", "critic/advantages/mean")
+# Metrics that do not depend on how rows fall into micro-batches (the loss functions' metrics are weighted by
+# their tokens over the whole update, trainer/metrics.py).
+PACKING_INVARIANT = ("critic/score/mean", "response_length/mean", "actor/loss", "actor/grad_norm", "critic/loss",
+                     "critic/grad_norm", "critic/advantages/mean", "critic/values/mean", "actor/pg_loss",
+                     "actor/entropy", "critic/vf_loss")
+
+
+def check_trained(result: dict, steps: int) -> None:
+    assert result["finite"], result["metrics"]
+    assert len(result["metrics"]) == steps
+    assert result["num_params"] > 0 and result["unchanged"] == [], result["unchanged"]
+
+
+def assert_same_metrics(a: dict, b: dict, rtol: float = 1e-4, keys: tuple[str, ...] = COMPARED) -> None:
+    for step_a, step_b in zip(a["metrics"], b["metrics"]):
+        for key in keys:
+            if key in step_a:
+                assert step_b[key] == pytest.approx(step_a[key], rel=rtol, abs=1e-6), key
+
+
+def test_grpo_two_ranks_tp_and_pp_match_one_rank(runs):
+    base = runs["grpo"]
+    check_trained(base, 2)
+    for split in ("grpo_tp2", "grpo_pp2"):
+        result = runs[split]
+        check_trained(result, 2)
+        assert_same_metrics(base, result)
+
+
+def test_ppo_four_ranks_tp_pp_dp(runs):
+    """TP2 x PP2 (DP1) reproduces the 1-rank PPO run; TP2 x DP2 trains every parameter on every rank."""
+    base = runs["ppo"]
+    check_trained(base, 2)
+    tp_pp = runs["ppo_tp2pp2"]
+    check_trained(tp_pp, 2)
+    assert_same_metrics(base, tp_pp)
+    dp = runs["ppo_tp2_dp2"]
+    check_trained(dp, 2)
+    (val,) = dp["validations"]  # DP2, chunks of 3 prompts: every rank reports, the sums meet over DP
+    assert val == dp["metrics"][-1] and len(dp["metrics"]) == 2  # step 2's one record holds its validation
+    assert val["training/global_step"] == 2 and sorted(k for k in val if k.startswith("val-")) == [
+        "val-aux/response_length/clip_ratio", "val-aux/response_length/mean", "val-core/tiny/vowels/acc/mean@1",
+        "val-core/tiny/vowels/format/mean@1", "val-core/tiny/vowels/reward/mean@1"]
+    assert val["actor/lr"] > 0 and val["critic/lr"] > 0 and -10 < val["critic/vf_explained_var"] <= 1
+    assert 0 < val["val-aux/response_length/mean"] <= 16 and 0 <= val["val-core/tiny/vowels/reward/mean@1"] <= 1
+    assert dp["metrics"][0]["train/tiny/vowels/reward/mean"] == pytest.approx(dp["metrics"][0]["critic/score/mean"])
+
+
+def test_ppo_every_role_tp2_pp2(runs):
+    """PPO with all four roles in one process group (actor, critic, reference for the KL, a reward model on top
+    of the rule reward): TP2 x PP2 reproduces the 1-rank run, reward-model scores included, and every parameter
+    of both trainable roles changes."""
+    base = runs["ppo_rm"]
+    check_trained(base, 2)
+    assert base["trained_roles"] == ["actor", "critic"] and base["roles"] == ["actor", "critic", "ref", "reward"]
+    rule_only = runs["ppo_rule_only_1step"]
+    assert rule_only["metrics"][0]["critic/score/mean"] != pytest.approx(base["metrics"][0]["critic/score/mean"])
+    tp_pp = runs["ppo_rm_tp2pp2"]
+    check_trained(tp_pp, 2)
+    assert_same_metrics(base, tp_pp, keys=COMPARED + ("actor/reward_kl",))
+
+
+def test_sequence_packing_reproduces_padded_runs(runs):
+    """data.use_sequence_packing changes no global number: PPO on one rank (actor, critic, reference packed), and
+    GRPO at DP2 where packing also deals rows out to balance tokens over the DP ranks: the exact global losses
+    and the loss functions' token-weighted metrics (actor/pg_loss, actor/entropy, critic/vf_loss)."""
+    base, result = runs["ppo"], runs["ppo_packed"]
+    check_trained(result, 2)
+    assert {"actor/loss", "actor/grad_norm", "critic/loss", "critic/values/mean"} <= set(result["metrics"][0])
+    assert_same_metrics(base, result, keys=PACKING_INVARIANT)
+    base, result = runs["grpo_dp2"], runs["grpo_dp2_packed"]
+    check_trained(result, 2)
+    assert_same_metrics(base, result, keys=PACKING_INVARIANT)

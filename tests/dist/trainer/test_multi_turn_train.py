@@ -1,0 +1,99 @@
+"""rollout.mode=multi_turn through the whole trainer, in process on one rank: configs/tiny_tool_grpo.yaml
+with a scripted tool-call parser (every assistant turn calls the calculator: the tiny random model writes no
+`<tool_call>` of its own) runs tool turns end to end (start-up line, step line and JSONL name the mode, turns
+and tool calls; response length counts policy tokens only), and a resume from a mid-run checkpoint is bitwise
+the straight run, as for single-turn (tests/dist/trainer/test_dynamic_sampling_dist.py)."""
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+import pytest
+
+import rlhf_mcore.rollout.modes.build as build_mod
+from rlhf_mcore.agent.parsers import ToolCall
+from rlhf_mcore.config.load import load_config
+from rlhf_mcore.trainer.loop import train
+
+from tests.support.paths import ROOT
+PRESET = str(ROOT / "configs" / "tiny_tool_grpo.yaml")
+TIMING_KEYS = ("timing", "perf/", "mem")
+
+
+def calls_every_turn(text: str) -> list:
+    """A scripted parser: each turn is one calculator call whose expression depends on the turn's text."""
+    return [ToolCall("calculator", {"expression": f"{len(text)}*3"})]
+
+
+@pytest.fixture()
+def scripted_calls(monkeypatch):
+    """The parser, and as its "end of a call" stop strings every letter and digit: turns of a few tokens."""
+    stops = tuple("abcdefghijklmnopqrstuvwxyz0123456789")
+    monkeypatch.setattr(build_mod, "parser_fn", lambda name: (calls_every_turn, stops))
+
+
+def preset(out: Path, *overrides: str):
+    base = [f"data.train_files={ROOT / 'data/tiny/train.parquet'}", "data.val_files=",
+            f"reward.custom_fn={ROOT / 'data/tiny/reward.py'}:vowel_fraction", f"trainer.output_dir={out}",
+            "trainer.export_hf=false", "trainer.resume=disable", "rollout.max_response_length=40",
+            "rollout.n=2", "data.train_batch_size=2"]
+    return load_config(PRESET, base + list(overrides), world_size=1)
+
+
+def records(run_dir: Path) -> list[dict]:
+    return [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+
+
+def test_tiny_tool_preset_runs_tool_turns_through_the_trainer(tmp_path, mcore_ctx, scripted_calls, capsys):
+    train(preset(tmp_path / "run", "trainer.total_steps=2", "trainer.save_freq=0"))
+    out = capsys.readouterr().out
+    assert "rollout: multi_turn mode (native engine; up to 3 assistant turns" in out
+    lines = re.findall(r"step \d/2 .*", out)
+    assert len(lines) == 2
+    for line in lines:
+        turns, tools = map(float, re.search(r"multi_turn: turns ([\d.]+) \(max \d\) tools ([\d.]+)", line).groups())
+        assert turns > 1 and tools > 0, line
+    for m in records(tmp_path / "run"):
+        assert 1 < m["num_turns/mean"] <= m["num_turns/max"] <= 3 and m["num_turns/min"] >= 1
+        # a call ends every turn but the last (whose call ran, but its result did not fit the budget, if any)
+        assert m["num_turns/mean"] - 1 <= m["tool_calls/mean"] <= m["num_turns/mean"]
+        assert m["tool/call_rate"] > 0 and m["tool/error_rate"] == 0 and m["tool/timeout_rate"] == 0  # "N*3" is valid
+        # policy tokens only: below the 40-token budget that the tool turns (~20 bytes each) share
+        assert m["response_length/max"] < 40 and m["rollout/mismatch_logp_abs_diff"] < 1e-4, m
+
+
+def test_multi_turn_resume_from_a_mid_run_checkpoint_is_bitwise(tmp_path, mcore_ctx, scripted_calls):
+    steps = ("trainer.total_steps=2", "trainer.save_freq=1", "trainer.max_checkpoints_to_keep=2")
+    train(preset(tmp_path / "a", *steps))
+    straight = {m["step"]: m for m in records(tmp_path / "a")}
+    assert all(straight[s]["tool_calls/mean"] > 0 for s in (1, 2))
+    train(preset(tmp_path / "b", *steps, f"trainer.resume={tmp_path / 'a' / 'global_step_1'}"))
+    resumed = {m["step"]: m for m in records(tmp_path / "b")}
+    for step in (2,):
+        compared = [k for k in straight[step] if not k.startswith(TIMING_KEYS)]
+        assert len(compared) > 20 and "num_turns/mean" in compared
+        assert {k: resumed[step].get(k) for k in compared} == {k: straight[step][k] for k in compared}, step
+
+
+@pytest.mark.dist
+def test_multi_turn_at_dp2_with_forced_tool_calls(tmp_path):
+    """Two DP replicas, each running its own turns (tools.bench.multi_turn_forced: every turn ending at a newline
+    is a calculator call): the run finishes (no replica waits on another's extra turns) with tool turns logged."""
+    import os
+    import subprocess
+    import sys
+
+    from tests.support.ports import free_port
+
+    out = tmp_path / "run"
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", "-m",
+           "tools.bench.multi_turn_forced", "--config", PRESET, f"trainer.output_dir={out}", "trainer.resume=disable",
+           "trainer.export_hf=false", "trainer.total_steps=1", "trainer.save_freq=0", "data.val_files=",
+           "trainer.logger=[jsonl]", "rollout.max_response_length=96", "rollout.multi_turn.max_turns=4"]
+    env = dict(os.environ, PYTHONPATH=str(ROOT), OMP_NUM_THREADS="1", MASTER_PORT=str(free_port()))
+    proc = subprocess.run(cmd, env=env, cwd=ROOT, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-6000:]
+    steps = records(out)
+    assert len(steps) == 1 and steps[0]["num_turns/max"] >= 2, steps
+    assert all(m["tool_calls/mean"] > 0 and m["tool/error_rate"] == 0 for m in steps), steps

@@ -1,0 +1,32 @@
+"""A full disk anywhere (metrics JSONL, TensorBoard, the HF export) stops the run with exit 6 and one line, no
+traceback, and leaves no process behind. The fault: every write to the target fails with ENOSPC."""
+import subprocess
+
+import pytest
+
+from tests.support.ports import free_port
+from tests.support.reliability import ROOT, env, train_cmd, wait_for
+
+SITE = ROOT / "tests" / "reliability" / "enospc_site"
+CASES = {  # name: (RLHF_ENOSPC, extra overrides)
+    "metrics_jsonl": ("metrics.jsonl", []),
+    "tensorboard": ("tfevents", ["trainer.logger=[console,jsonl,tensorboard]"]),
+    "hf_export": ("safetensors", ["trainer.export_hf=true"]),
+}
+
+
+@pytest.mark.parametrize("name", sorted(CASES))
+def test_enospc_exits_6_with_one_line(name, tmp_path):
+    target, extra = CASES[name]
+    environ = {**env(0, 1, free_port()), "RLHF_ENOSPC": target, "PYTHONPATH": f"{SITE}:{ROOT}"}
+    cmd = train_cmd(f"trainer.output_dir={tmp_path / 'run'}", "trainer.total_steps=1", "trainer.export_hf=false",
+                    "data.val_files=", *extra)
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT, env=environ,
+                            start_new_session=True)
+    out, err = proc.communicate(timeout=300)
+    assert proc.returncode == 6, err[-3000:]
+    assert "Traceback" not in err, err[-3000:]
+    (line,) = [x for x in err.splitlines() if "run stopped:" in x]
+    assert "no space left on device (ENOSPC)" in line, line
+    in_session = lambda: subprocess.run(["pgrep", "-s", str(proc.pid)], capture_output=True, text=True).stdout.split()  # noqa: E731
+    assert wait_for(lambda: not in_session(), timeout_s=10), f"processes left in the run's session: {in_session()}"

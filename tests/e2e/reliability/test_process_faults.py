@@ -1,0 +1,95 @@
+"""Process faults on two ranks (gloo, CPU): the launcher killed, a rank frozen, bad input under two ranks.
+Asserted: no rank outlives its launcher; a frozen rank makes the other exit with an error naming the time-out
+within a bounded time; start-up problems are printed once (rank 0) and every rank exits 2."""
+import os
+import signal
+import sys
+import time
+
+import pytest
+
+from tests.support.ports import free_port
+from tests.support.reliability import (
+    alive,
+    children,
+    env,
+    overrides_for,
+    start,
+    train_cmd,
+    vowel_row,
+    wait_for,
+    write_rows,
+)
+
+pytestmark = pytest.mark.dist
+TWO_RANKS = ("data.train_batch_size=2", "rollout.max_response_length=8", "data.val_files=", "trainer.total_steps=500")
+
+
+def stop_all(pids) -> None:
+    for pid in pids:
+        for sig in (signal.SIGCONT, signal.SIGKILL):
+            try:
+                os.kill(pid, sig)
+            except ProcessLookupError:
+                pass
+
+
+def test_killing_the_launcher_ends_every_rank(tmp_path):
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2", "--standalone", "-m",
+           "rlhf_mcore.train", *train_cmd(*overrides_for(tmp_path, *TWO_RANKS))[3:]]
+    log = tmp_path / "torchrun.log"
+    launcher = start(cmd, log, env())
+    ranks, workers = [], []
+    try:
+        assert wait_for(lambda: "run: 500 steps" in log.read_text(), 240), log.read_text()[-3000:]  # models built
+        ranks = children(launcher.pid)
+        workers = [w for r in ranks for w in children(r)]  # reward workers
+        assert len(ranks) == 2, ranks
+        launcher.kill()
+        launcher.wait()
+        start_kill = time.monotonic()
+        assert wait_for(lambda: not any(alive(p) for p in ranks + workers), 10), \
+            [p for p in ranks + workers if alive(p)]
+        print(f"all {len(ranks)} ranks and {len(workers)} reward workers gone {time.monotonic() - start_kill:.1f}s "
+              "after the launcher was killed")
+    finally:
+        stop_all([launcher.pid, *ranks, *workers])
+
+
+def test_a_frozen_rank_makes_the_other_exit_naming_the_timeout(tmp_path):
+    port, timeout_min = free_port(), 0.3
+    cmd = train_cmd(*overrides_for(tmp_path, *TWO_RANKS, f"parallel.collective_timeout_min={timeout_min}"))
+    logs = [tmp_path / f"rank{r}.log" for r in (0, 1)]
+    procs = [start(cmd, logs[r], env(r, 2, port)) for r in (0, 1)]
+    try:
+        assert wait_for(lambda: "step 1/500" in logs[0].read_text(), 240), logs[0].read_text()[-3000:]
+        os.kill(procs[1].pid, signal.SIGSTOP)
+        frozen_at = time.monotonic()
+        rc = procs[0].wait(timeout=timeout_min * 60 + 120)
+        waited = time.monotonic() - frozen_at
+        out = logs[0].read_text()
+        assert rc == 5, out[-3000:]
+        assert f"run stopped: a collective operation timed out after parallel.collective_timeout_min={timeout_min} " \
+               f"min ({timeout_min * 60:.0f} s)" in out
+        assert timeout_min * 60 <= waited + 1
+        print(f"rank 0 exited {waited:.1f}s after rank 1 froze (time-out {timeout_min * 60:.0f}s)")
+    finally:
+        stop_all([p.pid for p in procs])
+
+
+def test_startup_problems_print_once_and_every_rank_exits_2(tmp_path):
+    bad = write_rows(tmp_path / "train.parquet", [vowel_row(data_source="tiny/vowelz")] * 2)
+    cases = {"data": overrides_for(tmp_path, *TWO_RANKS, f"data.train_files={bad}", "reward.custom_fn="),
+             "config": overrides_for(tmp_path, *TWO_RANKS, "actor.optim.lr=inf")}
+    port = free_port()
+    procs = {(case, r): start(train_cmd(*o), tmp_path / f"{case}{r}.log", env(r, 2, port if case == "data" else 1))
+             for case, o in cases.items() for r in (0, 1)}
+    codes = {key: p.wait(timeout=300) for key, p in procs.items()}
+    outs = {key: (tmp_path / f"{key[0]}{key[1]}.log").read_text() for key in procs}
+    assert set(codes.values()) == {2}, (codes, outs)
+    assert all("Traceback" not in out for out in outs.values()), outs
+    assert outs["config", 0].splitlines()[-2:] == [
+        "invalid config:", "  - actor.optim.lr: must be a finite number (got inf). Write a finite value."]
+    data_lines = [line for line in outs["data", 0].splitlines() if line.startswith("  - ")]
+    assert len(data_lines) == 1 and "data_source 'tiny/vowelz' has no reward function" in data_lines[0], outs
+    assert "  - " not in outs["config", 1] + outs["data", 1]  # rank 1 prints nothing

@@ -1,0 +1,72 @@
+"""The one way tests start processes: `torchrun` for multi-rank gloo runs, `cli` for the shipped commands,
+`worker` for named cases of the shared worker (tests/worker.py), several per launch.
+
+    out = torchrun("tools.check_layouts", 4, "--config", TINY, "--layouts", "1x1,2x2")
+    out = cli("rlhf_mcore.train", "--config", TINY, "trainer.total_steps=2")
+    out = worker(2, ("train_run", out_json, config, "parallel.tp=2"), ("train_run", out_json2, config))
+
+Each returns what `subprocess.run` returns (text, output captured) and, with check=True, fails the test with
+the tail of both streams when the exit code is not 0. Every process runs from the repository root with it on
+PYTHONPATH, so `-m tools.X` and `-m tests.X` resolve in a fresh clone.
+"""
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+from tests.support.paths import ROOT
+
+TAIL = 4000
+# set in the pytest process by the one-rank mcore_ctx fixture: a child inheriting them would rendezvous on it
+RENDEZVOUS = ("MASTER_ADDR", "MASTER_PORT", "RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE")
+
+
+def env(extra: dict | None = None) -> dict:
+    """The environment of a launched process: ours without the rendezvous variables, the repository on
+    PYTHONPATH, unbuffered output."""
+    path = os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH", "")) if p)
+    mine = {k: v for k, v in os.environ.items() if k not in RENDEZVOUS}
+    return {**mine, "PYTHONPATH": path, "PYTHONUNBUFFERED": "1", **(extra or {})}
+
+
+def _entry(entry: str) -> list[str]:
+    """A module name runs with -m; a path to a .py file runs as a script."""
+    return [entry] if entry.endswith(".py") else ["-m", entry]
+
+
+def run(cmd: list[str], timeout: float, check: bool, extra_env: dict | None = None, cwd=ROOT,
+        **kw) -> subprocess.CompletedProcess:
+    proc = subprocess.run([str(c) for c in cmd], capture_output=True, text=True, cwd=cwd, timeout=timeout,
+                          env=env(extra_env), **kw)
+    if check:
+        assert proc.returncode == 0, f"rc {proc.returncode}: {' '.join(map(str, cmd))}\n" + \
+            proc.stdout[-TAIL:] + proc.stderr[-TAIL:]
+    return proc
+
+
+def torchrun(entry: str, nproc: int, *args, timeout: float = 600, check: bool = True,
+             extra_env: dict | None = None) -> subprocess.CompletedProcess:
+    """`entry` (a module or a script) on `nproc` gloo ranks of one standalone torchrun."""
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}",
+           *_entry(entry), *args]
+    return run(cmd, timeout, check, extra_env)
+
+
+def cli(entry: str, *args, timeout: float = 600, check: bool = True, extra_env: dict | None = None,
+        cwd=ROOT, **kw) -> subprocess.CompletedProcess:
+    """One process of a shipped command (`rlhf_mcore.train`, `tools.convert_checkpoint`, ...) or a script."""
+    return run([sys.executable, *_entry(entry), *args], timeout, check, extra_env, cwd=cwd, **kw)
+
+
+def worker(nproc: int, *runs, timeout: float = 600, check: bool = True,
+           extra_env: dict | None = None) -> subprocess.CompletedProcess:
+    """The shared worker (tests/worker.py) running `runs`, each (case, *args), one after another in ONE launch:
+    `nproc` gloo ranks under torchrun, or one plain process with nproc=0."""
+    argv: list[str] = []
+    for case_argv in runs:
+        argv += (["--then"] if argv else []) + [str(a) for a in case_argv]
+    if nproc:
+        return torchrun("tests.worker", nproc, *argv, timeout=timeout, check=check, extra_env=extra_env)
+    return cli("tests.worker", *argv, timeout=timeout, check=check, extra_env=extra_env)

@@ -1,0 +1,1 @@
+"""What tests share: paths, ports, tiny models and checkpoints, fault-injection helpers (not test modules)."""

@@ -1,0 +1,45 @@
+"""Tiny random HF MoE models (Qwen3-MoE both ways, Mixtral), built with transformers from configs (no downloads)."""
+from tests.support.tiny_hf import randomize_
+
+VOCAB = 250
+
+
+def tiny_moe(norm_topk_prob: bool, seed: int = 0):
+    from transformers import AutoModelForCausalLM, Qwen3MoeConfig
+
+    config = Qwen3MoeConfig(hidden_size=64, intermediate_size=96, moe_intermediate_size=32, num_hidden_layers=2,
+                            num_attention_heads=4, num_key_value_heads=2, head_dim=24, num_experts=8,
+                            num_experts_per_tok=2, norm_topk_prob=norm_topk_prob, vocab_size=VOCAB,
+                            max_position_embeddings=128, rms_norm_eps=1e-6, tie_word_embeddings=False)
+    model = AutoModelForCausalLM.from_config(config)
+    randomize_(model, seed)
+    return model.eval()
+
+
+def tiny_mixtral(seed: int = 0):
+    from transformers import AutoModelForCausalLM, MixtralConfig
+
+    config = MixtralConfig(hidden_size=64, intermediate_size=32, num_hidden_layers=2, num_attention_heads=4,
+                           num_key_value_heads=2, num_local_experts=8, num_experts_per_tok=2, vocab_size=VOCAB,
+                           max_position_embeddings=128, rms_norm_eps=1e-6, tie_word_embeddings=False)
+    model = AutoModelForCausalLM.from_config(config)
+    randomize_(model, seed)
+    return model.eval()
+
+
+# The routing-replay model: over the byte tokenizer's vocabulary (258).
+NUM_LAYERS, TOPK, EXPERTS = 2, 2, 8
+
+
+def save_tiny_moe(path, seed: int = 0) -> str:
+    """A random tiny Qwen3MoeForCausalLM over the byte tokenizer's vocabulary (258)."""
+    from transformers import AutoModelForCausalLM, Qwen3MoeConfig
+
+    config = Qwen3MoeConfig(hidden_size=64, intermediate_size=96, moe_intermediate_size=32,
+                            num_hidden_layers=NUM_LAYERS, num_attention_heads=4, num_key_value_heads=2, head_dim=16,
+                            num_experts=EXPERTS, num_experts_per_tok=TOPK, norm_topk_prob=True, vocab_size=258,
+                            max_position_embeddings=128, rms_norm_eps=1e-6, tie_word_embeddings=False)
+    model = AutoModelForCausalLM.from_config(config)
+    randomize_(model, seed)
+    model.save_pretrained(str(path))
+    return str(path)

@@ -1,0 +1,129 @@
+"""The executor: calls run concurrently, a hang in one blocks no other, every failure is a counted result,
+and a sandbox process dies with the process that started it (also when that one is killed -9)."""
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+
+import pytest
+
+from rlhf_mcore.agent.executor import ToolExecutor, count_kinds
+from rlhf_mcore.agent.parsers import ParseError, ToolCall
+from rlhf_mcore.agent.schema import Tool
+from rlhf_mcore.agent.tools import load_tools
+from tests.support.reliability import ROOT, alive, wait_for
+
+SLEEP = ToolCall("python", {"code": "import time\ntime.sleep(0.5)\nprint('slept')"})
+HANG = ToolCall("python", {"code": "while True:\n    pass"})
+
+
+def executor(workers: int = 4, timeout_s: float = 3.0, tools=None) -> ToolExecutor:
+    return ToolExecutor(tools or load_tools(["python", "calculator"], None), timeout_s=timeout_s,
+                        max_output_chars=200, memory_mb=512, workers=workers)
+
+
+def test_calls_run_concurrently():
+    with executor(workers=4) as ex:
+        ex.run([ToolCall("calculator", {"expression": "1"})])
+        start = time.monotonic()
+        results = ex.run([SLEEP] * 8)
+        wall = time.monotonic() - start
+    assert [r.text for r in results] == ["slept\n"] * 8
+    assert wall < 0.6 * 8 * 0.5  # serial would take 4 s; 4 workers take ~1 s plus process starts
+    assert all(r.seconds >= 0.5 for r in results)
+
+
+def test_a_hang_blocks_no_other_call():
+    with executor(workers=4, timeout_s=3.0) as ex:
+        start = time.monotonic()
+        results = ex.run([HANG] + [SLEEP] * 6)
+        wall = time.monotonic() - start
+    assert results[0].error == "timeout" and results[0].timed_out and 3.0 <= results[0].seconds < 4.0
+    assert all(r.error is None and r.seconds < 2.5 for r in results[1:])  # none waited for the hung call
+    assert wall < 3.0 + 1.5
+
+
+def test_an_in_process_tool_that_hangs_is_a_timeout():
+    stop = []
+
+    def stuck(arguments, context):
+        while not stop:
+            time.sleep(0.01)
+        return "late"
+
+    tools = {"stuck": Tool("stuck", "d", {"type": "object", "properties": {}}, stuck, sandboxed=False),
+             **load_tools(["calculator"], None)}
+    with executor(workers=2, timeout_s=0.5, tools=tools) as ex:
+        start = time.monotonic()
+        hung, fine = ex.run([ToolCall("stuck", {}), ToolCall("calculator", {"expression": "2**8"})])
+        assert time.monotonic() - start < 1.5
+        stop.append(True)
+    assert hung.error == "timeout" and fine.text == "256"
+
+
+def test_every_failure_is_a_counted_result():
+    calls = [ParseError("the <tool_call> block is not valid JSON"), ToolCall("search", {}),
+             ToolCall("python", {"code": 3}), ToolCall("python", {}), ToolCall("calculator", {"expression": "x"}),
+             ToolCall("python", {"code": "import os\nos._exit(1)"}), ToolCall("python", {"code": "print('ok')"}),
+             ToolCall("python", {"code": "print('y' * 1000)"})]
+    with executor(workers=3) as ex:
+        results = ex.run(calls)
+    kinds = [r.error for r in results]
+    assert kinds == ["parse", "unknown_tool", "invalid_arguments", "invalid_arguments", "exception", "crash", None,
+                     None]
+    assert results[1].text == "Error: unknown tool 'search'. Available tools: calculator, python."
+    assert results[4].text.startswith("Error: ValueError: unknown name 'x'")
+    assert results[7].truncated and len(results[7].text) < 300
+    assert count_kinds(results) == {"ok": 2, "parse": 1, "unknown_tool": 1, "invalid_arguments": 2, "exception": 1,
+                                    "timeout": 0, "crash": 1, "truncated": 1}
+    assert all(r.text for r in results)
+
+
+def test_contexts_must_match_calls():
+    with executor(workers=1) as ex:
+        assert ex.run([]) == []
+        with pytest.raises(ValueError, match="2 calls but 1 contexts"):
+            ex.run([SLEEP, SLEEP], [None])
+
+
+DRIVER = textwrap.dedent('''
+    import sys, threading
+    sys.path.insert(0, sys.argv[1])
+    from rlhf_mcore.agent.executor import ToolExecutor
+    from rlhf_mcore.agent.parsers import ToolCall
+    from rlhf_mcore.agent.tools import load_tools
+    ex = ToolExecutor(load_tools(["python"], None), timeout_s=300, max_output_chars=100, memory_mb=512, workers=2)
+    print("running", flush=True)
+    ex.run([ToolCall("python", {"code": "import time\\ntime.sleep(300)"})] * 2)
+''')
+
+
+def sandbox_children(pid: int) -> list[int]:
+    found = []
+    for entry in os.listdir("/proc"):
+        try:
+            with open(f"/proc/{entry}/stat") as f:
+                if entry.isdigit() and int(f.read().rsplit(")", 1)[1].split()[1]) == pid:
+                    found.append(int(entry))
+        except (OSError, IndexError, ValueError):
+            pass
+    return found
+
+
+def test_sandboxes_die_with_a_killed_parent(tmp_path):
+    proc = subprocess.Popen([sys.executable, "-c", DRIVER, str(ROOT)], stdout=subprocess.PIPE, text=True)
+    try:
+        assert proc.stdout.readline().strip() == "running"
+        kids = wait_for(lambda: len(sandbox_children(proc.pid)) == 2 and sandbox_children(proc.pid), 20.0)
+        assert kids and len(kids) == 2
+        os.kill(proc.pid, signal.SIGKILL)
+        proc.wait()
+        assert wait_for(lambda: not any(alive(k) for k in kids), 5.0), "a sandbox outlived its parent"
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()

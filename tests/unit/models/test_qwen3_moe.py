@@ -1,0 +1,152 @@
+"""Qwen3-MoE and Mixtral (models/families/qwen3_moe.py, mixtral.py) on megatron-core's MoE layer (SequentialMLP
+experts, no TE): random tiny HF models against ours (fp32 logits within 1e-4 at EP1, and EP2 under torchrun),
+Qwen3-MoE with norm_topk_prob both ways, the converter's round trip bitwise, the EP checks before build."""
+import pytest
+import torch
+
+from rlhf_mcore.models.hf_load import load_hf_weights
+from rlhf_mcore.models.weights import hf_to_mcore, mcore_to_hf
+from tests.support.tiny_hf import max_logit_error
+from tests.support.tiny_moe import VOCAB, tiny_mixtral, tiny_moe
+
+@pytest.mark.parametrize("norm_topk_prob", [True, False, "mixtral"])
+def test_logits_match_transformers_at_ep1(tmp_path, mcore_ctx, norm_topk_prob):
+    from rlhf_mcore.convert.mcore import build_for_conversion
+    from rlhf_mcore.models.hf_io import read_hf_config
+
+    hf = tiny_mixtral() if norm_topk_prob == "mixtral" else tiny_moe(norm_topk_prob)
+    hf.save_pretrained(str(tmp_path))
+    hf_cfg = read_hf_config(tmp_path)
+    ours = build_for_conversion(hf_cfg, "actor", mcore_ctx, "fp32")
+    load_hf_weights(ours, str(tmp_path), hf_cfg, 0, 1)
+    ours.eval()
+    assert ours.config.num_moe_experts == 8 and ours.config.moe_router_pre_softmax is (norm_topk_prob is False)
+    err = max_logit_error(hf, ours, mcore_ctx.pgs.tp, VOCAB)
+    print(f"moe {hf.config.model_type} norm_topk_prob={norm_topk_prob} ep1 logits max |ours - hf| = {err:.2e}")
+    assert err <= 1e-4
+
+
+@pytest.mark.parametrize("family", ["qwen3_moe", "mixtral"])
+def test_converter_round_trip_is_bitwise(tmp_path, family):
+    from rlhf_mcore.models.hf_io import load_hf_state_dict, read_hf_config
+
+    (tiny_mixtral() if family == "mixtral" else tiny_moe(True)).save_pretrained(str(tmp_path))
+    sd, config = load_hf_state_dict(tmp_path)[0], read_hf_config(tmp_path)
+    mcore = hf_to_mcore(sd, config)
+    assert mcore["decoder.layers.1.mlp.experts.local_experts.7.linear_fc1.weight"].shape == (64, 64)  # 2 x 32
+    back = mcore_to_hf(mcore, config)
+    assert set(back) == set(sd) and all(torch.equal(back[k], sd[k]) for k in sd)
+
+
+def test_unsupported_moe_layouts_are_named():
+    from rlhf_mcore.models.families.qwen3_moe import check
+
+    with pytest.raises(ValueError, match="mlp_only_layers"):
+        check({"decoder_sparse_step": 2, "num_experts": 8, "num_experts_per_tok": 2, "moe_intermediate_size": 8}, "x")
+
+
+@pytest.mark.dist
+def test_logits_match_transformers_at_ep2(tmp_path):
+    """Two ranks, parallel.ep=2: four experts per rank, different tokens per rank (the dispatcher exchanges them)."""
+    import os
+    import re
+    import subprocess
+    import sys
+
+    from tests.support.tiny_hf import ROOT
+
+    tiny_moe(False).save_pretrained(str(tmp_path))
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--standalone",
+           "-m", "tests.cases.moe_logits", "--hf-dir", str(tmp_path), "--ep", "2"]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600, cwd=ROOT,
+                          env=dict(os.environ, OMP_NUM_THREADS="1"))
+    rows = re.findall(r"moe ep=2 rank=(\d) local_experts=(\d+) logits_max=(\d\.\d+e[-+]\d+)", proc.stdout)
+    print(rows)  # the two ranks' lines may interleave
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-6000:]
+    assert sorted(r[0] for r in rows) == ["0", "1"] and all(r[1] == "4" and float(r[2]) <= 1e-4 for r in rows)
+
+
+def test_expert_parallel_checks_before_build(tmp_path):
+    import json
+    import os
+
+    from rlhf_mcore.config.load import ConfigError, load_config
+    from tests.support.tiny_hf import ROOT
+
+    tiny = os.path.join(ROOT, "configs", "tiny_grpo.yaml")
+    with pytest.raises(ConfigError) as info:
+        load_config(tiny, ["parallel.ep=2"], world_size=2)
+    assert any(e.startswith("parallel.ep: must divide the experts of an MoE model (this model is dense)")
+               for e in info.value.errors)
+    tiny_moe(True).config.to_json_file(str(tmp_path / "config.json"))
+    blank = [f"model.{k}=null" for k in ("num_layers", "hidden_size", "ffn_hidden_size", "num_attention_heads",
+                                         "num_query_groups", "vocab_size")]
+    with pytest.raises(ConfigError) as info:
+        load_config(tiny, blank + [f"model.hf_path={tmp_path}", "parallel.ep=3"], world_size=3)
+    assert "parallel.ep: must divide the expert count 8 (got 3). Pick a divisor of num_experts, or ep=1." in \
+        info.value.errors
+    with pytest.raises(ConfigError) as info:
+        load_config(tiny, blank + [f"model.hf_path={tmp_path}", "parallel.ep=4"], world_size=2)
+    assert any(e.startswith("parallel.ep: tp*pp*ep = 4 must divide the world size 2") for e in info.value.errors)
+    assert json.loads((tmp_path / "config.json").read_text())["num_local_experts"] == 8
+    load_config(tiny, blank + [f"model.hf_path={tmp_path}", "parallel.ep=2", "rollout.mode=multi_turn",
+                               "rollout.multi_turn.tools=[calculator]"], world_size=2)  # EP ranks agree per turn
+    load_config(tiny, blank + [f"model.hf_path={tmp_path}", "parallel.ep=2"], world_size=2)  # single_turn: fine
+
+
+def test_router_losses_are_config_keys_default_off():
+    from rlhf_mcore.config.schema import ModelConfig, ParallelConfig
+    from rlhf_mcore.models.transformer_config import to_transformer_config
+
+    hf = tiny_moe(True).config.to_dict()
+    off = to_transformer_config(hf, ModelConfig(), ParallelConfig())
+    assert off.moe_router_load_balancing_type == "none" and off.moe_aux_loss_coeff == 0 and not off.moe_z_loss_coeff
+    on = to_transformer_config(hf, ModelConfig(moe_aux_loss_coeff=0.01, moe_z_loss_coeff=1e-3), ParallelConfig())
+    assert (on.moe_router_load_balancing_type, on.moe_aux_loss_coeff, on.moe_z_loss_coeff) == ("aux_loss", 0.01, 1e-3)
+    assert not on.moe_router_enable_expert_bias  # no expert bias to update: nothing drifts during RL
+
+
+def test_native_engine_decodes_moe_eagerly_and_says_why(tmp_path, mcore_ctx):
+    """The static decoder's functional layer has dense MLPs: the family lists only 'eager', graph_blockers says
+    so (the engine logs it and decodes through megatron's modules); eager decode equals the trainer's forward."""
+    from rlhf_mcore.convert.mcore import build_for_conversion
+    from rlhf_mcore.models.hf_io import read_hf_config
+    from rlhf_mcore.models.logprobs import token_logprobs
+    from rlhf_mcore.rollout.native import NativeRolloutEngine
+    from rlhf_mcore.rollout.static_decode import graph_blockers
+    from rlhf_mcore.rollout.types import SamplingParams
+
+    tiny_moe(True).save_pretrained(str(tmp_path))
+    hf_cfg = read_hf_config(tmp_path)
+    ours = build_for_conversion(hf_cfg, "actor", mcore_ctx, "fp32")
+    load_hf_weights(ours, str(tmp_path), hf_cfg, 0, 1)
+    ours.eval()
+    assert "model family qwen3_moe (its ModelSpec.decode_paths lacks 'static')" in graph_blockers(ours, mcore_ctx)
+    batch = NativeRolloutEngine(ours, mcore_ctx, pad_id=0).generate(
+        [[3, 4, 5, 6], [7, 8]], SamplingParams(n=1, max_new_tokens=5, temperature=0.0))
+    with torch.no_grad():
+        pos = torch.arange(batch.tokens.size(1))[None].expand_as(batch.tokens)
+        logp, _ = token_logprobs(ours, ours(batch.tokens, pos, None), batch.tokens, mcore_ctx.pgs.tp)
+    cols = torch.arange(batch.tokens.size(1))[None]
+    start = batch.prompt_lengths[:, None]
+    mask = (cols >= start) & (cols < start + batch.response_lengths[:, None])
+    assert mask.sum() == 2 * 5 and (logp - batch.rollout_logprobs).abs()[mask].max() <= 1e-5
+
+
+def test_training_cli_stops_at_bad_expert_layouts_before_anything_is_built(tmp_path):
+    """`python -m rlhf_mcore.train` (one process, world size 1) on the tiny MoE preset with parallel.ep=3: the
+    expert count and the world size are checked with the config, one line each, exit 2, no run directory."""
+    import subprocess
+    import sys
+
+    from tests.support.tiny_hf import ROOT
+
+    out = tmp_path / "never"
+    proc = subprocess.run([sys.executable, "-m", "rlhf_mcore.train", "--config", "configs/tiny_moe_grpo.yaml",
+                           "parallel.ep=3", f"trainer.output_dir={out}"], capture_output=True, text=True, cwd=ROOT,
+                          timeout=120)
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr and not out.exists()
+    lines = [line.strip() for line in proc.stderr.splitlines() if "parallel.ep" in line]
+    assert lines == ["- parallel.ep: must divide the expert count 8 (got 3). Pick a divisor of num_experts, or ep=1.",
+                     "- parallel.ep: tp*pp*ep = 3 must divide the world size 1 (got ep=3). Launch a multiple of "
+                     "tp*pp*ep ranks."]

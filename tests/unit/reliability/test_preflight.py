@@ -1,0 +1,104 @@
+"""Bad data, paths and reward files are found before any model is built: one line per problem."""
+import time
+
+from rlhf_mcore.trainer.preflight import preflight_errors
+from tests.support.reliability import ROOT, tiny_cfg, vowel_row, write_rows
+
+REWARD = f"{ROOT / 'data/tiny/reward.py'}:vowel_fraction"
+
+
+def errors_for(tmp_path, rows=None, *overrides):
+    extra = [f"data.train_files={write_rows(tmp_path / 'train.parquet', rows)}"] if rows is not None else []
+    return preflight_errors(tiny_cfg(tmp_path, *extra, "data.val_files=", *overrides))
+
+
+def test_the_shipped_tiny_config_passes(tmp_path):
+    assert preflight_errors(tiny_cfg(tmp_path)) == []
+
+
+def test_data_source_without_a_reward_names_the_row(tmp_path):
+    rows = [vowel_row(data_source="gsm8k", ground_truth="3")] * 3 + [vowel_row(data_source="gsm8kk")] * 2
+    errs = errors_for(tmp_path, rows, "reward.custom_fn=")
+    assert len(errs) == 1, errs
+    assert errs[0].startswith(f"data.train_files: {tmp_path / 'train.parquet'}: row 3 and 1 more rows: data_source "
+                              "'gsm8kk' has no reward function (registered: "), errs
+
+
+def test_ground_truth_of_the_wrong_type_is_caught_by_a_probe_call(tmp_path):
+    rows = [vowel_row(ground_truth=72)] * 4  # vowel_fraction needs a string: `c in 72` raises
+    errs = errors_for(tmp_path, rows)
+    assert len(errs) == 1 and errs[0].startswith(f"data.train_files: {tmp_path / 'train.parquet'}: row 0: "
+                                                 f"reward.custom_fn: {REWARD} fails on this row (ground_truth int 72)")
+    assert "TypeError" in errs[0]
+
+
+def test_malformed_rows_one_line_each(tmp_path):
+    good = vowel_row()
+    bad = [{**good, "prompt": []}, {**good, "data_source": ""}, {**good, "reward_model": {"style": "rule"}}]
+    path = tmp_path / "train.parquet"
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    pq.write_table(pa.Table.from_pylist([good, *bad]), path)  # written around the validating writer
+    errs = preflight_errors(tiny_cfg(tmp_path, f"data.train_files={path}", "data.val_files="))
+    assert [e.split(": ")[2] for e in errs] == ["row 1", "row 2", "row 3"], errs
+    assert "prompt: must be a non-empty list" in errs[0] and "data_source: must be a non-empty" in errs[1]
+    assert "reward_model: must be a dict with a ground_truth" in errs[2]
+
+
+def test_a_jsonl_file_is_not_parquet(tmp_path):
+    path = tmp_path / "train.jsonl"
+    path.write_text('{"data_source": "gsm8k"}\n')
+    errs = preflight_errors(tiny_cfg(tmp_path, f"data.train_files={path}", "data.val_files="))
+    assert len(errs) == 1 and errs[0].startswith(f"data.train_files: {path}: not a parquet file (it starts with"), errs
+
+
+def test_missing_paths_each_named(tmp_path):
+    missing = tmp_path / "nope"
+    errs = preflight_errors(tiny_cfg(tmp_path, f"model.load={missing}", f"reward.model_path={missing}",
+                                     f"ref.load={missing}", f"trainer.resume={missing}"))
+    assert [e.split(":")[0] for e in errs] == ["model.load", "ref.load", "reward.model_path", "trainer.resume"], errs
+    errs = preflight_errors(tiny_cfg(tmp_path, f"model.tokenizer={missing}"))
+    assert len(errs) == 1 and errs[0].startswith("model.tokenizer: not found"), errs
+
+
+def test_vocab_smaller_than_the_tokenizer(tmp_path):
+    errs = preflight_errors(tiny_cfg(tmp_path, "model.vocab_size=200"))
+    assert errs == ["model.vocab_size: below the tokenizer's 258 ids (got 200). Set it to at least 258."]
+
+
+def write_reward(tmp_path, body: str) -> str:
+    path = tmp_path / "my_reward.py"
+    path.write_text(body + "\ndef score(data_source, solution_str, ground_truth, extra_info):\n    return 1.0\n")
+    return str(path)
+
+
+def test_custom_reward_file_problems_one_line_each(tmp_path):
+    good = write_reward(tmp_path, "")
+    errs = preflight_errors(tiny_cfg(tmp_path, f"reward.custom_fn={good}:scor"))
+    assert len(errs) == 1 and errs[0].startswith(f"reward.custom_fn: '{good}' has no function 'scor'"), errs
+    broken = write_reward(tmp_path, "import not_a_module_anywhere")
+    errs = preflight_errors(tiny_cfg(tmp_path, f"reward.custom_fn={broken}:score"))
+    assert len(errs) == 1 and "importing" in errs[0] and "ModuleNotFoundError" in errs[0], errs
+
+
+def test_custom_reward_that_hangs_or_exits_at_import_is_stopped_in_its_worker(tmp_path):
+    hangs = write_reward(tmp_path, "import time\ntime.sleep(600)")
+    start = time.monotonic()
+    errs = preflight_errors(tiny_cfg(tmp_path, f"reward.custom_fn={hangs}:score", "reward.timeout_s=1"))
+    assert time.monotonic() - start < 30
+    assert len(errs) == 1 and errs[0].startswith(f"reward.custom_fn: {hangs}:score: importing or calling it timed "
+                                                 "out after reward.timeout_s=1 s"), errs
+    exits = write_reward(tmp_path, "import os\nos._exit(3)")
+    errs = preflight_errors(tiny_cfg(tmp_path, f"reward.custom_fn={exits}:score"))
+    assert len(errs) == 1 and "reward worker died (exit code 3)" in errs[0], errs
+
+
+def test_an_engine_that_needs_cuda_stops_before_the_model_on_a_machine_without(tmp_path, monkeypatch):
+    import torch
+
+    monkeypatch.setattr("rlhf_mcore.config.environment.importable", lambda module: True)  # as if sglang were there
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    assert preflight_errors(tiny_cfg(tmp_path, "rollout.engine=sglang")) == [
+        "rollout.engine: sglang needs a CUDA GPU (got sglang on a machine without CUDA). Use rollout.engine=native."]
+    assert preflight_errors(tiny_cfg(tmp_path)) == []  # native decodes on CPU
