@@ -17,6 +17,7 @@ import sys
 from pathlib import Path
 
 from tests.support.paths import ROOT
+from tests.support.ports import free_port
 
 TAIL = 4000
 # set in the pytest process by the one-rank mcore_ctx fixture: a child inheriting them would rendezvous on it
@@ -37,9 +38,17 @@ def _entry(entry: str) -> list[str]:
 
 
 def run(cmd: list[str], timeout: float, check: bool, extra_env: dict | None = None, cwd=ROOT,
-        **kw) -> subprocess.CompletedProcess:
-    proc = subprocess.run([str(c) for c in cmd], capture_output=True, text=True, cwd=cwd, timeout=timeout,
-                          env=env(extra_env), **kw)
+        log: Path | None = None, **kw) -> subprocess.CompletedProcess:
+    """With `log`, stdout and stderr go to that file and come back as stdout: a killed rank's leftover child
+    cannot keep the test waiting for a pipe to close."""
+    cmd = [str(c) for c in cmd]
+    if log is None:
+        proc = subprocess.run(cmd, capture_output=True, text=True, cwd=cwd, timeout=timeout, env=env(extra_env), **kw)
+    else:
+        with open(log, "w") as f:
+            proc = subprocess.run(cmd, stdout=f, stderr=subprocess.STDOUT, cwd=cwd, timeout=timeout,
+                                  env=env(extra_env), **kw)
+        proc.stdout, proc.stderr = Path(log).read_text(), ""
     if check:
         assert proc.returncode == 0, f"rc {proc.returncode}: {' '.join(map(str, cmd))}\n" + \
             proc.stdout[-TAIL:] + proc.stderr[-TAIL:]
@@ -47,26 +56,27 @@ def run(cmd: list[str], timeout: float, check: bool, extra_env: dict | None = No
 
 
 def torchrun(entry: str, nproc: int, *args, timeout: float = 600, check: bool = True,
-             extra_env: dict | None = None) -> subprocess.CompletedProcess:
+             extra_env: dict | None = None, log: Path | None = None) -> subprocess.CompletedProcess:
     """`entry` (a module or a script) on `nproc` gloo ranks of one standalone torchrun."""
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}",
            *_entry(entry), *args]
-    return run(cmd, timeout, check, extra_env)
+    return run(cmd, timeout, check, extra_env, log=log)
 
 
 def cli(entry: str, *args, timeout: float = 600, check: bool = True, extra_env: dict | None = None,
-        cwd=ROOT, **kw) -> subprocess.CompletedProcess:
+        cwd=ROOT, log: Path | None = None, **kw) -> subprocess.CompletedProcess:
     """One process of a shipped command (`rlhf_mcore.train`, `tools.convert_checkpoint`, ...) or a script."""
-    return run([sys.executable, *_entry(entry), *args], timeout, check, extra_env, cwd=cwd, **kw)
+    return run([sys.executable, *_entry(entry), *args], timeout, check, extra_env, cwd=cwd, log=log, **kw)
 
 
-def worker(nproc: int, *runs, timeout: float = 600, check: bool = True,
-           extra_env: dict | None = None) -> subprocess.CompletedProcess:
+def worker(nproc: int, *runs, timeout: float = 600, check: bool = True, extra_env: dict | None = None,
+           log: Path | None = None) -> subprocess.CompletedProcess:
     """The shared worker (tests/worker.py) running `runs`, each (case, *args), one after another in ONE launch:
     `nproc` gloo ranks under torchrun, or one plain process with nproc=0."""
     argv: list[str] = []
     for case_argv in runs:
         argv += (["--then"] if argv else []) + [str(a) for a in case_argv]
     if nproc:
-        return torchrun("tests.worker", nproc, *argv, timeout=timeout, check=check, extra_env=extra_env)
-    return cli("tests.worker", *argv, timeout=timeout, check=check, extra_env=extra_env)
+        return torchrun("tests.worker", nproc, *argv, timeout=timeout, check=check, extra_env=extra_env, log=log)
+    one_rank = {"MASTER_PORT": str(free_port()), **(extra_env or {})}  # no torchrun to pick one
+    return cli("tests.worker", *argv, timeout=timeout, check=check, extra_env=one_rank, log=log)

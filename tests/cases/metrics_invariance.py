@@ -1,4 +1,4 @@
-"""Run under torchrun by tests/dist/trainer/test_metrics_invariance.py: one tiny GRPO update (actor only,
+"""`metrics_invariance OUT.json TP PP` (tests/dist/trainer/test_metrics_invariance.py): one tiny GRPO update (actor only,
 on-policy: pi_old and the rollout mismatch come from the loss's own forward) and one PPO update (critic, then
 actor with old log-probs, batch-level importance weights, a KL loss and an entropy bonus; both roles aggregate
 with seq-mean-token-mean: the critic follows actor.loss_agg_mode) at several micro-batch layouts, at the TP / PP

@@ -1,32 +1,25 @@
 """Resume under torchrun (gloo, 2 ranks): exact resume at TP1xDP2, TP2, PP2 with the plain and the
 distributed optimizer; weights and optimizer state loaded at another layout; a save killed mid-way.
 
-Two launches (ckpt_worker.py): `train` runs 2 steps, saves, runs 2 more; `resume` is a fresh process that
+Two launches (tests/cases/checkpoint_resume.py): `train` runs 2 steps, saves, runs 2 more; `resume` is a fresh process that
 loads the step-2 checkpoint and must reproduce steps 3-4 bitwise, then dies in the middle of a save."""
 import json
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
 from rlhf_mcore.checkpoint import find_latest, list_checkpoints, load_checkpoint, save_checkpoint
+from tests.launch import worker
 from tests.support.checkpoint import build_state
 
 pytestmark = pytest.mark.dist
-WORKER = Path(__file__).with_name("ckpt_worker.py")
-ROOT = WORKER.parents[2]
 
 
 def launch(phase: str, out: Path) -> tuple[int, str]:
     """(return code, stdout + stderr). Output goes to a file, not a pipe: a killed rank's leftover child
     process cannot keep the test waiting for the pipe to close."""
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2", "--standalone", "-m",
-           "tests.cases.checkpoint_resume", "--phase", phase, "--out", str(out)]
-    log = out / f"{phase}.log"
-    with open(log, "w") as f:
-        rc = subprocess.run(cmd, stdout=f, stderr=subprocess.STDOUT, cwd=ROOT, timeout=600).returncode
-    return rc, log.read_text()
+    proc = worker(2, ("checkpoint_resume", "--phase", phase, "--out", out), check=False, log=out / f"{phase}.log")
+    return proc.returncode, proc.stdout
 
 
 def result_of(rc: int, output: str) -> dict:

@@ -5,36 +5,30 @@ layout, so they are not the HF ones). At each layout `FullWeights` (what the SGL
 every rank the same HF tensors, bitwise those of the 1x1 layout; the layout's dist-checkpoint exported by
 `rlhf_mcore.convert.export` (the trainer's HF export) holds exactly those tensors, loads with transformers,
 and gives the logits our model gave at that layout (fp32, within 1e-4) and those of the 1x1 layout."""
-import os
 import re
-import subprocess
-import sys
 
 import pytest
 import torch
 
+from tests.launch import cli, worker
+from tests.support.tiny_hf import load_tensors
 from tests.support.tiny_moe import tiny_moe
-from tests.support.tiny_hf import ROOT, load_tensors
 
-ENV = dict(os.environ, OMP_NUM_THREADS="1")
+ENV = {"OMP_NUM_THREADS": "1"}
 pytestmark = pytest.mark.dist
 
 
 def run_worker(work, nproc: int, layouts: str) -> None:
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", str(nproc), "--standalone",
-           "-m", "tests.cases.moe_full_weights", "--hf-dir", str(work / "hf"), "--work", str(work),
-           "--layouts", layouts]
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600, cwd=ROOT, env=ENV)
+    proc = worker(nproc, ("moe_full_weights", "--hf-dir", work / "hf", "--work", work, "--layouts", layouts),
+                  extra_env=ENV, check=False)
     assert proc.returncode == 0, "\n".join(re.findall(r"PROBLEM .*", proc.stdout)) + proc.stderr[-6000:]
 
 
 def export(work, layout: str):
     model_cfg = f'{{"hf_path": "{work / "hf"}", "dtype": "fp32", "attention_backend": "sdpa"}}'
     out = work / f"export_{layout}"
-    cmd = [sys.executable, "-m", "rlhf_mcore.convert.export", "--ckpt", str(work / f"ckpt_{layout}"), "--out",
-           str(out), "--model-config", model_cfg]
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600, cwd=ROOT, env=ENV)
-    assert proc.returncode == 0, proc.stderr[-3000:]
+    cli("rlhf_mcore.convert.export", "--ckpt", work / f"ckpt_{layout}", "--out", out, "--model-config", model_cfg,
+        extra_env=ENV)
     return out
 
 

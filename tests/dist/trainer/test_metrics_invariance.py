@@ -2,29 +2,17 @@
 same numbers at micro-batch 1, 2, 4, packed, dynamic, at 1 and 2 DP ranks, and at TP2 / PP2 (gloo, fp32, to
 1e-6)."""
 import json
-import os
-import subprocess
-import sys
 
 import pytest
 
-from tests.support.paths import ROOT_STR as ROOT
+from tests.launch import worker
+
 pytestmark = pytest.mark.dist
 TOL = 1e-6
 
 
 # name -> (ranks, TP, PP); DP = ranks / (TP x PP)
 PARALLEL = {"dp1": (1, 1, 1), "dp2": (2, 1, 1), "tp2": (2, 2, 1), "pp2": (2, 1, 2)}
-
-
-def run_worker(tmp_path, name: str) -> dict:
-    nproc, tp, pp = PARALLEL[name]
-    out = tmp_path / f"metrics_{name}.json"
-    cmd = [sys.executable, "-m", "torch.distributed.run", f"--nproc_per_node={nproc}", "--standalone", "-m",
-           "tests.cases.metrics_invariance", str(out), str(tp), str(pp)]
-    proc = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT, timeout=900)
-    assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
-    return json.loads(out.read_text())
 
 
 def deviations(runs: dict[str, dict]) -> dict[str, tuple[float, str]]:
@@ -42,8 +30,12 @@ def deviations(runs: dict[str, dict]) -> dict[str, tuple[float, str]]:
 
 @pytest.fixture(scope="module")
 def results(tmp_path_factory):
+    """Every row of PARALLEL, one launch per world size (the shared worker's metrics_invariance case)."""
     tmp = tmp_path_factory.mktemp("metrics")
-    return {name: run_worker(tmp, name) for name in PARALLEL}
+    for nproc in sorted({n for n, _, _ in PARALLEL.values()}):
+        worker(nproc, *[("metrics_invariance", tmp / f"metrics_{name}.json", tp, pp)
+                        for name, (n, tp, pp) in PARALLEL.items() if n == nproc], timeout=900)
+    return {name: json.loads((tmp / f"metrics_{name}.json").read_text()) for name in PARALLEL}
 
 
 @pytest.mark.parametrize("recipe", ["grpo", "ppo"])
