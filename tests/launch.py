@@ -65,8 +65,10 @@ def torchrun(entry: str, nproc: int, *args, timeout: float = 600, check: bool = 
 
 def cli(entry: str, *args, timeout: float = 600, check: bool = True, extra_env: dict | None = None,
         cwd=ROOT, log: Path | None = None, **kw) -> subprocess.CompletedProcess:
-    """One process of a shipped command (`rlhf_mcore.train`, `tools.convert_checkpoint`, ...) or a script."""
-    return run([sys.executable, *_entry(entry), *args], timeout, check, extra_env, cwd=cwd, log=log, **kw)
+    """One process of a shipped command (`rlhf_mcore.train`, `tools.convert_checkpoint`, ...) or a script. It
+    gets a free MASTER_PORT of its own (a one-rank process group needs one; no torchrun picks it)."""
+    one_rank = {"MASTER_PORT": str(free_port()), **(extra_env or {})}
+    return run([sys.executable, *_entry(entry), *args], timeout, check, one_rank, cwd=cwd, log=log, **kw)
 
 
 def worker(nproc: int, *runs, timeout: float = 600, check: bool = True, extra_env: dict | None = None,
@@ -78,5 +80,4 @@ def worker(nproc: int, *runs, timeout: float = 600, check: bool = True, extra_en
         argv += (["--then"] if argv else []) + [str(a) for a in case_argv]
     if nproc:
         return torchrun("tests.worker", nproc, *argv, timeout=timeout, check=check, extra_env=extra_env, log=log)
-    one_rank = {"MASTER_PORT": str(free_port()), **(extra_env or {})}  # no torchrun to pick one
-    return cli("tests.worker", *argv, timeout=timeout, check=check, extra_env=one_rank, log=log)
+    return cli("tests.worker", *argv, timeout=timeout, check=check, extra_env=extra_env, log=log)

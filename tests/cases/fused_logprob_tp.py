@@ -1,4 +1,4 @@
-"""Run under `torchrun --nproc_per_node 2` (gloo, CPU): vocab-parallel fused_logprob_entropy vs TP1.
+"""`fused_logprob_tp` under 2 ranks (gloo, CPU): vocab-parallel fused_logprob_entropy vs TP1.
 
 Every rank builds the same problem, keeps its own vocab rows of the weight, and checks logp, entropy,
 dL/dhidden (full, after the backward all-reduce) and dL/dweight (its own rows) against the single-process

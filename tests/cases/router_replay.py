@@ -1,4 +1,4 @@
-"""Run under torchrun by tests/dist/trainer/test_router_replay.py: one GRPO step with the routing capture on every
+"""`router_replay OUT.json [a.b=value ...]` (tests/dist/trainer/test_router_replay.py): one GRPO step with the routing capture on every
 rank; rank 0 writes each rank's mismatches and row count, and the step's metrics, as JSON."""
 import json
 import sys

@@ -2,25 +2,17 @@
 
 CPU: gloo, to 1e-5 (`-m dist`). GPU: NCCL with the Triton path, to 1e-4 (`-m gpu`, needs 2 GPUs).
 """
-import os
-import subprocess
-import sys
-from pathlib import Path
-
 import pytest
 import torch
 import torch.distributed as dist
 
-WORKER = Path(__file__).with_name("tp_fused_logprob_worker.py")
+from tests.launch import worker
 
 
 def launch(device: str) -> None:
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "TP_WORKER_DEVICE": device}
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2", "-m",
-           "tests.cases.fused_logprob_tp"]
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=240, env=env, cwd=WORKER.parents[2])
+    proc = worker(2, ("fused_logprob_tp",), extra_env={"OMP_NUM_THREADS": "1", "TP_WORKER_DEVICE": device},
+                  timeout=240)
     out = proc.stdout + proc.stderr
-    assert proc.returncode == 0, out[-4000:]
     assert out.count(f"TP2 fused_logprob_entropy OK ({device})") == 2, out[-4000:]
 
 

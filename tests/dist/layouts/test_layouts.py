@@ -1,26 +1,15 @@
 """The core promise: the same loss, grad norm and per-token outputs at every TP/PP/DP layout.
 
 Runs the shipped tool under torchrun with gloo (world sizes 1, 2 and 4)."""
-import os
-import subprocess
-import sys
-
 import pytest
 
+from tests.support.layouts import check_layouts, parse_table
 
-from tests.support.paths import ROOT_STR as ROOT
 pytestmark = pytest.mark.dist
 
 
 def run_tool(nproc: int, layouts: str, *overrides: str):
-    cmd = [sys.executable, "-m", "torch.distributed.run", f"--nproc_per_node={nproc}", "--standalone", "-m", "tools.check_layouts",
-           "--config", os.path.join(ROOT, "configs", "tiny_grpo.yaml"), "--layouts", layouts, *overrides]
-    return subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT, timeout=600)
-
-
-def parse_table(stdout: str) -> list[list[str]]:
-    lines = stdout[stdout.index("layout"):].splitlines()[1:]
-    return [line.split() for line in lines if line.startswith("tp")]
+    return check_layouts(nproc, layouts, *overrides)
 
 
 def test_four_ranks_all_layouts_agree():

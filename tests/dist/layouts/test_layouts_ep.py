@@ -4,24 +4,17 @@ and after an optimizer step) at EP2, EP4, TP2xEP2 (sequence parallel) and PP2xEP
 experts are drawn per global expert index, so every layout builds the same model. Layouts the model or the
 world cannot take stop before any model is built: one line each, exit 2 (one plain process: torchrun reports
 any failing rank as 1)."""
-import os
-import subprocess
-import sys
-
 import pytest
 
-from tests.dist.layouts.test_layouts import ROOT, parse_table
+from tests.support.layouts import check_layouts, parse_table
 
 pytestmark = pytest.mark.dist
-MOE = os.path.join(ROOT, "configs", "tiny_moe_grpo.yaml")
+MOE = "tiny_moe_grpo.yaml"
 
 
 def run_tool(nproc: int, config: str, layouts: str, *extra: str):
     """Under torchrun (nproc > 0), or as one plain process (nproc 0: its own exit code, world size 1)."""
-    launch = ["-m", "torch.distributed.run", f"--nproc_per_node={nproc}", "--standalone"] if nproc else []
-    cmd = [sys.executable, *launch, "-m", "tools.check_layouts", "--config", config, "--layouts", layouts, *extra]
-    return subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT, timeout=600,
-                          env=dict(os.environ, OMP_NUM_THREADS="1"))
+    return check_layouts(nproc, layouts, *extra, config=config)
 
 
 def test_ep_layouts_agree_with_1x1():
@@ -37,7 +30,7 @@ def test_ep_layouts_agree_with_1x1():
 
 
 def test_layouts_the_model_cannot_take_are_one_line_each_exit_2():
-    dense = run_tool(0, os.path.join(ROOT, "configs", "tiny_grpo.yaml"), "1x1,1x1x2")
+    dense = run_tool(0, "tiny_grpo.yaml", "1x1,1x1x2")
     assert dense.returncode == 2
     assert "--layouts: 1x1x2: ep=2 must divide the expert count (got a dense model)." in dense.stderr
     bad = run_tool(0, MOE, "1x1x3,2x1x1,1x1")

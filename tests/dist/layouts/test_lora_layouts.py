@@ -2,22 +2,17 @@
 critic give the TP1 numbers at TP2, PP2 and TP2xPP2 after three optimizer steps (losses, grad norms, per-token
 log-probs and values within fp32 tolerance), so A (whose first gradient is zero while B is zero) is compared
 too; the same with packing, and on an MoE model. Runs tools/check_layouts under torchrun (gloo, 2 or 4 ranks)."""
-import os
 import re
-import subprocess
-import sys
 
 import pytest
 
-from tests.dist.layouts.test_layouts import ROOT, parse_table
+from tests.support.layouts import check_layouts, parse_table
 
 pytestmark = pytest.mark.dist
 
 
 def run_tool(nproc: int, layouts: str, *overrides: str, config: str = "tiny_grpo.yaml"):
-    cmd = [sys.executable, "-m", "torch.distributed.run", f"--nproc_per_node={nproc}", "--standalone", "-m",
-           "tools.check_layouts", "--config", os.path.join(ROOT, "configs", config), "--layouts", layouts, *overrides]
-    return subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT, timeout=600)
+    return check_layouts(nproc, layouts, *overrides, config=config)
 
 
 def test_lora_actor_and_critic_agree_at_every_layout_after_three_steps():

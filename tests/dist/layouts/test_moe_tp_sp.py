@@ -8,8 +8,8 @@ import re
 
 import pytest
 
-from tests.dist.layouts.test_layouts import parse_table
 from tests.dist.layouts.test_layouts_ep import MOE, run_tool
+from tests.support.layouts import parse_table
 
 pytestmark = pytest.mark.dist
 

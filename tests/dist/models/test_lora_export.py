@@ -5,13 +5,12 @@ The adapter directory checks of model.lora_adapter_path name the field and the f
 import json
 import os
 import re
-import subprocess
-import sys
 
 import pytest
 
 from tests.cases.lora_export import SETTINGS
-from tests.support.tiny_hf import ROOT, save_tiny
+from tests.launch import worker
+from tests.support.tiny_hf import save_tiny
 
 pytest.importorskip("peft")
 TOL = 1e-5
@@ -45,11 +44,8 @@ def test_merged_and_peft_exports_give_the_trainers_logits_tp1(hf_dir, tmp_path, 
 
 @pytest.mark.dist
 def test_merged_and_peft_exports_give_the_trainers_logits_tp2(hf_dir, tmp_path):
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--standalone", "-m",
-           "tests.cases.lora_export", "--hf", str(hf_dir), "--work", str(tmp_path), "--tp", "2"]
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600, cwd=ROOT,
-                          env=dict(os.environ, OMP_NUM_THREADS="1"))
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-6000:]
+    proc = worker(2, ("lora_export", "--hf", hf_dir, "--work", tmp_path, "--tp", "2"),
+                  extra_env={"OMP_NUM_THREADS": "1"})
     line = next(line for line in proc.stdout.splitlines() if line.startswith("lora_export tp=2"))
     print(line)
     _check({k: float(v) for k, v in re.findall(r"(\w+)=([0-9.e+-]+)", line) if k != "tp"})

@@ -2,29 +2,22 @@
 which are exactly the first train_batch_size groups with non-zero spread in (round, global prompt) order; a
 run resumed from a mid-run checkpoint repeats the uninterrupted run's next step bitwise."""
 import json
-import os
-import subprocess
-import sys
 
 import pytest
 
-from tests.e2e.checkpoint.test_trainer_resume import TIMING_KEYS
-from tests.support.paths import ROOT_STR as ROOT
-from tests.support.ports import free_port
+from tests.launch import cli, worker
+from tests.support.paths import CONFIGS
+from tests.support.reliability import TIMING_KEYS
 from tests.unit.trainer.test_dynamic_sampling import CONSTANT, EVEN_CONSTANT_REWARD
 
-WORKER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "dynamic_sampling_worker.py")
-TINY_DAPO = os.path.join(ROOT, "configs", "tiny_dapo.yaml")
+TINY_DAPO = str(CONFIGS / "tiny_dapo.yaml")
 pytestmark = [pytest.mark.dist, pytest.mark.slow]
 
 
-def torchrun(tmp_path, nproc: int, *overrides: str) -> list[dict]:
+def run_ranks(tmp_path, nproc: int, *overrides: str) -> list[dict]:
     out = tmp_path / "result"
-    cmd = [sys.executable, "-m", "torch.distributed.run", f"--nproc_per_node={nproc}", "--master_addr=127.0.0.1",
-           f"--master_port={free_port()}", WORKER, str(out), TINY_DAPO, f"trainer.output_dir={tmp_path}/run",
-           "trainer.save_freq=0", "trainer.resume=disable", "trainer.logger=[console]", *overrides]
-    proc = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT, timeout=600)
-    assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
+    worker(nproc, ("dynamic_sampling", out, TINY_DAPO, f"trainer.output_dir={tmp_path}/run", "trainer.save_freq=0",
+                   "trainer.resume=disable", "trainer.logger=[console]", *overrides))
     return [json.loads((tmp_path / f"result.{r}.json").read_text()) for r in range(nproc)]
 
 
@@ -57,7 +50,7 @@ def expected_rows(ranks_rounds: list[list[dict]], target: int, n: int) -> list[l
 
 def test_two_ranks_agree_on_rounds_and_train_the_first_kept_groups(tmp_path):
     (tmp_path / "reward.py").write_text(EVEN_CONSTANT_REWARD)
-    results = torchrun(tmp_path, 2, "trainer.total_steps=2", "rollout.max_response_length=8",
+    results = run_ranks(tmp_path, 2, "trainer.total_steps=2", "rollout.max_response_length=8",
                        "reward.overlong_buffer=0", f"reward.custom_fn={tmp_path}/reward.py:reward",
                        "algorithm.filter_groups.metric=score")
     assert [r["dp_rank"] for r in results] == [0, 1]
@@ -81,11 +74,8 @@ def test_two_ranks_agree_on_rounds_and_train_the_first_kept_groups(tmp_path):
 
 
 def train_cli(out, *overrides: str) -> list[dict]:
-    cmd = [sys.executable, "-m", "rlhf_mcore.train", "--config", TINY_DAPO, "trainer.total_steps=3",
-           "trainer.export_hf=false", f"trainer.output_dir={out}", "rollout.max_response_length=8", *overrides]
-    env = {**os.environ, "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port())}
-    proc = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT, env=env, timeout=600)
-    assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
+    cli("rlhf_mcore.train", "--config", TINY_DAPO, "trainer.total_steps=3", "trainer.export_hf=false",
+        f"trainer.output_dir={out}", "rollout.max_response_length=8", *overrides)
     return [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
 
 

@@ -4,13 +4,10 @@ copies, so the MoE all-to-alls meet. At EP2 (rank 0: three micro-batches, rank 1
 log-probs before and after one update, its loss and grad norm equal EP1's (gloo, fp32); the padding changes nothing.
 """
 import json
-import os
-import subprocess
-import sys
 
 import pytest
 
-from tests.support.paths import ROOT_STR as ROOT
+from tests.launch import worker
 
 pytestmark = pytest.mark.dist
 
@@ -21,11 +18,7 @@ def max_gap(two: list[dict], one: list[dict], key: str) -> float:
 
 def test_unequal_micro_batch_counts_at_ep2_equal_ep1(tmp_path):
     out = tmp_path / "out.json"
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--standalone", "-m",
-           "tests.cases.ep_lockstep", str(out)]
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300, cwd=ROOT,
-                          env=dict(os.environ, OMP_NUM_THREADS="1"))
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-6000:]
+    worker(2, ("ep_lockstep", out), extra_env={"OMP_NUM_THREADS": "1"}, timeout=300)
     r = json.loads(out.read_text())
     two, one = r["ep2"], r["ep1"]
     print({k: (two[k], one[k]) for k in ("loss", "grad_norm")})

@@ -80,20 +80,13 @@ def test_multi_turn_resume_from_a_mid_run_checkpoint_is_bitwise(tmp_path, mcore_
 def test_multi_turn_at_dp2_with_forced_tool_calls(tmp_path):
     """Two DP replicas, each running its own turns (tools.bench.multi_turn_forced: every turn ending at a newline
     is a calculator call): the run finishes (no replica waits on another's extra turns) with tool turns logged."""
-    import os
-    import subprocess
-    import sys
-
-    from tests.support.ports import free_port
+    from tests.launch import torchrun
 
     out = tmp_path / "run"
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", "-m",
-           "tools.bench.multi_turn_forced", "--config", PRESET, f"trainer.output_dir={out}", "trainer.resume=disable",
-           "trainer.export_hf=false", "trainer.total_steps=1", "trainer.save_freq=0", "data.val_files=",
-           "trainer.logger=[jsonl]", "rollout.max_response_length=96", "rollout.multi_turn.max_turns=4"]
-    env = dict(os.environ, PYTHONPATH=str(ROOT), OMP_NUM_THREADS="1", MASTER_PORT=str(free_port()))
-    proc = subprocess.run(cmd, env=env, cwd=ROOT, capture_output=True, text=True, timeout=600)
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-6000:]
+    torchrun("tools.bench.multi_turn_forced", 2, "--config", PRESET, f"trainer.output_dir={out}",
+             "trainer.resume=disable", "trainer.export_hf=false", "trainer.total_steps=1", "trainer.save_freq=0",
+             "data.val_files=", "trainer.logger=[jsonl]", "rollout.max_response_length=96",
+             "rollout.multi_turn.max_turns=4", extra_env={"OMP_NUM_THREADS": "1"})
     steps = records(out)
     assert len(steps) == 1 and steps[0]["num_turns/max"] >= 2, steps
     assert all(m["tool_calls/mean"] > 0 and m["tool/error_rate"] == 0 for m in steps), steps

@@ -4,16 +4,13 @@ mini-batches differently (and, at EP2 under torchrun, exchanges tokens between t
 second mini-batch's routing moves. The first mini-batch's ratio is the same with and without replay (1 to
 1e-6). The moe/* load metrics count tokens x top-k x layers and agree at EP1 and EP2."""
 import json
-import os
-import subprocess
-import sys
 
 import pytest
 
 from rlhf_mcore.config.load import load_config
 from rlhf_mcore.trainer.loop import train
+from tests.launch import worker
 from tests.support.paths import ROOT_STR as ROOT
-from tests.support.ports import free_port
 from tests.support.routing_capture import RoutingCapture
 from tests.support.tiny_moe import EXPERTS, NUM_LAYERS, TOPK, save_tiny_moe
 
@@ -64,16 +61,10 @@ def test_update_replays_the_old_passes_experts(tmp_path, mcore_ctx, monkeypatch)
 def test_replay_and_load_metrics_at_ep1_and_ep2(tmp_path):
     """Two ranks (DP2), experts whole on each rank (EP1) or four per rank (EP2, tokens exchanged)."""
     hf_dir = save_tiny_moe(tmp_path / "hf")
-    results = {}
-    for ep in (1, 2):
-        out = tmp_path / f"ep{ep}.json"
-        cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2", f"--master_port={free_port()}",
-               "-m", "tests.cases.router_replay", str(out),
-               *overrides(hf_dir, tmp_path / f"run_ep{ep}", "actor.router_replay=R2", f"parallel.ep={ep}")]
-        proc = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT, timeout=900,
-                              env=dict(os.environ, OMP_NUM_THREADS="1"))
-        assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-6000:]
-        results[ep] = json.loads(out.read_text())
+    worker(2, *[("router_replay", tmp_path / f"ep{ep}.json",
+                  *overrides(hf_dir, tmp_path / f"run_ep{ep}", "actor.router_replay=R2", f"parallel.ep={ep}"))
+                 for ep in (1, 2)], extra_env={"OMP_NUM_THREADS": "1"}, timeout=900)  # one launch, both EP sizes
+    results = {ep: json.loads((tmp_path / f"ep{ep}.json").read_text()) for ep in (1, 2)}
     print({ep: {k: v for k, v in r.items() if k != "metrics"} for ep, r in results.items()})
     for r in results.values():
         assert all(m == [0, 0] for m in r["mismatches"]) and all(n > 0 for n in r["rows"])

@@ -1,28 +1,21 @@
 """The trainer resumes exactly: 3 steps straight vs a second run resumed from the first run's step-2
 checkpoint (trainer.resume=<path>) give identical step-3 metrics (rollout, rewards, losses, grad norms)."""
 import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
-from tests.support.ports import free_port
+from tests.launch import cli
+from tests.support.paths import CONFIGS
+from tests.support.reliability import TIMING_KEYS
 
-from tests.support.paths import ROOT
 pytestmark = pytest.mark.slow
-TIMING_KEYS = ("timing", "perf/", "mem")
 
 
 def train(out: Path, *overrides: str) -> list[dict]:
-    cmd = [sys.executable, "-m", "rlhf_mcore.train", "--config", str(ROOT / "configs" / "tiny_ppo.yaml"),
-           "trainer.total_steps=3", "trainer.export_hf=false", f"trainer.output_dir={out}", *overrides]
-    log = out.with_suffix(".log")
-    env = {**os.environ, "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port())}  # not this process's
-    with open(log, "w") as f:
-        rc = subprocess.run(cmd, stdout=f, stderr=subprocess.STDOUT, cwd=ROOT, env=env, timeout=600).returncode
-    assert rc == 0, log.read_text()[-5000:]
+    """Three steps of the tiny PPO preset through the CLI; its metrics.jsonl (the log is out.log)."""
+    cli("rlhf_mcore.train", "--config", CONFIGS / "tiny_ppo.yaml", "trainer.total_steps=3", "trainer.export_hf=false",
+        f"trainer.output_dir={out}", *overrides, log=out.with_suffix(".log"))
     return [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
 
 

@@ -10,7 +10,9 @@ import sys
 import pytest
 from torch.distributed.checkpoint import FileSystemReader
 
-from tests.e2e.checkpoint.test_trainer_resume import ROOT, TIMING_KEYS, train
+from tests.e2e.checkpoint.test_trainer_resume import train
+from tests.support.paths import ROOT
+from tests.support.reliability import TIMING_KEYS
 from tests.support.ports import free_port
 
 pytestmark = pytest.mark.slow
