@@ -1,5 +1,6 @@
 """Shared pytest set-up: each test is marked with its tier (its folder under tests/); GPU tests skip cleanly
 where CUDA is absent. Shared helpers live in tests/support/, launches go through tests/launch.py."""
+import json
 from pathlib import Path
 
 import pytest
@@ -53,3 +54,41 @@ def smollm2_dir():
     from tools.gguf_to_hf import ensure_smollm2
 
     return ensure_smollm2()
+
+
+HF_LOAD_CASES = ("qwen2", "llama_tied", "qwen3", "qwen2_rm")  # qwen2_rm: a *ForSequenceClassification reward model
+
+
+@pytest.fixture(scope="session")
+def hf_load_work(tmp_path_factory, mcore_ctx):
+    """hf/<case>/ tiny HF checkpoints of HF_LOAD_CASES and mcore/<case>/ their TP1 conversions (in this process)."""
+    from tests.support.tiny_hf import save_tiny
+    from tools.convert_checkpoint import run
+
+    work = tmp_path_factory.mktemp("hf_load")
+    for case in HF_LOAD_CASES:
+        hf_dir = save_tiny(work / "hf" / case, case.removesuffix("_rm"), seq_cls=case.endswith("_rm"))
+        assert run(["hf-to-mcore", "--hf-dir", str(hf_dir), "--out", str(work / "mcore" / case)]) == 0
+    return work
+
+
+@pytest.fixture(scope="session")
+def hf_load_moe_work(tmp_path_factory, mcore_ctx):
+    """hf/<case>/ tiny HF Qwen3-MoE and Mixtral checkpoints, mcore/<case>/ their 1x1 conversions."""
+    from tests.support.tiny_moe import tiny_mixtral, tiny_moe
+    from tools.convert_checkpoint import run
+
+    work = tmp_path_factory.mktemp("hf_load_moe")
+    for case, model in (("qwen3_moe", tiny_moe(True)), ("mixtral", tiny_mixtral())):
+        model.save_pretrained(str(work / "hf" / case))
+        assert run(["hf-to-mcore", "--hf-dir", str(work / "hf" / case), "--out", str(work / "mcore" / case)]) == 0
+    return work
+
+
+@pytest.fixture
+def verl_model_dir(tmp_path):
+    """A tiny Qwen2 config.json, the model path of verl's command lines (tests/support/verl.py)."""
+    (tmp_path / "config.json").write_text(json.dumps({
+        "architectures": ["Qwen2ForCausalLM"], "num_hidden_layers": 2, "hidden_size": 64, "intermediate_size": 128,
+        "num_attention_heads": 4, "num_key_value_heads": 2, "vocab_size": 256, "max_position_embeddings": 4096}))
+    return tmp_path

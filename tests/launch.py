@@ -33,8 +33,8 @@ def env(extra: dict | None = None) -> dict:
 
 
 def _entry(entry: str) -> list[str]:
-    """A module name runs with -m; a path to a .py file runs as a script."""
-    return [entry] if entry.endswith(".py") else ["-m", entry]
+    """A module name runs with -m; a path to a .py file runs as a script; "-c" passes code on."""
+    return [entry] if entry.endswith(".py") or entry == "-c" else ["-m", entry]
 
 
 def run(cmd: list[str], timeout: float, check: bool, extra_env: dict | None = None, cwd=ROOT,

@@ -78,8 +78,9 @@ def main(argv: list[str]) -> int:
         sys.argv = [f"tests.worker {name}", *args]
         rc = rc or (importlib.import_module(CASES[name]).entry(args) or 0)
     if len(runs) > 1:
-        from rlhf_mcore.parallel import reset_model_parallel
         import torch.distributed as dist
+
+        from rlhf_mcore.parallel import reset_model_parallel
 
         reset_model_parallel()
         if dist.is_initialized():

@@ -1,7 +1,7 @@
 """torchrun worker of tests/dist/checkpoint/test_resume_dist.py (gloo, 2 ranks). Prints `RESULT <json>` on rank 0.
 
-    torchrun --nproc_per_node 2 -m tests.cases.checkpoint_resume --phase train --out DIR
-    torchrun --nproc_per_node 2 -m tests.cases.checkpoint_resume --phase resume --out DIR
+    torchrun --nproc_per_node 2 -m tests.worker checkpoint_resume --phase train --out DIR
+    torchrun --nproc_per_node 2 -m tests.worker checkpoint_resume --phase resume --out DIR
 
 train:  per case (layout x optimizer): 2 PPO steps, save, record RNG draws and forward log-probs,
         2 more steps, record losses and this rank's parameters (the "4 steps straight" reference).
@@ -19,7 +19,6 @@ import math
 import multiprocessing
 import os
 import random
-import sys
 from functools import partial
 from pathlib import Path
 

@@ -1,6 +1,6 @@
 """torchrun worker of tests/dist/tools/test_convert_dist.py: many conversions in one launch (gloo, CPU).
 
-    torchrun --nproc_per_node 2 -m tests.cases.convert_layouts --work DIR --layouts 1x1,2x1,1x2,1x1x2 --cases a,b
+    torchrun --nproc_per_node 2 -m tests.worker convert_layouts --work DIR --layouts 1x1,2x1,1x2,1x1x2 --cases a,b
 
 DIR/hf/<case>/ holds tiny HF checkpoints. Per layout TPxPP[xEP] (megatron groups re-initialised in between, the
 default group kept): for every case, `hf-to-mcore` at that layout into DIR/mcore/<case>_<layout>, then
@@ -11,7 +11,6 @@ the test parses them. Exits 1 when a verify failed.
 from __future__ import annotations
 
 import argparse
-import sys
 from pathlib import Path
 
 import torch.distributed as dist

@@ -3,7 +3,6 @@ what it generated (per round: its prompts' tokens and per-sample metric values) 
 step: tokens, scores, group ids) to <out>.<rank>.json."""
 import json
 import os
-import sys
 
 from rlhf_mcore.config.load import load_config
 from rlhf_mcore.trainer import phases

@@ -1,7 +1,7 @@
 """torchrun worker of tests/dist/rollout/test_engine_layouts.py: an engine with its own copy of the model (SGLang's
 contract) at every training layout, on CPU with gloo; the SGLang server is a stand-in (SGLang needs a GPU).
 
-    torchrun --nproc_per_node 4 -m tests.cases.engine_layouts --layouts 1x1,2x1,1x2,2x2 --out DIR
+    torchrun --nproc_per_node 4 -m tests.worker engine_layouts --layouts 1x1,2x1,1x2,2x2 --out DIR
 
 Per layout TPxPP (megatron groups re-initialised in between) and per tiny HF case:
 - weights: the actor is loaded at that layout from a random HF model; every rank's `FullWeights` -> HF names
@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
 import traceback
 from pathlib import Path
 

@@ -1,7 +1,7 @@
 """torchrun worker of tests/dist/trainer/test_ep_lockstep.py (2 ranks, gloo): the tiny MoE preset's actor at EP2 and at
 EP1 with a different number of micro-batches per rank (rank 0: 6 rows, rank 1: 2 rows, 2 rows per micro-batch).
 
-    torchrun --nproc_per_node 2 -m tests.cases.ep_lockstep OUT.json
+    torchrun --nproc_per_node 2 -m tests.worker ep_lockstep OUT.json
 
 Per layout: forward-only log-probs, one PPO update (forward + backward + optimizer step: loss, grad norm), the
 log-probs after it. Rank 0 writes {layout: {"loss", "grad_norm", "before": [rank rows], "after": [...]}}.
@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import sys
 from functools import partial
 
 import torch.distributed as dist

@@ -1,6 +1,6 @@
 """torchrun worker of tests/unit/models/test_hf_load.py: direct HF load against converter-then-load, bitwise.
 
-    torchrun --nproc_per_node 2 -m tests.cases.hf_load --work DIR --layouts 1x1,2x1,1x2,1x1x2 --cases a,b
+    torchrun --nproc_per_node 2 -m tests.worker hf_load --work DIR --layouts 1x1,2x1,1x2,1x1x2 --cases a,b
 
 DIR/hf/<case>/ holds tiny HF checkpoints and DIR/mcore/<case>/ their TP1 conversions (role from the
 architecture). Per layout TPxPP[xEP] and case, two models of that role: one loaded with `load_hf_weights`, one from the
@@ -10,7 +10,6 @@ converted checkpoint (megatron reshards); every parameter must be bitwise equal.
 from __future__ import annotations
 
 import argparse
-import sys
 from pathlib import Path
 
 import torch

@@ -1,7 +1,7 @@
 """The LoRA exports against transformers / peft, at one TP layout (tests/dist/models/test_lora_export.py runs it in
 process at TP1 and under torchrun at TP2, gloo):
 
-    torchrun --nproc_per_node 2 -m tests.cases.lora_export --hf DIR --work DIR --tp 2
+    torchrun --nproc_per_node 2 -m tests.worker lora_export --hf DIR --work DIR --tp 2
 
 The actor (fp32, from the tiny HF checkpoint `--hf`) gets rank-4 adapters on every projection, with random
 A and B (as after some updates: B != 0) read from one full PEFT adapter, so every layout holds the same ones.
@@ -14,7 +14,6 @@ Rank 0 prints `lora_export tp=N merged=E peft=E reload=E` (max |logit difference
 from __future__ import annotations
 
 import argparse
-import sys
 from pathlib import Path
 
 import torch

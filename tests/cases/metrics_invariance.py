@@ -1,8 +1,8 @@
-"""`metrics_invariance OUT.json TP PP` (tests/dist/trainer/test_metrics_invariance.py): one tiny GRPO update (actor only,
-on-policy: pi_old and the rollout mismatch come from the loss's own forward) and one PPO update (critic, then
-actor with old log-probs, batch-level importance weights, a KL loss and an entropy bonus; both roles aggregate
-with seq-mean-token-mean: the critic follows actor.loss_agg_mode) at several micro-batch layouts, at the TP / PP
-sizes of argv (DP: the rest of the world). Rank 0 writes {recipe: {layout: reduced metrics}} as JSON.
+"""`metrics_invariance OUT.json TP PP` (tests/dist/trainer/test_metrics_invariance.py): one tiny GRPO update
+(actor only, on-policy: pi_old and the rollout mismatch come from the loss's own forward) and one PPO update
+(critic, then actor with old log-probs, batch-level importance weights, a KL loss and an entropy bonus; both roles
+aggregate with seq-mean-token-mean: the critic follows actor.loss_agg_mode) at several micro-batch layouts, at the
+TP / PP sizes of argv (DP: the rest of the world). Rank 0 writes {recipe: {layout: reduced metrics}} as JSON.
 
 The global batch is fixed; each DP rank takes its share of every mini-batch, so a mini-batch holds the same
 rows at any DP size. The learning rate is tiny: the second mini-batch sees (almost) the first one's weights,
@@ -10,7 +10,6 @@ so its metrics do not amplify fp32 gradient differences between layouts."""
 from __future__ import annotations
 
 import json
-import sys
 from types import SimpleNamespace
 
 import torch

@@ -1,6 +1,6 @@
 """torchrun worker of tests/dist/models/test_moe_full_weights.py: a tiny HF Qwen3-MoE at expert-parallel layouts.
 
-    torchrun --nproc_per_node 2 -m tests.cases.moe_full_weights --hf-dir D --work W --layouts 1x1,1x2
+    torchrun --nproc_per_node 2 -m tests.worker moe_full_weights --hf-dir D --work W --layouts 1x1,1x2
 
 Per layout TPxEP (megatron groups re-initialised in between): the HF weights are loaded straight into this
 rank's shard, then every parameter moves by noise seeded from its full-model name (the same change at every
@@ -15,7 +15,6 @@ Exits 1 when a check failed (the problems are printed).
 from __future__ import annotations
 
 import argparse
-import sys
 import zlib
 from pathlib import Path
 

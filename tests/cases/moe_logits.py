@@ -4,7 +4,6 @@ logits of one batch against transformers'. Prints `moe ep=N rank=R logits_max=X`
 from __future__ import annotations
 
 import argparse
-import sys
 
 import torch
 

@@ -1,7 +1,7 @@
 """torchrun worker of tests/dist/rollout/test_multi_turn_ep.py: a multi-turn rollout through the native engine on a tiny
 Qwen3-MoE at EP2 (2 gloo ranks, DP2), then the same requests at EP1 (the ranks independent).
 
-    torchrun --nproc_per_node 2 -m tests.cases.multi_turn_ep --hf-dir D --out OUT.json
+    torchrun --nproc_per_node 2 -m tests.worker multi_turn_ep --hf-dir D --out OUT.json
 
 The two ranks take different numbers of turns with different budgets: rank 0 has two prompts and every turn
 calls a tool with a short result, rank 1 one prompt, a tool call only when the turn's text has an odd length,
@@ -12,7 +12,6 @@ turn spans and the (rows, max_new_tokens) of every engine call to OUT.json.
 """
 from __future__ import annotations
 
-import sys
 from types import SimpleNamespace
 
 from rlhf_mcore.agent.parsers import ToolCall

@@ -3,7 +3,7 @@ a multi-turn rollout through the real native engine on a tiny bf16 megatron mode
 fed to the trainer's forward; every turn's text is parsed as a calculator call (a scripted parser: random
 weights write no `<tool_call>`), so each sample runs until max_turns or its budget with real tool turns.
 
-    torchrun --nproc_per_node 2 -m tests.cases.multi_turn_native OUT.json [tp|pp]
+    torchrun --nproc_per_node 2 -m tests.worker multi_turn_native OUT.json [tp|pp]
 
 Rank 0 writes: the mean |rollout - trainer| log-prob gap over policy tokens (loss mask 1) of the multi-turn
 rollout and of a single-turn rollout of the same prompts, the turns per row, whether every row's tokens are
@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import json
 import os
-import sys
 
 import torch
 
@@ -28,8 +27,8 @@ from rlhf_mcore.rollout.modes import Rollout
 from rlhf_mcore.rollout.native import NativeRolloutEngine, unwrap_model
 from rlhf_mcore.rollout.types import SamplingParams
 from rlhf_mcore.tokenizer_bytes import ByteTokenizer
-from tests.support.tiny import tiny_model_config
 from tests.support.multi_turn import Row, calculator_executor, tool_env
+from tests.support.tiny import tiny_model_config
 
 PARAMS = SamplingParams(n=2, max_new_tokens=64, temperature=1.0, seed=7)
 TURN = 10  # each assistant turn: at most this many sampled tokens (TurnCap), so every sample takes 3 turns

@@ -1,6 +1,6 @@
-"""torchrun worker of tests/dist/rollout/test_native_ep.py: the native engine decoding a tiny Qwen3-MoE at EP2 (2 ranks).
+"""Case of tests/dist/rollout/test_native_ep.py: the native engine decoding a tiny Qwen3-MoE at EP2 (2 ranks).
 
-    torchrun --nproc_per_node 2 -m tests.cases.native_ep --hf-dir D --out OUT.json
+    torchrun --nproc_per_node 2 -m tests.worker native_ep --hf-dir D --out OUT.json
 
 The two ranks' rows end at different steps and they hold different numbers of micro-batches: rank 0 two rows in
 two micro-batches, each ending at its first token (every token is a stop token), rank 1 one row decoding 6 tokens
@@ -8,8 +8,6 @@ greedily. At EP2 every MoE forward exchanges tokens between the two ranks, so th
 the same requests at EP1 (the ranks independent). Rank 0 writes both layouts' tokens and log-probs to OUT.json.
 """
 from __future__ import annotations
-
-import sys
 
 import torch.distributed as dist
 

@@ -1,7 +1,6 @@
-"""`router_replay OUT.json [a.b=value ...]` (tests/dist/trainer/test_router_replay.py): one GRPO step with the routing capture on every
-rank; rank 0 writes each rank's mismatches and row count, and the step's metrics, as JSON."""
+"""`router_replay OUT.json [a.b=value ...]` (tests/dist/trainer/test_router_replay.py): one GRPO step with the
+routing capture on every rank; rank 0 writes each rank's mismatches and row count, and the step's metrics, as JSON."""
 import json
-import sys
 
 import pytest
 import torch.distributed as dist

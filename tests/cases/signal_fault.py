@@ -13,7 +13,6 @@ import functools
 import importlib
 import os
 import signal
-import sys
 
 
 def signal_before_call(original, nth: int, signum: int = signal.SIGTERM):

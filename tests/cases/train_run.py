@@ -1,8 +1,7 @@
-"""`train_run OUT.json CONFIG [a.b=value ...]` (tests/dist/trainer/test_e2e.py): a few RL steps, then report (rank 0 writes JSON):
-metrics per step, whether every trainable parameter changed on every rank, and finiteness."""
+"""`train_run OUT.json CONFIG [a.b=value ...]` (tests/dist/trainer/test_e2e.py): a few RL steps, then report
+(rank 0 writes JSON): metrics per step, whether every trainable parameter changed on every rank, and finiteness."""
 import json
 import math
-import sys
 
 import torch
 import torch.distributed as dist

@@ -1,4 +1,4 @@
-"""`python -m tests.cases.writer_fault --config ... [a.b=value ...]`: rlhf_mcore.train, with a fault
+"""`python -m tests.worker writer_fault --config ... [a.b=value ...]`: rlhf_mcore.train, with a fault
 injected inside megatron's forked checkpoint writer processes (FileSystemWriterAsync.write_preloaded_data), once
 per run (the first writer of the WRITER_FAULT_AT-th save that gets there):
 
@@ -11,7 +11,6 @@ from __future__ import annotations
 import functools
 import os
 import signal
-import sys
 import time
 
 

@@ -1,11 +1,11 @@
 """The CLI's front door stays light: `--help` imports no torch, and `--validate-only` of a config whose checks need
 no model imports no megatron (it loads in seconds; the run itself imports both)."""
 import json
-import os
 import subprocess
 import sys
 
 from tests.support.paths import ROOT_STR as ROOT
+
 PROBE = """import json, runpy, sys
 sys.argv = ["rlhf_mcore.train", *sys.argv[1:]]
 try:

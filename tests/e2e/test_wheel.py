@@ -9,6 +9,7 @@ import zipfile
 from pathlib import Path
 
 from tests.support.paths import ROOT
+
 SOURCES = ("setup.py", "pyproject.toml", "rlhf_mcore", "kernels")
 
 

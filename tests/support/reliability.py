@@ -11,8 +11,8 @@ from pathlib import Path
 from rlhf_mcore.config.load import load_config
 from rlhf_mcore.data.io import write_prompt_parquet
 from rlhf_mcore.data.schema import make_row
-
 from tests.support.paths import ROOT
+
 TINY = str(ROOT / "configs" / "tiny_grpo.yaml")
 TIMING_KEYS = ("timing", "perf/", "mem")
 

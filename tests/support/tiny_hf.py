@@ -12,8 +12,6 @@ from pathlib import Path
 
 import torch
 
-from tests.support.paths import ROOT
-
 VOCAB = 250
 # case name -> (family, tie_word_embeddings)
 CASES = {"llama_tied": ("llama", True), "qwen2": ("qwen2", False), "mistral": ("mistral", False),

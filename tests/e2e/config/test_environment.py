@@ -8,8 +8,8 @@ import sys
 import pytest
 
 from rlhf_mcore.config.load import ConfigError, load_config
-
 from tests.support.paths import ROOT_STR as ROOT
+
 TINY = os.path.join(ROOT, "configs", "tiny_grpo.yaml")
 BLANK = ["model.num_layers=null", "model.hidden_size=null", "model.ffn_hidden_size=null",
          "model.num_attention_heads=null", "model.num_query_groups=null", "model.vocab_size=null"]

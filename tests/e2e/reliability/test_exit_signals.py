@@ -16,9 +16,9 @@ from rlhf_mcore.checkpoint.verify import checkpoint_problems
 from rlhf_mcore.rollout.native import NativeRolloutEngine
 from rlhf_mcore.trainer import phases
 from rlhf_mcore.trainer.guards import EXIT_SIGNAL, StoppedBySignal
+from tests.cases.signal_fault import signal_before_call
 from tests.support.ports import free_port
 from tests.support.reliability import TIMING_KEYS, env, metrics, overrides_for, start, tiny_cfg, train_cmd, wait_for
-from tests.cases.signal_fault import signal_before_call
 
 # 2 optimizer steps per step (mini-batch 1 prompt of 2): "mid-update" falls between the two
 SMALL = ("data.train_batch_size=2", "actor.ppo_mini_batch_size=1", "rollout.max_response_length=8",

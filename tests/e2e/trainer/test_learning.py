@@ -7,9 +7,8 @@ import sys
 
 import pytest
 
-from tests.support.ports import free_port
-
 from tests.support.paths import ROOT_STR as ROOT
+from tests.support.ports import free_port
 
 
 @pytest.mark.slow

@@ -12,8 +12,8 @@ from torch.distributed.checkpoint import FileSystemReader
 
 from tests.e2e.checkpoint.test_trainer_resume import train
 from tests.support.paths import ROOT
-from tests.support.reliability import TIMING_KEYS
 from tests.support.ports import free_port
+from tests.support.reliability import TIMING_KEYS
 
 pytestmark = pytest.mark.slow
 LORA = ("model.lora_rank=8", "model.lora_alpha=16", "critic.lora_rank=4", "actor.optim.lr=1e-2",

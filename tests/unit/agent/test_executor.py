@@ -2,11 +2,6 @@
 and a sandbox process dies with the process that started it (also when that one is killed -9)."""
 from __future__ import annotations
 
-import os
-import signal
-import subprocess
-import sys
-import textwrap
 import time
 
 import pytest
@@ -15,7 +10,6 @@ from rlhf_mcore.agent.executor import ToolExecutor, count_kinds
 from rlhf_mcore.agent.parsers import ParseError, ToolCall
 from rlhf_mcore.agent.schema import Tool
 from rlhf_mcore.agent.tools import load_tools
-from tests.support.reliability import ROOT, alive, wait_for
 
 SLEEP = ToolCall("python", {"code": "import time\ntime.sleep(0.5)\nprint('slept')"})
 HANG = ToolCall("python", {"code": "while True:\n    pass"})
@@ -88,42 +82,3 @@ def test_contexts_must_match_calls():
         assert ex.run([]) == []
         with pytest.raises(ValueError, match="2 calls but 1 contexts"):
             ex.run([SLEEP, SLEEP], [None])
-
-
-DRIVER = textwrap.dedent('''
-    import sys, threading
-    sys.path.insert(0, sys.argv[1])
-    from rlhf_mcore.agent.executor import ToolExecutor
-    from rlhf_mcore.agent.parsers import ToolCall
-    from rlhf_mcore.agent.tools import load_tools
-    ex = ToolExecutor(load_tools(["python"], None), timeout_s=300, max_output_chars=100, memory_mb=512, workers=2)
-    print("running", flush=True)
-    ex.run([ToolCall("python", {"code": "import time\\ntime.sleep(300)"})] * 2)
-''')
-
-
-def sandbox_children(pid: int) -> list[int]:
-    found = []
-    for entry in os.listdir("/proc"):
-        try:
-            with open(f"/proc/{entry}/stat") as f:
-                if entry.isdigit() and int(f.read().rsplit(")", 1)[1].split()[1]) == pid:
-                    found.append(int(entry))
-        except (OSError, IndexError, ValueError):
-            pass
-    return found
-
-
-def test_sandboxes_die_with_a_killed_parent(tmp_path):
-    proc = subprocess.Popen([sys.executable, "-c", DRIVER, str(ROOT)], stdout=subprocess.PIPE, text=True)
-    try:
-        assert proc.stdout.readline().strip() == "running"
-        kids = wait_for(lambda: len(sandbox_children(proc.pid)) == 2 and sandbox_children(proc.pid), 20.0)
-        assert kids and len(kids) == 2
-        os.kill(proc.pid, signal.SIGKILL)
-        proc.wait()
-        assert wait_for(lambda: not any(alive(k) for k in kids), 5.0), "a sandbox outlived its parent"
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()

@@ -2,14 +2,12 @@
 import glob
 import json
 import os
-import subprocess
-import sys
 
 import pytest
 
 from rlhf_mcore.config.load import ConfigError, all_keys, load_config
-
 from tests.support.paths import ROOT_STR as ROOT
+
 TINY = os.path.join(ROOT, "configs", "tiny_grpo.yaml")
 GOLDEN = os.path.join(os.path.dirname(__file__), "golden_config_keys.txt")
 
@@ -179,21 +177,6 @@ def test_every_shipped_config_validates(path, tmp_path, monkeypatch):
             (tmp_path / f"{key}.parquet").write_text("")
             overrides.append(f"data.{key}={tmp_path}/{key}.parquet")
     load_config(path, overrides, world_size=8 if "qwen" in path else None)
-
-
-def run_cli(*args):
-    return subprocess.run([sys.executable, "-m", "rlhf_mcore.train", *args], capture_output=True, text=True,
-                          cwd=ROOT, timeout=120)
-
-
-def test_cli_validate_only_prints_resolved_config_or_errors():
-    ok = run_cli("--config", TINY, "--validate-only", "rollout.n=8")
-    assert ok.returncode == 0, ok.stderr
-    assert "n: 8" in ok.stdout and "adv_estimator: grpo" in ok.stdout
-    bad = run_cli("--config", TINY, "--validate-only", "rollout.n=two", "actor.optim.lrr=1")
-    assert bad.returncode == 2
-    assert "rollout.n: expected int" in bad.stderr and "actor.optim.lrr: unknown key" in bad.stderr
-    assert "Traceback" not in bad.stderr
 
 
 def test_moved_keys_name_their_new_place(tmp_path):

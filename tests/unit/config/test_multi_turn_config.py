@@ -1,14 +1,13 @@
 """rollout.mode=multi_turn config: the tiny tool preset validates; each bad rollout.multi_turn field is one
 error line naming its dotted key (exit 2, no traceback), checked before any model is built; verl's
 multi_turn keys translate to ours."""
-from pathlib import Path
 
 import pytest
 
 from rlhf_mcore.config.load import load_config
 from rlhf_mcore.train import main
-
 from tests.support.paths import ROOT
+
 TOOL = str(ROOT / "configs" / "tiny_tool_grpo.yaml")
 TINY = str(ROOT / "configs" / "tiny_grpo.yaml")
 

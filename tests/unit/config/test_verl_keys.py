@@ -1,57 +1,20 @@
 """verl's keys as aliases: a verl GRPO command line (their examples/grpo_trainer, paths swapped) loads as is,
 each key lands on ours with the right value, unsupported keys get one error saying what to use instead."""
-import json
 import os
-import subprocess
-import sys
 
 import pytest
 import yaml
 
 from rlhf_mcore.config import verl_keys
 from rlhf_mcore.config.load import ConfigError, all_keys, load_config
-
 from tests.support.paths import ROOT_STR as ROOT
-TRAIN = os.path.join(ROOT, "data", "tiny", "train.parquet")
-TEST = os.path.join(ROOT, "data", "tiny", "test.parquet")
+from tests.support.verl import TEST, TRAIN, verl_grpo_command
 
 
-def verl_grpo_command(model_dir) -> list[str]:
-    """verl's GRPO example (examples/grpo_trainer/run_qwen2-7b.sh), as a shell passes it, paths swapped."""
-    return [
-        "algorithm.adv_estimator=grpo", f"data.train_files={TRAIN}", f"data.val_files={TEST}",
-        "data.train_batch_size=1024", "data.max_prompt_length=512", "data.max_response_length=1024",
-        "data.filter_overlong_prompts=True", "data.truncation=error", f"actor_rollout_ref.model.path={model_dir}",
-        "actor_rollout_ref.actor.optim.lr=1e-6", "actor_rollout_ref.model.use_remove_padding=True",
-        "actor_rollout_ref.actor.ppo_mini_batch_size=256", "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=40",
-        "actor_rollout_ref.actor.use_kl_loss=True", "actor_rollout_ref.actor.kl_loss_coef=0.001",
-        "actor_rollout_ref.actor.kl_loss_type=low_var_kl", "actor_rollout_ref.actor.entropy_coeff=0",
-        "actor_rollout_ref.model.enable_gradient_checkpointing=True",
-        "actor_rollout_ref.actor.fsdp_config.param_offload=False",
-        "actor_rollout_ref.actor.fsdp_config.optimizer_offload=False",
-        "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu=40",
-        "actor_rollout_ref.rollout.tensor_model_parallel_size=2", "actor_rollout_ref.rollout.name=vllm",
-        "actor_rollout_ref.rollout.gpu_memory_utilization=0.6", "actor_rollout_ref.rollout.n=5",
-        "actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu=40",
-        "actor_rollout_ref.ref.fsdp_config.param_offload=True", "algorithm.use_kl_in_reward=False",
-        "trainer.critic_warmup=0", "trainer.logger=[console,jsonl]", "trainer.project_name=verl_grpo_example_gsm8k",
-        "trainer.experiment_name=qwen2_7b_function_rm", "trainer.n_gpus_per_node=8", "trainer.nnodes=1",
-        "trainer.save_freq=20", "trainer.test_freq=5", "trainer.total_epochs=15",
-    ]
-
-
-@pytest.fixture
-def model_dir(tmp_path):
-    (tmp_path / "config.json").write_text(json.dumps({
-        "architectures": ["Qwen2ForCausalLM"], "num_hidden_layers": 2, "hidden_size": 64, "intermediate_size": 128,
-        "num_attention_heads": 4, "num_key_value_heads": 2, "vocab_size": 256, "max_position_embeddings": 4096}))
-    return tmp_path
-
-
-def test_verl_command_line_loads_without_a_config_file(model_dir):
+def test_verl_command_line_loads_without_a_config_file(verl_model_dir):
     notes: list[str] = []
-    cfg = load_config(None, verl_grpo_command(model_dir), world_size=8, notes=notes)
-    assert cfg.model.hf_path == str(model_dir)
+    cfg = load_config(None, verl_grpo_command(verl_model_dir), world_size=8, notes=notes)
+    assert cfg.model.hf_path == str(verl_model_dir)
     assert (cfg.actor.optim.lr, cfg.actor.ppo_mini_batch_size, cfg.actor.micro_batch_size_per_gpu) == (1e-6, 256, 40)
     assert (cfg.actor.use_kl_loss, cfg.actor.kl_loss_coef, cfg.actor.kl_loss_type) == (True, 0.001, "low_var_kl")
     assert cfg.rollout.max_response_length == 1024 and cfg.rollout.n == 5 and cfg.rollout.engine == "native"
@@ -60,14 +23,14 @@ def test_verl_command_line_loads_without_a_config_file(model_dir):
     assert cfg.trainer.logger == ["console", "jsonl"] and cfg.trainer.total_epochs == 15
     assert "verl key actor_rollout_ref.actor.optim.lr -> actor.optim.lr" in notes
     assert any(n.startswith("verl key trainer.nnodes ignored: ") for n in notes)
-    translated = [i.split("=")[0] for i in verl_grpo_command(model_dir) if verl_keys.is_verl_key(i.split("=")[0],
+    translated = [i.split("=")[0] for i in verl_grpo_command(verl_model_dir) if verl_keys.is_verl_key(i.split("=")[0],
                                                                                                   set(all_keys()))]
     assert len(notes) == len(translated) == 24  # one line per verl key, none for the keys we share
 
 
-def test_verl_yaml_overrides_file_equals_the_command_line(model_dir, tmp_path):
+def test_verl_yaml_overrides_file_equals_the_command_line(verl_model_dir, tmp_path):
     nested: dict = {}
-    for item in verl_grpo_command(model_dir):
+    for item in verl_grpo_command(verl_model_dir):
         key, value = item.split("=", 1)
         node = nested
         *parents, leaf = key.split(".")
@@ -76,7 +39,7 @@ def test_verl_yaml_overrides_file_equals_the_command_line(model_dir, tmp_path):
         node[leaf] = yaml.safe_load(value)
     path = tmp_path / "verl.yaml"
     path.write_text(yaml.safe_dump(nested))
-    assert load_config(str(path), world_size=8) == load_config(None, verl_grpo_command(model_dir), world_size=8)
+    assert load_config(str(path), world_size=8) == load_config(None, verl_grpo_command(verl_model_dir), world_size=8)
 
 
 def test_unsupported_and_unknown_verl_keys_say_what_to_do():
@@ -123,44 +86,35 @@ def test_readme_shows_the_table():
         assert verl_keys.markdown_table() in f.read(), "README's verl table is stale: paste markdown_table()"
 
 
-def test_cli_runs_a_verl_command_line(model_dir):
-    runnable = ["model.init=random", "model.tokenizer=bytes", "data.train_batch_size=256",  # --validate-only checks
-                f"reward.custom_fn={ROOT}/data/tiny/reward.py:vowel_fraction"]  # the data against the batch too
-    done = subprocess.run([sys.executable, "-m", "rlhf_mcore.train", "--validate-only", *verl_grpo_command(model_dir),
-                           *runnable], capture_output=True, text=True, cwd=ROOT, timeout=120)
-    assert done.returncode == 0, done.stderr
-    assert "verl key actor_rollout_ref.model.path -> model.hf_path" in done.stderr
-    assert "max_response_length: 1024" in done.stdout
-
-
-def test_verl_ppo_quickstart_runs_on_defaults(model_dir):
+def test_verl_ppo_quickstart_runs_on_defaults(verl_model_dir):
     """verl's quickstart (PPO, Qwen2.5-0.5B, GSM8K): no adv_estimator, so verl's default gae, with a critic."""
     cfg = load_config(None, [
         f"data.train_files={TRAIN}", f"data.val_files={TEST}", "data.train_batch_size=256",
-        "data.max_prompt_length=512", "data.max_response_length=512", f"actor_rollout_ref.model.path={model_dir}",
+        "data.max_prompt_length=512", "data.max_response_length=512", f"actor_rollout_ref.model.path={verl_model_dir}",
         "actor_rollout_ref.actor.optim.lr=1e-6", "actor_rollout_ref.actor.ppo_mini_batch_size=64",
         "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=4",
         "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu=8",
         "actor_rollout_ref.rollout.tensor_model_parallel_size=1",
         "actor_rollout_ref.rollout.gpu_memory_utilization=0.4",
         "actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu=4", "critic.optim.lr=1e-5",
-        f"critic.model.path={model_dir}", "critic.ppo_micro_batch_size_per_gpu=4", "algorithm.kl_ctrl.kl_coef=0.001",
+        f"critic.model.path={verl_model_dir}", "critic.ppo_micro_batch_size_per_gpu=4",
+        "algorithm.kl_ctrl.kl_coef=0.001",
         "trainer.logger=console", "trainer.val_before_train=False", "trainer.n_gpus_per_node=1", "trainer.nnodes=1",
         "trainer.save_freq=10", "trainer.test_freq=10", "trainer.total_epochs=15"], world_size=1)
     assert cfg.algorithm.adv_estimator == "gae" and cfg.rollout.n == 1
     assert (cfg.critic.optim.lr, cfg.critic.micro_batch_size_per_gpu, cfg.algorithm.kl_coef) == (1e-5, 4, 0.001)
 
 
-def test_resolved_dump_shows_config_json_values_and_loads_back(model_dir):
+def test_resolved_dump_shows_config_json_values_and_loads_back(verl_model_dir):
     """--validate-only / run_dir/config.yaml: the architecture as config.json sets it, not the unused defaults."""
     from rlhf_mcore.config.load import dump_yaml
 
-    cfg = load_config(None, [f"model.hf_path={model_dir}", "trainer.total_steps=1"], world_size=1)
+    cfg = load_config(None, [f"model.hf_path={verl_model_dir}", "trainer.total_steps=1"], world_size=1)
     text = dump_yaml(cfg)
-    assert f"# read from {model_dir}/config.json:" in text and "#   family: qwen2" in text
+    assert f"# read from {verl_model_dir}/config.json:" in text and "#   family: qwen2" in text
     assert "#   num_layers: 2" in text and "#   rope_theta: 10000.0" in text and "#   tie_embeddings: false" in text
     assert "\n  num_layers:" not in text  # the ignored inline field is not printed as if it ran
-    path = model_dir / "dumped.yaml"
+    path = verl_model_dir / "dumped.yaml"
     path.write_text(text)
     assert load_config(str(path), world_size=1) == cfg
 

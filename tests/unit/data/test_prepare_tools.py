@@ -1,16 +1,13 @@
 """tools/prepare_gsm8k.py and tools/prepare_math.py on the shipped subsets and on broken jsonl."""
 import json
-from pathlib import Path
 
 import pytest
 
 from rlhf_mcore.data import load_prompt_dataset, read_parquet_rows
 from rlhf_mcore.rewards import score_batch
+from tests.support.paths import ROOT as REPO
 from tools import prepare_gsm8k as gsm8k_tool
 from tools import prepare_math as math_tool
-
-from tests.support.paths import ROOT as REPO
-
 
 
 def test_gsm8k_subset_to_parquet(tmp_path, tokenizer, capsys):

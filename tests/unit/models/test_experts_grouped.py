@@ -13,8 +13,8 @@ from rlhf_mcore.models.experts_grouped import (
     grouped_mm_reference,
     grouped_swiglu,
 )
-from tests.support.tiny_moe import VOCAB, tiny_moe
 from tests.support.tiny_hf import max_logit_error
+from tests.support.tiny_moe import VOCAB, tiny_moe
 
 HIDDEN, FFN, EXPERTS = 16, 8, 6
 COUNTS = [3, 0, 5, 1, 0, 7]  # experts 1 and 4 get no tokens

@@ -2,20 +2,18 @@
 load gives, in the trainer's roles and at TP2 / PP2 (torchrun, gloo); a run never starts from random weights
 without `model.init=random`."""
 import os
-import subprocess
-import sys
 from types import SimpleNamespace
 
 import pytest
 import torch
 
 from rlhf_mcore.models.hf_load import weight_source
-from tests.support.tiny_hf import ROOT, save_tiny
+from tests.support.paths import ROOT
+from tests.support.tiny_hf import save_tiny
 
 TINY_PPO = os.path.join(ROOT, "configs", "tiny_ppo.yaml")
 BLANK = ["model.num_layers=null", "model.hidden_size=null", "model.ffn_hidden_size=null",
          "model.num_attention_heads=null", "model.num_query_groups=null", "model.vocab_size=null"]
-DIST_CASES = ("qwen2", "llama_tied", "qwen3", "qwen2_rm")  # qwen2_rm: a *ForSequenceClassification reward model
 
 
 def model_cfg(**fields):
@@ -35,18 +33,6 @@ def test_weight_source_never_starts_random_silently(tmp_path):
     assert weight_source(model_cfg(hf_path=str(tmp_path))) == ("hf", str(tmp_path))
 
 
-@pytest.fixture(scope="module")
-def work(tmp_path_factory, mcore_ctx):
-    """hf/<case>/ tiny HF checkpoints and mcore/<case>/ their TP1 conversions (tools.convert_checkpoint)."""
-    from tools.convert_checkpoint import run
-
-    work = tmp_path_factory.mktemp("hf_load")
-    for case in DIST_CASES:
-        hf_dir = save_tiny(work / "hf" / case, case.removesuffix("_rm"), seq_cls=case.endswith("_rm"))
-        assert run(["hf-to-mcore", "--hf-dir", str(hf_dir), "--out", str(work / "mcore" / case)]) == 0
-    return work
-
-
 def _roles(overrides, ctx):
     from rlhf_mcore.config.load import load_config
     from rlhf_mcore.models.transformer_config import load_hf_config
@@ -64,13 +50,13 @@ def _first_logprobs(model, tokens, ctx):
         return token_logprobs(model, model(tokens, pos, None), tokens, ctx.pgs.tp)[0]
 
 
-def test_hf_path_only_gives_the_converted_checkpoints_logprobs(work, mcore_ctx, caplog):
-    hf_dir, mcore = work / "hf" / "qwen2", work / "mcore" / "qwen2"
+def test_hf_path_only_gives_the_converted_checkpoints_logprobs(hf_load_work, mcore_ctx, caplog):
+    hf_dir, mcore = hf_load_work / "hf" / "qwen2", hf_load_work / "mcore" / "qwen2"
     with caplog.at_level("INFO"):
         direct = _roles([f"model.hf_path={hf_dir}"], mcore_ctx)
     assert f"actor: weights from HF {hf_dir}/model.safetensors" in caplog.text
     converted = _roles([f"model.hf_path={hf_dir}", f"model.load={mcore}",
-                        f"reward.model_path={work / 'mcore' / 'qwen2_rm'}"], mcore_ctx)
+                        f"reward.model_path={hf_load_work / 'mcore' / 'qwen2_rm'}"], mcore_ctx)
     tokens = torch.randint(0, 250, (2, 11), generator=torch.Generator().manual_seed(0))
     for name in ("actor", "ref"):
         a, b = (getattr(r, name) for r in (direct, converted))
@@ -81,7 +67,7 @@ def test_hf_path_only_gives_the_converted_checkpoints_logprobs(work, mcore_ctx, 
                            _first_logprobs(direct.actor.module, tokens, mcore_ctx))
     critic_a, critic_b = dict(direct.critic.module.named_parameters()), dict(converted.critic.module.named_parameters())
     assert all(torch.equal(p, critic_b[k]) for k, p in critic_a.items()), "critic: HF trunk, value head as built"
-    with_rm = _roles([f"model.hf_path={hf_dir}", f"reward.model_path={work / 'hf' / 'qwen2_rm'}"], mcore_ctx)
+    with_rm = _roles([f"model.hf_path={hf_dir}", f"reward.model_path={hf_load_work / 'hf' / 'qwen2_rm'}"], mcore_ctx)
     rm_b = dict(converted.reward.named_parameters())
     assert all(torch.equal(p, rm_b[k]) for k, p in with_rm.reward.named_parameters()), "reward model from HF"
 
@@ -96,53 +82,14 @@ def test_missing_weights_stop_before_any_model_is_built(tmp_path, mcore_ctx, mon
         _roles([f"model.hf_path={tmp_path}"], mcore_ctx)
 
 
-@pytest.mark.dist
-def test_direct_load_equals_converter_then_load_at_tp2_and_pp2(work):
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--standalone",
-           "-m", "tests.cases.hf_load", "--work", str(work), "--layouts", "1x1,2x1,1x2",
-           "--cases", ",".join(DIST_CASES)]
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600, cwd=ROOT,
-                          env=dict(os.environ, OMP_NUM_THREADS="1"))
-    lines = [line for line in proc.stdout.splitlines() if line.startswith("hf_load ")]
-    print("\n".join(lines))
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-6000:]
-    assert len(lines) == 3 * len(DIST_CASES) and all("mismatched=0" in line for line in lines)
-
-
-@pytest.fixture(scope="module")
-def moe_work(tmp_path_factory):
-    """hf/<case>/ tiny HF Qwen3-MoE and Mixtral checkpoints, mcore/<case>/ their 1x1 conversions."""
-    from tests.support.tiny_moe import tiny_mixtral, tiny_moe
-    from tools.convert_checkpoint import run
-
-    work = tmp_path_factory.mktemp("hf_load_moe")
-    for case, model in (("qwen3_moe", tiny_moe(True)), ("mixtral", tiny_mixtral())):
-        model.save_pretrained(str(work / "hf" / case))
-        assert run(["hf-to-mcore", "--hf-dir", str(work / "hf" / case), "--out", str(work / "mcore" / case)]) == 0
-    return work
-
-
-def test_hf_path_only_moe_gives_the_converted_checkpoints_logprobs(moe_work, mcore_ctx, caplog):
+def test_hf_path_only_moe_gives_the_converted_checkpoints_logprobs(hf_load_moe_work, mcore_ctx, caplog):
     """Qwen3-MoE and Mixtral: `model.hf_path` alone gives the first log-probs of the converted checkpoint."""
     for case in ("qwen3_moe", "mixtral"):
-        hf_dir = moe_work / "hf" / case
+        hf_dir = hf_load_moe_work / "hf" / case
         with caplog.at_level("INFO"):
             direct = _roles([f"model.hf_path={hf_dir}"], mcore_ctx)
         assert f"actor: weights from HF {hf_dir}/model.safetensors" in caplog.text
-        converted = _roles([f"model.hf_path={hf_dir}", f"model.load={moe_work / 'mcore' / case}"], mcore_ctx)
+        converted = _roles([f"model.hf_path={hf_dir}", f"model.load={hf_load_moe_work / 'mcore' / case}"], mcore_ctx)
         tokens = torch.randint(0, 250, (2, 11), generator=torch.Generator().manual_seed(0))
         a, b = (r.actor.module for r in (direct, converted))
         assert torch.equal(_first_logprobs(a, tokens, mcore_ctx), _first_logprobs(b, tokens, mcore_ctx)), case
-
-
-@pytest.mark.dist
-def test_moe_direct_load_equals_converter_then_load_at_ep2_and_tp2(moe_work):
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--standalone",
-           "-m", "tests.cases.hf_load", "--work", str(moe_work), "--layouts", "1x1,1x1x2,2x1",
-           "--cases", "qwen3_moe,mixtral"]
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600, cwd=ROOT,
-                          env=dict(os.environ, OMP_NUM_THREADS="1"))
-    lines = [line for line in proc.stdout.splitlines() if line.startswith("hf_load ")]
-    print("\n".join(lines))
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-6000:]
-    assert len(lines) == 6 and all("mismatched=0" in line for line in lines)

@@ -4,8 +4,6 @@ on sampled tokens; tool output and template tokens get zero gradient), limits, a
 last assistant turn only."""
 from __future__ import annotations
 
-from pathlib import Path
-
 import pytest
 import torch
 
@@ -15,8 +13,8 @@ from rlhf_mcore.rollout.modes.multi_turn import turn_seed
 from rlhf_mcore.rollout.types import SamplingParams
 from rlhf_mcore.trainer.phases import decode_responses, make_batch
 from tests.support.multi_turn import Row, ScriptedEngine, calculator_executor, tool_env
-
 from tests.support.paths import ROOT
+
 CALL = '<tool_call>{"name": "calculator", "arguments": {"expression": "12340+5"}}</tool_call>'
 PARAMS = SamplingParams(n=2, max_new_tokens=120, temperature=1.0, stop_token_ids=(2,), seed=11)
 

@@ -11,8 +11,8 @@ from rlhf_mcore.rollout.modes import Rollout
 from rlhf_mcore.rollout.sglang_engine import SGLangRolloutEngine
 from rlhf_mcore.rollout.types import SamplingParams
 from rlhf_mcore.tokenizer_bytes import ByteTokenizer
-from tests.support.tiny import tiny_model_config
 from tests.support.multi_turn import Row, calculator_executor, tool_env
+from tests.support.tiny import tiny_model_config
 from tests.unit.rollout.test_sglang_engine import StandIn, setup_for
 
 

@@ -1,11 +1,9 @@
 """The embedded SGLang engine: what can be checked without a GPU (the weights it starts from are the
 actor's, reproduced by transformers; the weight refresh and generation around a stand-in server; response
 post-processing; the fit check; clear errors), and on a GPU the engine itself against the trainer.
-The split over TP x PP ranks and the TP/PP weight gather run at 2-4 ranks in tests/dist/rollout/test_engine_layouts.py."""
+The split over TP x PP ranks and the TP/PP weight gather run at 2-4 ranks in
+tests/dist/rollout/test_native.py (CPU) and tests/dist/rollout/test_engine_layouts.py (GPU)."""
 import json
-import os
-import subprocess
-import sys
 
 import pytest
 import torch
@@ -28,9 +26,6 @@ from rlhf_mcore.rollout.sglang_engine import (
 from rlhf_mcore.rollout.sglang_weights import FLATTENED, unflatten_bucket
 from rlhf_mcore.rollout.types import SamplingParams
 from tests.support.tiny import tiny_model_config
-
-HERE = os.path.dirname(os.path.abspath(__file__))
-SHUTDOWN_WORKER = os.path.join(HERE, "sglang_shutdown_worker.py")
 
 
 def encode_flat(flat, entries):
@@ -231,19 +226,3 @@ def test_start_up_check_asks_the_engine_whether_the_model_fits(monkeypatch):
     assert err.startswith("rollout.engine: sglang keeps the whole model on every GPU")
     assert "of this 0.000977 GiB GPU" in err
     assert preflight._engine_memory_errors(load_config(f"{ROOT}/configs/tiny_grpo.yaml")) == []
-
-
-@pytest.mark.parametrize("shutdown", ["sglang", "ours"])
-def test_shutdown_spares_the_resource_tracker(shutdown):
-    """sglang.Engine.shutdown kills every child of this process, multiprocessing's resource tracker too; the
-    next release of a named semaphore or shared-memory block relaunches a tracker that prints a KeyError
-    traceback (the SGLang benchmark's last lines; reproduced by `sglang`). Ours spares the tracker: the
-    engine's processes stop, nothing is printed, also when shutdown is called twice."""
-    root = os.path.dirname(os.path.dirname(HERE))
-    proc = subprocess.run([sys.executable, SHUTDOWN_WORKER, shutdown], env=dict(os.environ, PYTHONPATH=root),
-                          cwd=root, capture_output=True, text=True, timeout=300)
-    assert proc.returncode == 0 and "scheduler stopped: True" in proc.stdout, proc.stdout + proc.stderr
-    if shutdown == "sglang":
-        assert "process died unexpectedly" in proc.stderr and "KeyError" in proc.stderr, proc.stderr
-    else:
-        assert "Traceback" not in proc.stderr and "resource_tracker" not in proc.stderr, proc.stderr

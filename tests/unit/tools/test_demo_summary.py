@@ -5,9 +5,8 @@ import os
 
 import pytest
 
-from tools import demo_summary
-
 from tests.support.paths import ROOT_STR as ROOT
+from tools import demo_summary
 
 
 def load(relpath, name):

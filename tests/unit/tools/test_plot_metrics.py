@@ -1,12 +1,9 @@
 """tools/plot_metrics.py: curves from metrics.jsonl (training steps and validation points) into one PNG."""
 import json
-import os
 
 import pytest
 
 from tools import plot_metrics
-
-from tests.support.paths import ROOT_STR as ROOT
 
 
 def write_run(run_dir, num_steps=4):

@@ -4,8 +4,13 @@ AdamW's steps (GPU)."""
 import pytest
 import torch
 
-from rlhf_mcore.apex_free import (apply_apex_free_patches, foreach_copy_this_to_that, foreach_l2_norm,
-                                  foreach_scale, fuse_torch_adam)
+from rlhf_mcore.apex_free import (
+    apply_apex_free_patches,
+    foreach_copy_this_to_that,
+    foreach_l2_norm,
+    foreach_scale,
+    fuse_torch_adam,
+)
 
 
 def tensors(seed: int, dtype=torch.float32) -> list[torch.Tensor]:

@@ -1,51 +1,74 @@
-"""HF -> megatron at every layout (torchrun, gloo): `tools.convert_checkpoint hf-to-mcore` then `verify` (fp32
-logits against transformers within 1e-4), each checkpoint also verified after resharding from the 1x1 one, and
-`mcore-to-hf` back to the input HF tensors bitwise.
+"""HF models at every layout (torchrun, gloo).
 
-- Dense families (qwen2, mistral, tied llama) at TP2, PP2 (2 ranks) and TP2xPP2 (4 ranks).
-- Qwen3-MoE at EP2, TP2, PP2 (2 ranks) and TP2xEP2, PP2xEP2 (4 ranks); Mixtral at EP2, TP2 and PP2.
+- Conversion: `tools.convert_checkpoint hf-to-mcore` then `verify` (fp32 logits against transformers within
+  1e-4), each checkpoint also verified after resharding from the 1x1 one, and `mcore-to-hf` back to the input HF
+  tensors bitwise. Dense families (qwen2, mistral, tied llama) at TP2, PP2 (2 ranks) and TP2xPP2 (4 ranks);
+  Qwen3 dense at TP2 and PP2; Qwen3-MoE at EP2, TP2, PP2 (2 ranks) and TP2xEP2, PP2xEP2 (4 ranks); Mixtral at
+  EP2, TP2 and PP2.
+- Direct loading (`model.hf_path` alone, models/hf_load.py) equals the converter then a megatron load, bitwise,
+  at TP2 and PP2 (dense, a reward model included) and EP2 and TP2 (Qwen3-MoE, Mixtral).
+- Qwen3-MoE loaded straight at EP2 (four experts per rank, different tokens per rank: the dispatcher exchanges
+  them) gives transformers' logits.
 
-The module fixture converts everything in two launches of the shared worker (2 ranks, then 4), each running the
-convert_layouts case once per work directory; the tests read the `verify` lines and convert back in this process (the
-converter's CLI is tested in tests/e2e/tools/).
+The module fixture runs every case in two launches of the shared worker (2 ranks, then 4); the tests read what
+the cases printed, and convert back in this process (the converter's CLI is tested in tests/e2e/tools/).
 """
+import re
+
 import pytest
 
+from tests.conftest import HF_LOAD_CASES
 from tests.launch import worker
-from tests.support.tiny_hf import DIST_CASES, diff_state_dicts, load_tensors, parse_verify_lines
+from tests.support.tiny_hf import DIST_CASES, diff_state_dicts, load_tensors, parse_verify_lines, save_tiny
 from tests.support.tiny_moe import tiny_mixtral, tiny_moe
 from tools.convert_checkpoint import run
 
 pytestmark = pytest.mark.dist
 ONE_THREAD = {"OMP_NUM_THREADS": "1"}
 DENSE = {2: ("2x1", "1x2"), 4: ("2x2",)}
-# work dir -> (ranks, layouts, cases)
-MOE = {"moe2": (2, "1x1,1x1x2,2x1,1x2", "qwen3_moe,mixtral"), "moe4": (4, "1x1,2x1x2,1x2x2", "qwen3_moe")}
+# work dir -> (ranks, layouts, cases) of convert_layouts
+CONVERT = {"moe2": (2, "1x1,1x1x2,2x1,1x2", "qwen3_moe,mixtral"), "moe4": (4, "1x1,2x1x2,1x2x2", "qwen3_moe"),
+           "qwen3": (2, "2x1,1x2", "qwen3")}
 
 
 @pytest.fixture(scope="module")
-def converted(tiny_work, tmp_path_factory) -> dict:
-    """{"work": {name: dir}, "rows": {ranks: the verify rows of that launch}}."""
-    root = tmp_path_factory.mktemp("moe_convert")
-    works = {"dense": tiny_work, "moe2": root / "moe2", "moe4": root / "moe4"}
+def converted(tiny_work, hf_load_work, hf_load_moe_work, tmp_path_factory) -> dict:
+    """{"work": {name: dir}, "rows": {ranks: the verify rows of that launch}, "out": {ranks: its stdout}}."""
+    root = tmp_path_factory.mktemp("hf_layouts")
+    works = {"dense": tiny_work, "moe2": root / "moe2", "moe4": root / "moe4", "qwen3": root / "qwen3",
+             "ep_logits": root / "ep_logits"}
     tiny_moe(False).save_pretrained(str(works["moe2"] / "hf" / "qwen3_moe"))
     tiny_mixtral().save_pretrained(str(works["moe2"] / "hf" / "mixtral"))
     tiny_moe(True).save_pretrained(str(works["moe4"] / "hf" / "qwen3_moe"))
-    rows = {}
+    save_tiny(works["qwen3"] / "hf" / "qwen3", "qwen3")
+    tiny_moe(False).save_pretrained(str(works["ep_logits"]))
+    rows, out = {}, {}
     for nproc in (2, 4):
         runs = [("convert_layouts", "--work", tiny_work, "--layouts", ",".join(DENSE[nproc]), "--cases",
                  ",".join(DIST_CASES))]
         runs += [("convert_layouts", "--work", works[name], "--layouts", layouts, "--cases", cases)
-                 for name, (n, layouts, cases) in MOE.items() if n == nproc]
+                 for name, (n, layouts, cases) in CONVERT.items() if n == nproc]
+        if nproc == 2:
+            runs += [("moe_logits", "--hf-dir", works["ep_logits"], "--ep", 2),
+                     ("hf_load", "--work", hf_load_work, "--layouts", "1x1,2x1,1x2", "--cases", ",".join(HF_LOAD_CASES)),
+                     ("hf_load", "--work", hf_load_moe_work, "--layouts", "1x1,1x1x2,2x1", "--cases",
+                      "qwen3_moe,mixtral")]
         proc = worker(nproc, *runs, extra_env=ONE_THREAD)
-        rows[nproc] = parse_verify_lines(proc.stdout)
+        rows[nproc], out[nproc] = parse_verify_lines(proc.stdout), proc.stdout
         for row in rows[nproc]:
             print(" ".join(f"{k}={v}" for k, v in row.items()))
-    return {"work": works, "rows": rows}
+    return {"work": works, "rows": rows, "out": out}
 
 
 def rows_of(converted, nproc: int, case: str) -> list[dict]:
-    return [r for r in converted["rows"][nproc] if r["ckpt"].startswith(f"{case}_")]
+    return [r for r in converted["rows"][nproc] if re.fullmatch(rf"{case}_\d+x\d+(x\d+)?", r["ckpt"])]
+
+
+def hf_load_lines(converted, cases: tuple[str, ...]) -> list[str]:
+    lines = [line for line in converted["out"][2].splitlines() if line.startswith("hf_load ")
+             and line.split()[1].removeprefix("case=") in cases]
+    print("\n".join(lines))
+    return lines
 
 
 def layouts_of(rows: list[dict], case: str = "qwen3_moe") -> list[tuple[str, str, str, str]]:
@@ -104,3 +127,26 @@ def test_mixtral_logits_at_ep2_and_round_trip_bitwise(converted):
                                            ("1x1", "1", "2", "1")]
     assert all(r["passed"] and float(r["logits_max"]) <= 1e-4 for r in rows)
     assert round_trip(converted["work"]["moe2"], "1x1x2", "mixtral") == []
+
+
+def test_qwen3_logits_match_transformers_at_tp2_and_pp2(converted):
+    """tools.convert_checkpoint hf-to-mcore + verify (transformers fp32 against ours) at 2x1 and 1x2."""
+    rows = rows_of(converted, 2, "qwen3")
+    assert len(rows) == 2 and all(r["passed"] and float(r["logits_max"]) <= 1e-4 for r in rows)
+
+
+def test_moe_logits_match_transformers_at_ep2(converted):
+    """Two ranks, parallel.ep=2: four experts per rank, different tokens per rank (the dispatcher exchanges them)."""
+    rows = re.findall(r"moe ep=2 rank=(\d) local_experts=(\d+) logits_max=(\d\.\d+e[-+]\d+)", converted["out"][2])
+    print(rows)  # the two ranks' lines may interleave
+    assert sorted(r[0] for r in rows) == ["0", "1"] and all(r[1] == "4" and float(r[2]) <= 1e-4 for r in rows)
+
+
+def test_direct_load_equals_converter_then_load_at_tp2_and_pp2(converted):
+    lines = hf_load_lines(converted, HF_LOAD_CASES)
+    assert len(lines) == 3 * len(HF_LOAD_CASES) and all("mismatched=0" in line for line in lines)
+
+
+def test_moe_direct_load_equals_converter_then_load_at_ep2_and_tp2(converted):
+    lines = hf_load_lines(converted, ("qwen3_moe", "mixtral"))
+    assert len(lines) == 6 and all("mismatched=0" in line for line in lines)
