@@ -55,12 +55,34 @@ def run(cmd: list[str], timeout: float, check: bool, extra_env: dict | None = No
     return proc
 
 
+def cli_cmd(entry: str, *args) -> list[str]:
+    """The command line of one process of `entry`."""
+    return [sys.executable, *_entry(entry), *map(str, args)]
+
+
+def torchrun_cmd(entry: str, nproc: int, *args) -> list[str]:
+    """The command line of `entry` on `nproc` gloo ranks of one standalone torchrun."""
+    return [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}",
+            *_entry(entry), *map(str, args)]
+
+
+def worker_cmd(case: str, *args) -> list[str]:
+    """The command line of one process of the shared worker running `case` (tests/worker.py)."""
+    return cli_cmd("tests.worker", case, *args)
+
+
+def spawn(cmd: list[str], log: Path, environ: dict) -> subprocess.Popen:
+    """A background process for tests that signal or kill it: its output goes to `log` (never a pipe a stray
+    child could hold open), in a session of its own (os.killpg reaches its children), `environ` as given."""
+    with open(log, "w") as f:
+        return subprocess.Popen([str(c) for c in cmd], stdout=f, stderr=subprocess.STDOUT, cwd=ROOT, env=environ,
+                                start_new_session=True)
+
+
 def torchrun(entry: str, nproc: int, *args, timeout: float = 600, check: bool = True,
              extra_env: dict | None = None, log: Path | None = None) -> subprocess.CompletedProcess:
     """`entry` (a module or a script) on `nproc` gloo ranks of one standalone torchrun."""
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}",
-           *_entry(entry), *args]
-    return run(cmd, timeout, check, extra_env, log=log)
+    return run(torchrun_cmd(entry, nproc, *args), timeout, check, extra_env, log=log)
 
 
 def cli(entry: str, *args, timeout: float = 600, check: bool = True, extra_env: dict | None = None,
@@ -68,7 +90,7 @@ def cli(entry: str, *args, timeout: float = 600, check: bool = True, extra_env: 
     """One process of a shipped command (`rlhf_mcore.train`, `tools.convert_checkpoint`, ...) or a script. It
     gets a free MASTER_PORT of its own (a one-rank process group needs one; no torchrun picks it)."""
     one_rank = {"MASTER_PORT": str(free_port()), **(extra_env or {})}
-    return run([sys.executable, *_entry(entry), *args], timeout, check, one_rank, cwd=cwd, log=log, **kw)
+    return run(cli_cmd(entry, *args), timeout, check, one_rank, cwd=cwd, log=log, **kw)
 
 
 def worker(nproc: int, *runs, timeout: float = 600, check: bool = True, extra_env: dict | None = None,

@@ -1,10 +1,8 @@
 """The CLI's front door stays light: `--help` imports no torch, and `--validate-only` of a config whose checks need
 no model imports no megatron (it loads in seconds; the run itself imports both)."""
 import json
-import subprocess
-import sys
 
-from tests.support.paths import ROOT_STR as ROOT
+from tests.launch import cli
 
 PROBE = """import json, runpy, sys
 sys.argv = ["rlhf_mcore.train", *sys.argv[1:]]
@@ -18,8 +16,7 @@ print(json.dumps({"exit": code, "loaded": sorted({m.split(".")[0] for m in sys.m
 
 
 def heavy_modules(*args) -> tuple[int, list[str]]:
-    proc = subprocess.run([sys.executable, "-c", PROBE, *args], capture_output=True, text=True, cwd=ROOT,
-                          timeout=120)
+    proc = cli("-c", PROBE, *args, check=False, timeout=120)
     result = json.loads(proc.stderr.strip().splitlines()[-1])
     return result["exit"], result["loaded"]
 

@@ -3,14 +3,14 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
-import sys
 import time
 from pathlib import Path
 
 from rlhf_mcore.config.load import load_config
 from rlhf_mcore.data.io import write_prompt_parquet
 from rlhf_mcore.data.schema import make_row
+from tests.launch import cli_cmd
+from tests.launch import spawn as start  # noqa: F401 (the reliability tests' name for it)
 from tests.support.paths import ROOT
 
 TINY = str(ROOT / "configs" / "tiny_grpo.yaml")
@@ -46,15 +46,8 @@ def env(rank: int | None = None, world: int = 1, port: int | None = None) -> dic
     return e
 
 
-def start(cmd: list[str], log: Path, environ: dict) -> subprocess.Popen:
-    """A process whose output goes to a file (never a pipe a stray child could hold open)."""
-    with open(log, "w") as f:
-        return subprocess.Popen(cmd, stdout=f, stderr=subprocess.STDOUT, cwd=ROOT, env=environ,
-                                start_new_session=True)
-
-
 def train_cmd(*overrides: str) -> list[str]:
-    return [sys.executable, "-m", "rlhf_mcore.train", "--config", TINY, *overrides]
+    return cli_cmd("rlhf_mcore.train", "--config", TINY, *overrides)
 
 
 def wait_for(predicate, timeout_s: float, every_s: float = 0.2):

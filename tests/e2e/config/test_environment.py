@@ -2,12 +2,12 @@
 the rollout engine), the architecture of model.hf_path, and the MLP's split over TP. One line each, exit 2."""
 import json
 import os
-import subprocess
 import sys
 
 import pytest
 
 from rlhf_mcore.config.load import ConfigError, load_config
+from tests.launch import cli
 from tests.support.paths import ROOT_STR as ROOT
 
 TINY = os.path.join(ROOT, "configs", "tiny_grpo.yaml")
@@ -28,8 +28,7 @@ def without(*modules):
 
 
 def run_cli(args, missing=()):
-    return subprocess.run([sys.executable, "-c", without(*missing), *args], capture_output=True, text=True,
-                          cwd=ROOT, timeout=120)
+    return cli("-c", without(*missing), *args, check=False, timeout=120)
 
 
 @pytest.mark.parametrize("sink", ["wandb", "tensorboard"])

@@ -1,12 +1,10 @@
 """The top-level kernels/ folder is imported as `rlhf_mcore.kernels`, never as `kernels` (a PyPI name)."""
 import importlib.util
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import rlhf_mcore.kernels.fused_logprob as fused_logprob
 
+from tests.launch import cli
 from tests.support.paths import ROOT
 
 
@@ -19,8 +17,7 @@ def test_top_level_kernels_is_not_ours_from_the_source_tree():
     """Run from the checkout with PYTHONPATH=<checkout> (how GPU scripts run): `kernels` is not our folder."""
     code = ("import importlib.util; s = importlib.util.find_spec('kernels'); "
             "print(s is not None and s.origin is not None and s.origin.startswith(%r))" % str(ROOT))
-    out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)},
-                         capture_output=True, text=True, check=True)
+    out = cli("-c", code)
     assert out.stdout.strip() == "False"
     assert importlib.util.find_spec("rlhf_mcore.kernels.fused_logprob").origin == str(ROOT / "kernels" /
                                                                                      "fused_logprob.py")

@@ -15,6 +15,7 @@ import pytest
 
 from rlhf_mcore.checkpoint import list_checkpoints
 from rlhf_mcore.checkpoint.verify import checkpoint_problems
+from tests.launch import worker_cmd
 from tests.support.ports import free_port
 from tests.support.reliability import (
     ROOT,
@@ -95,8 +96,7 @@ def test_sigterm_to_one_rank_stops_both_at_the_same_step_with_it_saved(tmp_path,
     """Plain processes (no torchrun to pass the signal on): rank 1 alone gets SIGTERM mid-update of step 3; both
     ranks exit 7 after saving step 3; the job relaunched (resume=auto) ends like the straight run."""
     run_dir, port = tmp_path / "run", free_port()
-    cmd = [sys.executable, "-m", "tests.cases.signal_fault", "--config", TINY,
-           *overrides_for(tmp_path, *TWO_RANKS)]
+    cmd = worker_cmd("signal_fault", "--config", TINY, *overrides_for(tmp_path, *TWO_RANKS))
     marks = {"SIGNAL_AT": "rlhf_mcore.trainer.phases:optimizer_step:5", "SIGNAL_RANK": "1",
              "OMP_NUM_THREADS": "1"}  # as torchrun sets it: the same float reduction order as the straight run
     procs = [start(cmd, tmp_path / f"rank{r}.log", {**env(r, 2, port), **marks}) for r in (0, 1)]

@@ -4,7 +4,6 @@ with metrics equal, bitwise, to a run that was never interrupted. A second SIGTE
 subprocess) exits 8 at once, and the previous checkpoint still verifies and is still `latest`. The signal is sent
 by the process to itself just before a named call (`signal_worker`), so each test hits its phase every time."""
 import signal
-import sys
 import time
 
 import pytest
@@ -17,6 +16,7 @@ from rlhf_mcore.rollout.native import NativeRolloutEngine
 from rlhf_mcore.trainer import phases
 from rlhf_mcore.trainer.guards import EXIT_SIGNAL, StoppedBySignal
 from tests.cases.signal_fault import signal_before_call
+from tests.launch import worker_cmd
 from tests.support.ports import free_port
 from tests.support.reliability import TIMING_KEYS, env, metrics, overrides_for, start, tiny_cfg, train_cmd, wait_for
 
@@ -87,8 +87,7 @@ def test_sigterm_with_save_on_signal_false_stops_without_saving(tmp_path, monkey
 def test_a_second_sigterm_mid_save_exits_at_once_and_the_last_checkpoint_still_verifies(tmp_path, straight):
     run_dir = tmp_path / "run"
     spec = "rlhf_mcore.trainer.phases:optimizer_step:3,rlhf_mcore.checkpoint.save_load:_save_role:2"  # step 2
-    cmd = [sys.executable, "-m", "tests.cases.signal_fault",
-           *train_cmd(*overrides_for(tmp_path, *SMALL, "trainer.save_freq=1"))[3:]]
+    cmd = worker_cmd("signal_fault", *train_cmd(*overrides_for(tmp_path, *SMALL, "trainer.save_freq=1"))[3:])
     log = tmp_path / "run.log"
     proc = start(cmd, log, {**env(0, 1, free_port()), "SIGNAL_AT": spec})
     try:

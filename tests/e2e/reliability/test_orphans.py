@@ -4,6 +4,7 @@ import os
 import subprocess
 import sys
 
+from tests.launch import cli_cmd
 from tests.support.ports import free_port
 from tests.support.reliability import ROOT, TINY, alive, wait_for
 
@@ -41,7 +42,7 @@ def test_a_rank_dies_with_a_launcher_killed_during_start_up(tmp_path):
         environ = {**os.environ, "PYTHONPATH": str(ROOT), "TORCHELASTIC_RUN_ID": "t", "RANK": "0", "LOCAL_RANK": "0",
                    "WORLD_SIZE": "2", "LOCAL_WORLD_SIZE": "2", "MASTER_ADDR": "127.0.0.1",
                    "MASTER_PORT": str(free_port()), "KILL_AFTER_S": kill_after_s}
-        cmd = [sys.executable, "-m", "rlhf_mcore.train", "--config", TINY, f"trainer.output_dir={tmp_path / 'run'}"]
+        cmd = cli_cmd("rlhf_mcore.train", "--config", TINY, f"trainer.output_dir={tmp_path / 'run'}")
         done = subprocess.run([sys.executable, "-c", LAUNCHER, *cmd], cwd=ROOT, env=environ, capture_output=True,
                               text=True, timeout=60)
         assert done.returncode == -9, done.stderr

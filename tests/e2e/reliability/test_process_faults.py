@@ -3,11 +3,11 @@ Asserted: no rank outlives its launcher; a frozen rank makes the other exit with
 within a bounded time; start-up problems are printed once (rank 0) and every rank exits 2."""
 import os
 import signal
-import sys
 import time
 
 import pytest
 
+from tests.launch import torchrun_cmd
 from tests.support.ports import free_port
 from tests.support.reliability import (
     alive,
@@ -35,8 +35,7 @@ def stop_all(pids) -> None:
 
 
 def test_killing_the_launcher_ends_every_rank(tmp_path):
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2", "--standalone", "-m",
-           "rlhf_mcore.train", *train_cmd(*overrides_for(tmp_path, *TWO_RANKS))[3:]]
+    cmd = torchrun_cmd("rlhf_mcore.train", 2, *train_cmd(*overrides_for(tmp_path, *TWO_RANKS))[3:])
     log = tmp_path / "torchrun.log"
     launcher = start(cmd, log, env())
     ranks, workers = [], []

@@ -2,12 +2,11 @@
 killed run is taken over with a warning."""
 import os
 import signal
-import subprocess
-import sys
 
 from rlhf_mcore.train import run_training
 from rlhf_mcore.trainer.lock import LOCK_FILE, RunLock
-from tests.support.reliability import ROOT, env, tiny_cfg
+from tests.launch import cli
+from tests.support.reliability import tiny_cfg
 
 
 def test_second_run_on_a_live_directory_is_refused(tmp_path, mcore_ctx, capsys):
@@ -27,7 +26,7 @@ def test_second_run_on_a_live_directory_is_refused(tmp_path, mcore_ctx, capsys):
 def test_lock_of_a_killed_run_is_taken_over_with_a_warning(tmp_path, caplog):
     code = f"from rlhf_mcore.trainer.lock import RunLock; RunLock({str(tmp_path)!r}).acquire(); import os; " \
            "print(os.getpid(), flush=True); os.kill(os.getpid(), 9)"
-    proc = subprocess.run([sys.executable, "-c", code], env=env(), cwd=ROOT, capture_output=True, text=True)
+    proc = cli("-c", code, check=False)
     assert proc.returncode == -signal.SIGKILL
     dead_pid = int(proc.stdout)
     with caplog.at_level("WARNING"), RunLock(tmp_path):
@@ -46,7 +45,7 @@ def test_a_restarted_attempt_waits_for_the_killed_attempts_children_to_let_go(tm
     code = f"from rlhf_mcore.trainer.lock import RunLock; RunLock({str(tmp_path)!r}).acquire(); import os, time\n" \
            "if os.fork() == 0:\n    os.close(1); os.close(2); time.sleep(2.0); os._exit(0)\n" \
            "print('forked', flush=True); os.kill(os.getpid(), 9)"
-    proc = subprocess.run([sys.executable, "-c", code], env=env(), cwd=ROOT, capture_output=True, text=True)
+    proc = cli("-c", code, check=False)
     assert proc.returncode == -signal.SIGKILL and proc.stdout == "forked\n"
     monkeypatch.setenv("TORCHELASTIC_RESTART_COUNT", "0")
     with pytest.raises(RunDirLocked):

@@ -3,7 +3,6 @@ Ctrl-C (SIGINT to the whole group) during a save, and a writer that dies (kill -
 hang, the documented exit code, one line, no process of the group left, every published checkpoint verifies and
 `latest` names one of them."""
 import os
-import sys
 
 import pytest
 
@@ -11,6 +10,7 @@ from rlhf_mcore.checkpoint import list_checkpoints
 from rlhf_mcore.checkpoint.layout import LATEST_FILE
 from rlhf_mcore.checkpoint.verify import checkpoint_problems
 from rlhf_mcore.checkpoint.writers import EXIT_WRITER_DIED
+from tests.launch import worker_cmd
 from tests.support.ports import free_port
 from tests.support.reliability import env, overrides_for, start, train_cmd, wait_for
 
@@ -31,8 +31,7 @@ def group_gone(pgid: int) -> bool:
     ("die", 2, EXIT_WRITER_DIED, "died (killed by SIGKILL) while saving", [1]),
 ])
 def test_writer_fault_never_hangs_and_leaves_no_process(tmp_path, fault, nth_save, code, line, saved):
-    cmd = [sys.executable, "-m", "tests.cases.writer_fault",
-           *train_cmd(*overrides_for(tmp_path, *SMALL))[3:]]
+    cmd = worker_cmd("writer_fault", *train_cmd(*overrides_for(tmp_path, *SMALL))[3:])
     log = tmp_path / "run.log"
     proc = start(cmd, log, {**env(0, 1, free_port()), "WRITER_FAULT": fault, "WRITER_FAULT_AT": str(nth_save),
                             "WRITER_FAULT_DIR": str(tmp_path)})

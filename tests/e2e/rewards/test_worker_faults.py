@@ -1,13 +1,11 @@
 """Reward workers under hostile reward code: garbage on the result pipe is a counted error (the pool goes on),
 and processes a reward starts die with the pool, also when the trainer is killed -9."""
-import os
-import subprocess
-import sys
 import textwrap
 import time
 
 from rlhf_mcore.rewards.workers import RewardPool
-from tests.support.reliability import ROOT, alive, wait_for
+from tests.launch import cli
+from tests.support.reliability import alive, wait_for
 
 REWARDS = textwrap.dedent('''
     import os, re, struct, subprocess
@@ -76,8 +74,7 @@ os.kill(os.getpid(), signal.SIGKILL)
 
 def test_a_process_a_reward_starts_dies_with_a_killed_trainer(tmp_path):
     spec, pid_file = reward_file(tmp_path), tmp_path / "pid"
-    done = subprocess.run([sys.executable, "-c", TRAINER, f"{spec}:spawn_sleeper", str(pid_file)], cwd=ROOT,
-                          env={**os.environ, "PYTHONPATH": str(ROOT)}, capture_output=True, text=True, timeout=60)
+    done = cli("-c", TRAINER, f"{spec}:spawn_sleeper", pid_file, check=False, timeout=60)
     assert done.returncode == -9 and done.stdout.strip() == "ok", done.stderr
     sleeper = int(pid_file.read_text())
     assert wait_for(lambda: not alive(sleeper), timeout_s=10), "the reward's child outlived the trainer"

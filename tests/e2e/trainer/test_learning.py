@@ -2,24 +2,19 @@
 mean reward rises by at least 0.3 within 12 steps with a fixed seed (measured: 0.02 -> 0.82)."""
 import json
 import os
-import subprocess
-import sys
 
 import pytest
 
+from tests.launch import cli
 from tests.support.paths import ROOT_STR as ROOT
-from tests.support.ports import free_port
 
 
 @pytest.mark.slow
 def test_grpo_raises_reward_on_the_tiny_task(tmp_path):
-    cmd = [sys.executable, "-m", "rlhf_mcore.train", "--config", os.path.join(ROOT, "configs", "tiny_grpo.yaml"),
-           f"trainer.output_dir={tmp_path}", "trainer.save_freq=0", "trainer.resume=disable",
-           "trainer.total_steps=12", "trainer.logger=jsonl", "data.train_batch_size=8", "rollout.n=8",
-           "actor.ppo_mini_batch_size=8", "actor.micro_batch_size_per_gpu=16", "actor.optim.lr=1e-2"]
-    proc = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT, timeout=600,
-                          env={**os.environ, "MASTER_PORT": str(free_port())})
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    cli("rlhf_mcore.train", "--config", os.path.join(ROOT, "configs", "tiny_grpo.yaml"),
+        f"trainer.output_dir={tmp_path}", "trainer.save_freq=0", "trainer.resume=disable",
+        "trainer.total_steps=12", "trainer.logger=jsonl", "data.train_batch_size=8", "rollout.n=8",
+        "actor.ppo_mini_batch_size=8", "actor.micro_batch_size_per_gpu=16", "actor.optim.lr=1e-2")
     rewards = [json.loads(line)["critic/score/mean"] for line in open(tmp_path / "metrics.jsonl")]
     assert len(rewards) == 12
     first, last = sum(rewards[:3]) / 3, sum(rewards[-3:]) / 3

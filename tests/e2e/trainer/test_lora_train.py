@@ -3,16 +3,13 @@ critic's fresh value head trainable) trains on CPU, its checkpoints hold adapter
 settings, and a run resumed from its step-2 checkpoint repeats the straight run's step 3 bitwise; GRPO with
 the LoRA preset learns the tiny task."""
 import json
-import os
-import subprocess
-import sys
 
 import pytest
 from torch.distributed.checkpoint import FileSystemReader
 
 from tests.e2e.checkpoint.test_trainer_resume import train
+from tests.launch import cli
 from tests.support.paths import ROOT
-from tests.support.ports import free_port
 from tests.support.reliability import TIMING_KEYS
 
 pytestmark = pytest.mark.slow
@@ -49,13 +46,10 @@ def test_ppo_lora_actor_and_critic_train_and_resume_bitwise(tmp_path):
 def test_grpo_lora_raises_reward_on_the_tiny_task(tmp_path):
     """configs/tiny_grpo_lora.yaml learns the vowel task through its adapters alone (measured 0.02 -> 0.99 in 12
     steps) while the KL to the reference (the actor with its adapters off) grows from 0."""
-    cmd = [sys.executable, "-m", "rlhf_mcore.train", "--config", str(ROOT / "configs" / "tiny_grpo_lora.yaml"),
-           f"trainer.output_dir={tmp_path}", "trainer.save_freq=0", "trainer.resume=disable", "trainer.export_hf=false",
-           "trainer.total_steps=12", "trainer.logger=jsonl", "data.train_batch_size=8", "rollout.n=8",
-           "actor.ppo_mini_batch_size=8", "actor.micro_batch_size_per_gpu=16"]
-    proc = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT, timeout=600,
-                          env={**os.environ, "MASTER_PORT": str(free_port())})
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    cli("rlhf_mcore.train", "--config", str(ROOT / "configs" / "tiny_grpo_lora.yaml"),
+        f"trainer.output_dir={tmp_path}", "trainer.save_freq=0", "trainer.resume=disable", "trainer.export_hf=false",
+        "trainer.total_steps=12", "trainer.logger=jsonl", "data.train_batch_size=8", "rollout.n=8",
+        "actor.ppo_mini_batch_size=8", "actor.micro_batch_size_per_gpu=16")
     steps = [json.loads(line) for line in open(tmp_path / "metrics.jsonl")]
     rewards = [m["critic/score/mean"] for m in steps]
     assert len(rewards) == 12 and sum(rewards[-3:]) / 3 > sum(rewards[:3]) / 3 + 0.3, rewards

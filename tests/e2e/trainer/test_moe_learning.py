@@ -5,20 +5,15 @@ on CPU, mean of the first and last three steps: 0.03 -> 0.81), with the per-step
 replayed map equals the recorded one: tests/dist/trainer/test_router_replay.py."""
 import json
 import os
-import subprocess
-import sys
 
+from tests.launch import cli
 from tests.support.paths import ROOT_STR as ROOT
-from tests.support.ports import free_port
 
 
 def test_tiny_moe_grpo_with_routing_replay_learns(tmp_path):
-    cmd = [sys.executable, "-m", "rlhf_mcore.train", "--config", os.path.join(ROOT, "configs", "tiny_moe_grpo.yaml"),
-           f"trainer.output_dir={tmp_path}", "trainer.save_freq=0", "trainer.resume=disable",
-           "trainer.export_hf=false", "trainer.logger=jsonl"]
-    proc = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT, timeout=600,
-                          env={**os.environ, "MASTER_PORT": str(free_port()), "OMP_NUM_THREADS": "1"})
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    proc = cli("rlhf_mcore.train", "--config", os.path.join(ROOT, "configs", "tiny_moe_grpo.yaml"),
+               f"trainer.output_dir={tmp_path}", "trainer.save_freq=0", "trainer.resume=disable",
+               "trainer.export_hf=false", "trainer.logger=jsonl", extra_env={"OMP_NUM_THREADS": "1"})
     assert "actor: random initial weights (model.init=random)" in proc.stderr + proc.stdout
     assert "actor: MoE, 8 experts, 8 on this rank (parallel.ep=1); routing replay: R2" in proc.stderr + proc.stdout
     records = [json.loads(line) for line in open(tmp_path / "metrics.jsonl")]
