@@ -27,7 +27,7 @@ setup(
     ],
     extras_require={
         "gpu": ["transformer-engine", "sglang"],
-        "test": ["pytest", "pytest-timeout", "ruff", "accelerate", "matplotlib"],
+        "test": ["pytest", "pytest-timeout", "pytest-xdist", "ruff", "accelerate", "matplotlib", "peft"],
         "plot": ["matplotlib"],  # tools/plot_metrics.py
         "wandb": ["wandb"],  # trainer.logger=[..., wandb]
     },

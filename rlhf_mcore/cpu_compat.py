@@ -2,7 +2,7 @@
 
 Applied by `apply_cpu_patches()` only when `torch.cuda.is_available()` is False; on a GPU this module
 changes nothing. Each patch names the call sites it serves.
-`tests/test_cpu_compat.py` fails loudly if a megatron-core upgrade moves a call site out from under a patch.
+`tests/unit/test_cpu_compat.py` fails loudly if a megatron-core upgrade moves a call site out from under a patch.
 """
 from __future__ import annotations
 

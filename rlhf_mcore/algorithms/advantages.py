@@ -12,7 +12,7 @@ compare against: its baseline is 0 and its std is 1, so its advantage is its raw
 Masks are "skip" masks for GAE: tokens with mask 0 in the middle of a response (e.g. tool outputs) are
 passed through, as if they were absent. reinforce_plus_plus follows verl and restarts its return at
 each mask-0 token unless `returns_through_masked` (see rlhf_mcore/algorithms/README.md).
-Defaults reproduce verl's `core_algos.py` (tests/algorithms/test_verl_parity.py) on valid tokens.
+Defaults reproduce verl's `core_algos.py` (tests/unit/algorithms/test_verl_parity.py) on valid tokens.
 """
 from __future__ import annotations
 

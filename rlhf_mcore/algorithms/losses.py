@@ -6,7 +6,7 @@ Metrics are detached 0-dim tensors over the valid tokens of the call: pg_clipfra
 ppo_kl (k1 estimate of KL(pi_old || pi) = mean(old_logp - logp), from the clamped log-ratio where the
 loss clamps it, as verl does), ratio_mean, ratio_max, ratio_min.
 Gradients flow only through `logp`: advantages, old log-probs and IS weights are detached.
-Values, gradients w.r.t. logp and metrics equal verl's `core_algos.py` (tests/algorithms/test_verl_parity.py)
+Values, gradients w.r.t. logp and metrics equal verl's `core_algos.py` (tests/unit/algorithms/test_verl_parity.py)
 when aggregated with `agg_mode_for(name, loss_agg_mode)`: gspo and sapo always aggregate with
 seq-mean-token-mean, geo_mean with a mean over all rows, as in verl (`honor_loss_agg_mode` lifts that).
 """

@@ -1,6 +1,6 @@
 """Optimizer state in megatron's sharded (dist-checkpoint) form, for the plain and the distributed optimizer.
 
-Formats, and what they support across layouts (tests/checkpoint/test_resume_dist.py):
+Formats, and what they support across layouts (tests/dist/checkpoint/test_resume_dist.py):
 - plain optimizer (FP32Optimizer / Float16Optimizer): Adam moments are saved as tensors shaped like the
   model parameters (`optimizer.state.exp_avg.<param key>`), so megatron reshards them to any TP/PP/DP.
 - DistributedOptimizer: saved as `fully_reshardable` (megatron 0.16's `fully_sharded_model_space` is

@@ -14,7 +14,7 @@ has adapters, a buffer holding the effective weight W + (alpha / r) B @ A (`mode
 The prefill runs megatron's modules, i.e. the adapters' own forward, as the trainer does. The merged
 weights round once (W + delta in the weight's dtype) where the trainer's forward adds the two branches'
 outputs: in fp32 the decode step's log-probs equal the trainer's to ~1e-6; in bf16 they differ by bf16
-noise (tests/rollout/test_lora_decode.py; the GPU gap is in benchmarks/).
+noise (tests/unit/rollout/test_lora_decode.py; the GPU gap is in benchmarks/).
 Megatron's eager decode path (TP/PP > 1, CPU engine default) runs the modules, adapters included.
 """
 from __future__ import annotations

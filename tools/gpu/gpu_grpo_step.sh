@@ -40,7 +40,7 @@ part1)
   if [[ -z ${DRY:-} && ${TESTS:-1} == 1 ]]; then
     echo "=== GPU tests ($(date +%T))"
     timeout 200 python3 -m pytest -q -p no:cacheprovider -p no:warnings -m gpu tests/kernels \
-        tests/rollout/test_static_decode.py tests/rollout/test_decode_layer.py tests/rollout/test_logprob_agreement.py \
+        tests/unit/rollout/test_static_decode.py tests/unit/rollout/test_decode_layer.py tests/unit/rollout/test_logprob_agreement.py \
         2>&1 | tail -6
   fi
   bench native 170 --engine native --steps "${STEPS:-3}"
@@ -59,7 +59,7 @@ part2)
   if [[ -z ${DRY:-} ]]; then sglang_part part2; fi
   if [[ -z ${DRY:-} && ${TESTS:-1} == 1 ]]; then
     echo "=== GPU test: SGLang engine vs the trainer, weight refresh in flat buckets ($(date +%T))"
-    timeout 200 python3 -m pytest -q -p no:cacheprovider -p no:warnings -m gpu tests/rollout/test_sglang_engine.py \
+    timeout 200 python3 -m pytest -q -p no:cacheprovider -p no:warnings -m gpu tests/unit/rollout/test_sglang_engine.py \
         2>&1 | tee "$OUT/sglang_gpu_test.log" | grep -E "passed|failed|rror" | tail -4
   fi
   bench sglang 400 --engine sglang --attention-backend flashinfer --steps "${STEPS:-3}"

@@ -63,7 +63,7 @@ for impl in grouped sequential; do
   TAIL=3 run_step "rollout_$impl" 30 $PY -m tools.bench.bench_rollout --hf-path "$HF" --moe-expert-impl $impl \
       "${ROLL[@]}" --out "$D"
 done
-TAIL=6 run_step gpu_tests 30 $PY -m pytest -q -x -p no:cacheprovider tests/models/test_moe_gpu.py \
-    tests/models/test_experts_grouped.py -m gpu -s
+TAIL=6 run_step gpu_tests 30 $PY -m pytest -q -x -p no:cacheprovider tests/unit/models/test_moe_gpu.py \
+    tests/unit/models/test_experts_grouped.py -m gpu -s
 log "summary"
 $PY -m tools.bench.moe_table "$D" | tee "$D/table.txt"

@@ -20,8 +20,8 @@ if [[ $PART == A ]]; then
   WHL=${WHL:?wheel folder} bash tools/gpu/gpu_small_speed.sh part1 || exit $?
   mkdir -p $OUT/tests $OUT/grpo_step
   log "GPU tests"
-  timeout -k 5 100 $PY -m pytest -q -m gpu -p no:cacheprovider tests/trainer/test_apex_free.py \
-      tests/models/test_build.py tests/rollout/test_lora_decode.py -s 2>&1 \
+  timeout -k 5 100 $PY -m pytest -q -m gpu -p no:cacheprovider tests/unit/trainer/test_apex_free.py \
+      tests/unit/models/test_build.py tests/unit/rollout/test_lora_decode.py -s 2>&1 \
       | grep -v "Warning\|warnings.warn" > $OUT/tests/gpu_tests.log
   grep "LORA_GPU\|passed\|failed\|FAILED\|Error" $OUT/tests/gpu_tests.log | cut -c1-300 | tail -12
   log "GRPO step, Qwen2.5-0.5B shape, token-budget micro-batches"

@@ -11,7 +11,7 @@ python3 -c "import torch, inspect; from torch.nn.attention.varlen import varlen_
 print(torch.__version__, torch.cuda.get_device_name(), inspect.signature(f))"
 if [[ -z "${SKIP_TESTS:-}" ]]; then
   echo "=== GPU tests of the packed kernels ($(date +%T))"
-  python3 -m pytest -q -p no:cacheprovider -p no:warnings tests/models/test_packing.py -k "kernel" 2>&1 | tail -3
+  python3 -m pytest -q -p no:cacheprovider -p no:warnings tests/unit/models/test_packing.py -k "kernel" 2>&1 | tail -3
 fi
 echo "=== bench_packing ($(date +%T))"
 python3 -m tools.bench.bench_packing --out $OUT "$@" 2>&1 | grep --line-buffered -v "Warning\|warnings.warn" \

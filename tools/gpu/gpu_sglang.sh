@@ -7,7 +7,7 @@ PART=${1:?part1|part2}
 source tools/gpu/gpu_env.sh
 sglang_part "$PART"
 echo "=== GPU test: engine vs trainer log-probs, weight updates ($(date +%T))"
-python3 -m pytest -q -p no:cacheprovider tests/rollout/test_sglang_engine.py -m gpu -x 2>&1 | tail -15
+python3 -m pytest -q -p no:cacheprovider tests/unit/rollout/test_sglang_engine.py -m gpu -x 2>&1 | tail -15
 TINY=(model.hidden_size=256 model.ffn_hidden_size=512 model.dtype=bf16 trainer.total_steps=12
       trainer.save_freq=0 trainer.resume=disable "trainer.logger=[console,jsonl]" data.train_batch_size=8
       rollout.n=8 actor.ppo_mini_batch_size=8 actor.micro_batch_size_per_gpu=16 actor.optim.lr=1e-2)

@@ -84,7 +84,7 @@ part1)
   nvidia-smi --query-gpu=name,memory.total --format=csv,noheader
   echo "=== GPU tests ($(date +%T))"
   timeout 240 python3 -m pytest -q -p no:cacheprovider -p no:warnings -m gpu tests/kernels \
-      tests/rollout/test_static_decode.py tests/rollout/test_decode_layer.py tests/rollout/test_logprob_agreement.py \
+      tests/unit/rollout/test_static_decode.py tests/unit/rollout/test_decode_layer.py tests/unit/rollout/test_logprob_agreement.py \
       2>&1 | tail -8
   if [[ -n ${ATTN:-} ]]; then echo "=== decode attention ($(date +%T))"
     timeout 120 python3 -m tools.bench.bench_decode_attention --out "$OUT" 2>&1 | tail -14; fi

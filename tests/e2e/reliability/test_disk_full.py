@@ -7,7 +7,7 @@ import pytest
 from tests.support.ports import free_port
 from tests.support.reliability import ROOT, env, train_cmd, wait_for
 
-SITE = ROOT / "tests" / "reliability" / "enospc_site"
+SITE = ROOT / "tests" / "e2e" / "reliability" / "enospc_site"
 CASES = {  # name: (RLHF_ENOSPC, extra overrides)
     "metrics_jsonl": ("metrics.jsonl", []),
     "tensorboard": ("tfevents", ["trainer.logger=[console,jsonl,tensorboard]"]),
