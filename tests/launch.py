@@ -103,3 +103,20 @@ def worker(nproc: int, *runs, timeout: float = 600, check: bool = True, extra_en
     if nproc:
         return torchrun("tests.worker", nproc, *argv, timeout=timeout, check=check, extra_env=extra_env, log=log)
     return cli("tests.worker", *argv, timeout=timeout, check=check, extra_env=extra_env, log=log)
+
+
+def outputs(stdout: str) -> list[dict]:
+    """What rank 0 printed during each case of a multi-case worker launch, in order:
+    [{"name": case, "rc": its exit code, "out": its lines}] (the markers of tests/worker.py)."""
+    found, current = [], None
+    for line in stdout.splitlines():
+        if line.startswith("[tests.worker] begin "):
+            current = {"name": line.split()[3], "rc": None, "out": []}
+        elif line.startswith("[tests.worker] end ") and current is not None:
+            current["rc"] = int(line.rsplit("rc=", 1)[1])
+            current["out"] = "\n".join(current["out"])
+            found.append(current)
+            current = None
+        elif current is not None:
+            current["out"].append(line)
+    return found

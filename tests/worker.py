@@ -5,14 +5,18 @@
 CASE is a row of CASES (its module's `entry(argv)` runs with ARGS). With --then, one launch runs several cases
 in turn in one process group: the imports and the gloo rendezvous are paid once, and between cases only
 megatron's model-parallel groups are reset, so the next case may pick another TP/PP/EP split of the same world.
-The exit code is the first non-zero one a case returned (a raised exception fails the launch as usual).
+Rank 0 prints a marker line before and after each case (with its exit code), so tests.launch.outputs() splits a
+launch's output by case. The exit code is the first non-zero one a case returned (a raised exception fails the
+launch as usual).
 tests/launch.py builds these command lines; docs/testing.md says how to add a case.
 """
 from __future__ import annotations
 
 import importlib
+import os
 import sys
 
+MARK = "[tests.worker]"
 # case name -> module under tests/cases/ (each has `entry(argv: list[str]) -> int | None`)
 CASES = {
     "checkpoint_resume": "tests.cases.checkpoint_resume",  # exact resume at every layout and optimizer
@@ -32,6 +36,7 @@ CASES = {
     "native_rollout": "tests.cases.native_rollout",  # the native engine's checks at a TP/PP layout
     "router_replay": "tests.cases.router_replay",  # routing replay (R2) in the loop
     "sglang_shutdown": "tests.cases.sglang_shutdown",  # SGLang's shutdown spares the resource tracker
+    "check_layouts": "tests.cases.check_layouts",  # tools.check_layouts' main (the core layout promise)
     "signal_fault": "tests.cases.signal_fault",  # the trainer, with SIGTERM at exact points
     "train_run": "tests.cases.train_run",  # the trainer's loop, reporting metrics and changed parameters
     "writer_fault": "tests.cases.writer_fault",  # the trainer, with a fault in the checkpoint writer
@@ -65,6 +70,12 @@ def keep_default_group_between_cases() -> None:
     parallel.destroy_distributed = reset_only
 
 
+def mark(text: str) -> None:
+    """A line on rank 0's stdout around each case, so that tests.launch.outputs() can split one launch's output."""
+    if os.environ.get("RANK", "0") == "0":
+        print(f"{MARK} {text}", flush=True)
+
+
 def main(argv: list[str]) -> int:
     runs = split_runs(argv)
     unknown = [r[0] for r in runs if r[0] not in CASES]
@@ -74,9 +85,12 @@ def main(argv: list[str]) -> int:
     if len(runs) > 1:
         keep_default_group_between_cases()
     rc = 0
-    for name, *args in runs:
+    for i, (name, *args) in enumerate(runs):
         sys.argv = [f"tests.worker {name}", *args]
-        rc = rc or (importlib.import_module(CASES[name]).entry(args) or 0)
+        mark(f"begin {i} {name}")
+        case_rc = importlib.import_module(CASES[name]).entry(args) or 0
+        mark(f"end {i} {name} rc={case_rc}")
+        rc = rc or case_rc
     if len(runs) > 1:
         import torch.distributed as dist
 
