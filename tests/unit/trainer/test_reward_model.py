@@ -1,7 +1,6 @@
 """The reward-model role: an HF *ForSequenceClassification checkpoint, converted, scores sequences in our
 megatron model exactly as transformers does (score head at the last valid token)."""
 import torch
-from transformers import LlamaConfig, LlamaForSequenceClassification
 
 from rlhf_mcore.convert.mcore import load_full_state_dict
 from rlhf_mcore.models.build import build_model
@@ -9,15 +8,13 @@ from rlhf_mcore.models.weights import hf_to_mcore
 from rlhf_mcore.trainer.phases import reward_model_pass
 from rlhf_mcore.trainer.roles import Roles
 from tests.support.tiny import tiny_model_config
+from tests.support.tiny_hf import tiny_reward_model
 
 
 def test_reward_model_scores_match_transformers(mcore_ctx):
     torch.manual_seed(0)
-    hf_cfg = LlamaConfig(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
-                         num_key_value_heads=2, vocab_size=258, num_labels=1, pad_token_id=257,
-                         architectures=["LlamaForSequenceClassification"])
-    hf_model = LlamaForSequenceClassification(hf_cfg).eval()
-    hf = hf_cfg.to_dict()
+    hf_model = tiny_reward_model()
+    hf = hf_model.config.to_dict()
     cfg = tiny_model_config()
     reward = build_model("reward", hf, cfg.model, cfg.parallel, mcore_ctx)
     full = hf_to_mcore(hf_model.state_dict(), hf, role="reward")
