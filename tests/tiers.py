@@ -24,7 +24,7 @@ SLOWEST = 15
 def pytest_cmd(tier: str, junit: Path, extra: list[str]) -> list[str]:
     workers = os.environ.get("TEST_WORKERS", "2")
     xdist = ["-n", workers, "--dist", "loadfile"] if workers not in ("0", "1") else []
-    return [sys.executable, "-m", "pytest", "-q", *xdist, f"--junitxml={junit}", f"tests/{tier}", *extra]
+    return [sys.executable, "-m", "pytest", "-q", "-rfE", *xdist, f"--junitxml={junit}", f"tests/{tier}", *extra]
 
 
 def read_junit(path: Path) -> tuple[dict, list[tuple[float, str]]]:

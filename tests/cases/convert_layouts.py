@@ -1,4 +1,4 @@
-"""torchrun worker of tests/dist/tools/test_convert_dist.py: many conversions in one launch (gloo, CPU).
+"""torchrun worker of tests/dist/models/test_hf_layouts.py: many conversions in one launch (gloo, CPU).
 
     torchrun --nproc_per_node 2 -m tests.worker convert_layouts --work DIR --layouts 1x1,2x1,1x2,1x1x2 --cases a,b
 

@@ -1,4 +1,4 @@
-"""torchrun worker of tests/dist/rollout/test_multi_turn_ep.py: a multi-turn rollout through the native engine on a tiny
+"""torchrun worker of tests/dist/rollout/test_native_ep.py: a multi-turn rollout through the native engine on a tiny
 Qwen3-MoE at EP2 (2 gloo ranks, DP2), then the same requests at EP1 (the ranks independent).
 
     torchrun --nproc_per_node 2 -m tests.worker multi_turn_ep --hf-dir D --out OUT.json

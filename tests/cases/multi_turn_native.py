@@ -1,4 +1,4 @@
-"""Worker of tests/dist/rollout/test_multi_turn_native.py (torchrun, gloo, 1 or 2 ranks: TP1, TP2 or PP2):
+"""Worker of tests/dist/rollout/test_native.py (torchrun, gloo, 1 or 2 ranks: TP1, TP2 or PP2):
 a multi-turn rollout through the real native engine on a tiny bf16 megatron model, then the same token rows
 fed to the trainer's forward; every turn's text is parsed as a calculator call (a scripted parser: random
 weights write no `<tool_call>`), so each sample runs until max_turns or its budget with real tool turns.

@@ -18,7 +18,7 @@ if [[ $PART == part1 ]]; then
   nvidia-smi --query-gpu=name,memory.total --format=csv,noheader
   echo "=== GPU tests ($(date +%T))"
   timeout 200 python3 -m pytest -q -p no:cacheprovider -p no:warnings -m gpu tests/unit/rollout/test_static_decode.py \
-      tests/unit/rollout/test_decode_layer.py tests/unit/models/test_packing.py tests/kernels 2>&1 | tail -6
+      tests/unit/rollout/test_decode_layer.py tests/unit/models/test_packing.py tests/unit/kernels 2>&1 | tail -6
   bench native --engine native --steps 2 --out "$OUT"
   bench native_inexact_casts --engine native --exact-casts 0 --steps 1 --standalone 0 --out "$OUT/variants/inexact"
   exit 0

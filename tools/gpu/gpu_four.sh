@@ -38,9 +38,9 @@ if [[ $PART == part1 ]]; then
   PPO=(configs/tiny_ppo.yaml "${DIMS[@]}" model.dtype=$DTYPE reward.model_path=/tmp/four/rm trainer.total_steps=3
        trainer.save_freq=0 trainer.resume=disable rollout.max_response_length=32 data.train_batch_size=8
        actor.ppo_mini_batch_size=8 critic.ppo_mini_batch_size=8 actor.optim.lr=1e-5 critic.optim.lr=1e-5)
-  timeout 240 python3 -m torch.distributed.run --standalone --nproc_per_node 1 tests/cases/train_run.py \
+  timeout 240 python3 -m torch.distributed.run --standalone --nproc_per_node 1 -m tests.worker train_run \
       "$OUT/ppo_1gpu.json" "${PPO[@]}" trainer.output_dir=/tmp/four/ppo1 > "$OUT/ppo_1gpu.log" 2>&1
-  timeout 300 "${TR[@]}" tests/cases/train_run.py "$OUT/ppo_tp2pp2.json" "${PPO[@]}" parallel.tp=2 parallel.pp=2 \
+  timeout 300 "${TR[@]}" -m tests.worker train_run "$OUT/ppo_tp2pp2.json" "${PPO[@]}" parallel.tp=2 parallel.pp=2 \
       trainer.output_dir=/tmp/four/ppo4 > "$OUT/ppo_tp2pp2.log" 2>&1
   python3 - "$OUT" <<'EOF'
 import json, sys

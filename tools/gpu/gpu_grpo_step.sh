@@ -39,7 +39,7 @@ part1)
   fi
   if [[ -z ${DRY:-} && ${TESTS:-1} == 1 ]]; then
     echo "=== GPU tests ($(date +%T))"
-    timeout 200 python3 -m pytest -q -p no:cacheprovider -p no:warnings -m gpu tests/kernels \
+    timeout 200 python3 -m pytest -q -p no:cacheprovider -p no:warnings -m gpu tests/unit/kernels \
         tests/unit/rollout/test_static_decode.py tests/unit/rollout/test_decode_layer.py tests/unit/rollout/test_logprob_agreement.py \
         2>&1 | tail -6
   fi

@@ -10,7 +10,7 @@
 # 2. the Qwen3-0.6B dense shape against Qwen2.5-0.5B's on the same tokens;
 # 3. tools.bench.bench_rollout: native-engine eager decode tokens/s of the MoE cut to ROLL_LAYERS (4) layers, per
 #    expert implementation (random weights drawn on the GPU: bench_moe_step.build_fast);
-# 4. the MoE GPU tests (tests/models: grouped_mm vs the loop, bf16 model vs fp32, eager MoE decode).
+# 4. the MoE GPU tests (tests/unit/models: grouped_mm vs the loop, bf16 model vs fp32, eager MoE decode).
 # Everything under $OUT/moe/ (JSON per command, logs, summary.json); the table at the end (tools.bench.moe_table).
 # CPU dry run (tiny shapes, local venv): DRY=1 OUT=/tmp/dry_moe PY=.venv/bin/python bash tools/gpu/gpu_moe.sh A
 set -uo pipefail

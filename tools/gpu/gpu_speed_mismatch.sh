@@ -83,7 +83,7 @@ part1)
   [[ -n ${QUICK:-} ]] && exit 0  # only the installs and the GGUF half (a fresh machine before part2)
   nvidia-smi --query-gpu=name,memory.total --format=csv,noheader
   echo "=== GPU tests ($(date +%T))"
-  timeout 240 python3 -m pytest -q -p no:cacheprovider -p no:warnings -m gpu tests/kernels \
+  timeout 240 python3 -m pytest -q -p no:cacheprovider -p no:warnings -m gpu tests/unit/kernels \
       tests/unit/rollout/test_static_decode.py tests/unit/rollout/test_decode_layer.py tests/unit/rollout/test_logprob_agreement.py \
       2>&1 | tail -8
   if [[ -n ${ATTN:-} ]]; then echo "=== decode attention ($(date +%T))"
