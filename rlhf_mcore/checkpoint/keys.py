@@ -25,8 +25,12 @@ def requested_shapes(sharded_sd) -> dict[str, tuple[int, ...]]:
 
 
 def checkpoint_shapes(ckpt_dir: str) -> dict[str, tuple[int, ...]]:
+    """Every tensor's global shape, read from the metadata after safe_load.check_loadable (no code runs)."""
     from megatron.core import dist_checkpointing
 
+    from rlhf_mcore.checkpoint.safe_load import check_loadable
+
+    check_loadable(ckpt_dir)  # first reader of every load path (check_keys): a refusal is one line
     try:
         metadata = dist_checkpointing.load_tensors_metadata(str(ckpt_dir))
     except Exception as e:  # noqa: BLE001 - megatron raises several types for a non-checkpoint

@@ -173,6 +173,7 @@ def load_lora_actor(model, ckpt: str, model_cfg, hf_cfg: dict, ctx) -> None:
 
     from rlhf_mcore.checkpoint.keys import apply_model_state
     from rlhf_mcore.checkpoint.model_weights import load_model_weights
+    from rlhf_mcore.checkpoint.safe_load import check_loadable
     from rlhf_mcore.models.hf_load import load_hf_weights, weight_source
     from rlhf_mcore.models.lora import checkpointed_state
 
@@ -182,6 +183,7 @@ def load_lora_actor(model, ckpt: str, model_cfg, hf_cfg: dict, ctx) -> None:
     elif kind == "load":
         load_model_weights(model, where)
     sharded, left_out = checkpointed_state(model)
+    check_loadable(ckpt)  # nothing in the checkpoint runs code (checkpoint/safe_load.py)
     state = dist_checkpointing.load(sharded, str(ckpt))
     state = {name: v for name, v in state.items() if name in sharded}  # drop the checkpoint's common (optimizer) state
     apply_model_state(model, state, str(ckpt), left_out)
