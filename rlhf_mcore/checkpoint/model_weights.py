@@ -8,6 +8,7 @@ from __future__ import annotations
 import logging
 from pathlib import Path
 
+from rlhf_mcore.checkpoint.architecture import architecture_mismatch, architecture_of, saved_architecture
 from rlhf_mcore.checkpoint.keys import OPTIMIZER_PREFIX, apply_model_state, check_keys, drop_keys
 from rlhf_mcore.checkpoint.layout import META_FILE, CheckpointError
 from rlhf_mcore.models.lora import base_state
@@ -45,6 +46,11 @@ def load_model_weights(model, path, allow_missing=None) -> list[str]:
     path = Path(path)
     _check_dir(path)
     role = getattr(model, "role", None)
+    diffs = architecture_mismatch(saved_architecture(path, META_FILE), architecture_of(model))
+    if diffs:
+        raise CheckpointError(f"{path}: saved from another architecture than this {role or 'model'} "
+                              f"({'; '.join(diffs)}); its weights would load into the wrong places. Build the "
+                              "model as the checkpoint was saved (model.* settings), or load another checkpoint.")
     if allow_missing is None:
         allow_missing = _ROLE_DEFAULTS.get(role, ())
     sharded, adapters = base_state(model)

@@ -19,6 +19,7 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
+from rlhf_mcore.checkpoint.architecture import architecture_mismatch, architecture_of
 from rlhf_mcore.checkpoint.keys import OPTIMIZER_PREFIX, apply_model_state, check_keys
 from rlhf_mcore.checkpoint.layout import (
     FORMAT,
@@ -114,7 +115,7 @@ def _save_role(role_dir: Path, model, optimizer) -> dict:
         sharded["optimizer"] = optimizer_sharded_state_dict(optimizer, model_sd, is_loading=False)
     with watch_writers(role_dir):  # a writer that dies would hang the save forever (checkpoint/writers.py)
         dist_checkpointing.save(sharded, str(role_dir))
-    role = {"trainable": optimizer is not None,
+    role = {"trainable": optimizer is not None, "architecture": architecture_of(model),
             "optimizer": optimizer_kind(optimizer) if optimizer is not None else None}
     return {**role, "lora": _lora_of(model)} if _lora_of(model) else role
 
@@ -122,6 +123,15 @@ def _save_role(role_dir: Path, model, optimizer) -> dict:
 def _lora_of(model) -> dict | None:
     settings = getattr(model, "lora_settings", None)
     return settings.describe() if settings is not None else None
+
+
+def check_architecture(path: Path, saved: dict | None, role: str, model) -> None:
+    """One line naming every field in which the saved role's architecture differs from `model`'s."""
+    diffs = architecture_mismatch(saved, architecture_of(model))
+    if diffs:
+        raise CheckpointError(
+            f"{path}: role {role!r} was saved from another architecture ({'; '.join(diffs)}); its weights would load "
+            "into the wrong places. Use the saved model settings, or start over with trainer.resume=restart.")
 
 
 def _check_lora(path: Path, meta: dict, role: str, model) -> None:
@@ -291,9 +301,11 @@ def load_checkpoint(path, states: dict, ctx, *, frozen: dict | None = None, load
     meta = read_meta(path)
     for role, s in states.items():
         _check_role_meta(path, meta, role, s.optimizer if load_optimizer else None)
+        check_architecture(path, meta["roles"][role].get("architecture"), role, s.module)
         _check_lora(path, meta, role, s.module)
-    for role in frozen:
+    for role, model in frozen.items():
         _check_role_meta(path, meta, role, None)
+        check_architecture(path, meta["roles"][role].get("architecture"), role, model)
     unused = sorted(set(meta["roles"]) - set(states) - set(frozen))
     if unused:
         log.warning("%s: role(s) %s in the checkpoint are not loaded", path, ", ".join(unused))

@@ -1,6 +1,7 @@
 """save_checkpoint / load_checkpoint / load_model_weights in one process (TP1/PP1): round trip, keep-last-K,
 a failed or interrupted save, and the errors at the boundary (roles, keys, shapes, optimizer kind, paths)."""
 import json
+from pathlib import Path
 
 import pytest
 import torch
@@ -14,6 +15,7 @@ from rlhf_mcore.checkpoint import (
     load_model_weights,
     save_checkpoint,
 )
+from rlhf_mcore.checkpoint.architecture import architecture_of
 from rlhf_mcore.checkpoint.layout import LATEST_FILE
 from rlhf_mcore.checkpoint.optim_state import adam_steps
 from tests.support.checkpoint import build_state, build_tiny, perturb, same, snapshot
@@ -33,7 +35,8 @@ def test_round_trip_keep_last_k_and_layout(mcore_ctx, tmp_path):
     files = {p.relative_to(last).as_posix() for p in last.rglob("*")}
     assert {"actor", "actor/metadata.json", "checkpoint.json", "rng/rank_00000.pt", "trainer_state.json"} <= files
     meta = json.loads((tmp_path / "global_step_4" / "checkpoint.json").read_text())
-    assert meta["roles"] == {"actor": {"trainable": True, "optimizer": "FP32Optimizer"}}
+    assert meta["roles"] == {"actor": {"trainable": True, "optimizer": "FP32Optimizer",
+                                       "architecture": architecture_of(state.module)}}
     assert meta["layout"] == {"tp": 1, "pp": 1, "dp": 1, "world_size": 1} and meta["step"] == 4
     fresh = build_state(mcore_ctx)
     assert load_checkpoint(find_latest(tmp_path), {"actor": fresh}, mcore_ctx) == {"step": 4, "kl": [0.1]}
@@ -80,6 +83,13 @@ def test_errors_name_roles_keys_and_shapes(mcore_ctx, tmp_path):
         load_checkpoint(path, {"critic": build_state(mcore_ctx, "critic")}, mcore_ctx)
     with pytest.raises(CheckpointError, match="role 'ref' was saved without optimizer state"):
         load_checkpoint(path, {"ref": build_state(mcore_ctx, "ref")}, mcore_ctx)
+    with pytest.raises(CheckpointError, match=r"role 'actor' was saved from another architecture "
+                                              r"\(ffn_hidden_size: saved 128, this run 96\)"):
+        load_checkpoint(path, {"actor": build_state(mcore_ctx, ffn_hidden_size=96)}, mcore_ctx)
+    meta = json.loads((Path(path) / "checkpoint.json").read_text())  # as a checkpoint from before the record:
+    for role in meta["roles"].values():  # the tensor shapes still name the mismatch
+        del role["architecture"]
+    (Path(path) / "checkpoint.json").write_text(json.dumps(meta))
     with pytest.raises(CheckpointError, match=r"shape mismatch \(checkpoint vs model\): "
                                               r"decoder.layers.mlp.linear_fc1.weight \[2, 256, 64\] vs \[2, 192, 64\]"):
         load_checkpoint(path, {"actor": build_state(mcore_ctx, ffn_hidden_size=96)}, mcore_ctx)
