@@ -69,6 +69,26 @@ def weight_files(hf_dir: str | os.PathLike) -> list[Path]:
     )
 
 
+def open_weight_file(path: Path):
+    """A safetensors handle (header read, no tensor) or a memory-mapped torch state dict; a truncated or garbage
+    file is a ValueError that names it."""
+    try:
+        if path.suffix == ".safetensors":
+            return safe_open(str(path), framework="pt")
+        return torch.load(str(path), map_location="cpu", weights_only=True, mmap=True)
+    except Exception as e:  # noqa: BLE001 - SafetensorError, RuntimeError, UnpicklingError: all say "damaged"
+        reason = (str(e).strip().splitlines() or [type(e).__name__])[0]
+        raise ValueError(f"{path}: not a readable weight file ({reason}). Download or convert it again.") from e
+
+
+def check_weight_files(hf_dir: str | os.PathLike) -> None:
+    """Open every safetensors file's header (no tensor is read: cheap), so that a truncated or garbage shard is
+    named before any model is built."""
+    for path in weight_files(hf_dir):
+        if path.suffix == ".safetensors":
+            open_weight_file(path)
+
+
 class LazyStateDict(Mapping):
     """name -> tensor over checkpoint files, each tensor read only when accessed (torch .bin files are
     memory-mapped). Lets a pipeline stage convert just its own layers of a large checkpoint."""
@@ -76,10 +96,7 @@ class LazyStateDict(Mapping):
     def __init__(self, files: list[Path]):
         self._handles: dict[str, object] = {}
         for path in files:
-            if path.suffix == ".safetensors":
-                handle = safe_open(str(path), framework="pt")
-            else:
-                handle = torch.load(str(path), map_location="cpu", weights_only=True, mmap=True)
+            handle = open_weight_file(path)
             for name in handle.keys():
                 if name in self._handles:
                     raise ValueError(f"{path}: tensor '{name}' also appears in another shard.")

@@ -16,7 +16,7 @@ import os
 import torch
 
 from rlhf_mcore.models.full_weights import global_key, merged_linears, partition_dim
-from rlhf_mcore.models.hf_io import LazyStateDict, weight_files
+from rlhf_mcore.models.hf_io import LazyStateDict, check_weight_files, weight_files
 from rlhf_mcore.models.roles import role_spec
 
 # models.weights (the weight-map tables) is imported inside the functions: keeps the trainer's import chain short
@@ -46,6 +46,7 @@ def weight_source(model_cfg) -> tuple[str, str]:
             raise ValueError(f"model.init: auto found no weights in model.hf_path (got {model_cfg.hf_path!r}; "
                              "looked for model.safetensors[.index.json], pytorch_model.bin). Add the HF weights "
                              "there, set model.load to a megatron checkpoint, or set model.init=random.")
+        check_weight_files(model_cfg.hf_path)  # a damaged shard is named before the model is built
         return "hf", model_cfg.hf_path
     return "random", "inline architecture (no model.hf_path)"
 

@@ -29,7 +29,9 @@ def test_weight_source_never_starts_random_silently(tmp_path):
     assert weight_source(model_cfg(hf_path=str(tmp_path), init="random")) == ("random", "model.init=random")
     assert weight_source(model_cfg(hf_path=str(tmp_path), load="ckpt")) == ("load", "ckpt")  # load wins
     assert weight_source(model_cfg())[0] == "random"  # an inline (tiny) architecture
-    (tmp_path / "model.safetensors").write_bytes(b"")
+    from safetensors.torch import save_file
+
+    save_file({"x": torch.zeros(1)}, str(tmp_path / "model.safetensors"))  # a readable file (its header is checked)
     assert weight_source(model_cfg(hf_path=str(tmp_path))) == ("hf", str(tmp_path))
 
 
@@ -80,6 +82,22 @@ def test_missing_weights_stop_before_any_model_is_built(tmp_path, mcore_ctx, mon
     monkeypatch.setattr(roles, "build_model", lambda *a, **k: pytest.fail("a model was built"))
     with pytest.raises(ValueError, match=r"^model.init: auto found no weights in model.hf_path"):
         _roles([f"model.hf_path={tmp_path}"], mcore_ctx)
+
+
+@pytest.mark.parametrize("damage", ["truncated", "garbage"])
+def test_a_damaged_safetensors_file_is_named_before_any_model_is_built(tmp_path, mcore_ctx, monkeypatch, damage):
+    import rlhf_mcore.trainer.roles as roles
+
+    save_tiny(tmp_path, "qwen2")
+    shard = tmp_path / "model.safetensors"
+    data = shard.read_bytes()
+    shard.write_bytes(data[:len(data) // 2] if damage == "truncated" else os.urandom(4096))
+    monkeypatch.setattr(roles, "build_model", lambda *a, **k: pytest.fail("a model was built"))
+    with pytest.raises(ValueError) as info:
+        _roles([f"model.hf_path={tmp_path}"], mcore_ctx)
+    message = str(info.value)
+    assert message.startswith(f"{shard}: not a readable weight file (") and "\n" not in message, message
+    assert message.endswith("Download or convert it again."), message
 
 
 def test_hf_path_only_moe_gives_the_converted_checkpoints_logprobs(hf_load_moe_work, mcore_ctx, caplog):
