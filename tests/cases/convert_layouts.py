@@ -10,13 +10,13 @@ the test parses them. Exits 1 when a verify failed.
 """
 from __future__ import annotations
 
-import argparse
 from pathlib import Path
 
 import torch.distributed as dist
 
 from rlhf_mcore.logs import init_logger
 from rlhf_mcore.parallel import destroy_distributed, reset_model_parallel, torchrun_env
+from tests.support.layouts import parse_work_layouts_cases, split_layouts
 from tools.convert_checkpoint import run
 
 
@@ -32,15 +32,10 @@ def convert_and_verify(work: Path, case: str, tp: int, pp: int, ep: int = 1) -> 
 
 
 def main(argv: list[str]) -> int:
-    parser = argparse.ArgumentParser()
-    parser.add_argument("--work", type=Path, required=True)
-    parser.add_argument("--layouts", required=True, help="comma-separated TPxPP[xEP], e.g. 1x1,2x1,1x2,1x1x2")
-    parser.add_argument("--cases", required=True)
-    args = parser.parse_args(argv)
+    args = parse_work_layouts_cases(argv)
     init_logger(torchrun_env()[0])
     failures = 0
-    for layout in args.layouts.split(","):
-        tp, pp, ep = (*(int(x) for x in layout.split("x")), 1)[:3]
+    for tp, pp, ep in split_layouts(args.layouts):
         reset_model_parallel()
         for case in args.cases.split(","):
             failures += convert_and_verify(args.work, case, tp, pp, ep)

@@ -9,7 +9,6 @@ converted checkpoint (megatron reshards); every parameter must be bitwise equal.
 """
 from __future__ import annotations
 
-import argparse
 from pathlib import Path
 
 import torch
@@ -21,6 +20,7 @@ from rlhf_mcore.models.hf_io import read_hf_config
 from rlhf_mcore.models.hf_load import load_hf_weights
 from rlhf_mcore.models.weights import default_role
 from rlhf_mcore.parallel import destroy_distributed, init_distributed, reset_model_parallel, torchrun_env
+from tests.support.layouts import parse_work_layouts_cases, split_layouts
 
 
 def mismatched(work: Path, case: str, ctx) -> list[str]:
@@ -39,15 +39,11 @@ def mismatched(work: Path, case: str, ctx) -> list[str]:
 
 
 def main(argv: list[str]) -> int:
-    parser = argparse.ArgumentParser()
-    parser.add_argument("--work", type=Path, required=True)
-    parser.add_argument("--layouts", required=True)
-    parser.add_argument("--cases", required=True)
-    args = parser.parse_args(argv)
+    args = parse_work_layouts_cases(argv)
     init_logger(torchrun_env()[0])
     failures = 0
-    for layout in args.layouts.split(","):
-        tp, pp, ep = (*(int(x) for x in layout.split("x")), 1)[:3]
+    for tp, pp, ep in split_layouts(args.layouts):
+        layout = f"{tp}x{pp}" + (f"x{ep}" if ep > 1 else "")
         reset_model_parallel()
         ctx = init_distributed(tp, pp, ep=ep)
         for case in args.cases.split(","):

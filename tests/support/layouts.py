@@ -1,4 +1,8 @@
-"""The layout checks of tests/dist/layouts/: the shipped `tools.check_layouts` through the launcher, and its table."""
+"""Layouts in tests: the shipped `tools.check_layouts` through the launcher and its table (tests/dist/layouts/), and
+the `--work --layouts --cases` command line of the cases that loop over layouts (tests/cases/)."""
+import argparse
+from pathlib import Path
+
 from tests.launch import cli, torchrun
 from tests.support.paths import CONFIGS
 
@@ -16,3 +20,17 @@ def check_layouts(nproc: int, layouts: str, *args: str, config: str = "tiny_grpo
 def parse_table(stdout: str) -> list[list[str]]:
     lines = stdout[stdout.index("layout"):].splitlines()[1:]
     return [line.split() for line in lines if line.startswith("tp")]
+
+
+def parse_work_layouts_cases(argv: list[str]) -> argparse.Namespace:
+    """--work DIR --layouts TPxPP[xEP],... --cases a,b: what convert_layouts and hf_load take."""
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--work", type=Path, required=True)
+    parser.add_argument("--layouts", required=True, help="comma-separated TPxPP[xEP], e.g. 1x1,2x1,1x2,1x1x2")
+    parser.add_argument("--cases", required=True)
+    return parser.parse_args(argv)
+
+
+def split_layouts(spec: str) -> list[tuple[int, int, int]]:
+    """"1x1,2x1,1x1x2" -> [(1, 1, 1), (2, 1, 1), (1, 1, 2)] (tp, pp, ep)."""
+    return [(*(int(x) for x in layout.split("x")), 1)[:3] for layout in spec.split(",")]
