@@ -24,16 +24,16 @@ from rlhf_mcore.data.dataset import tokenize_prompt
 
 
 def fit_errors(key: str, source: str, rows: Sequence[tuple[str, object]], tokenizer, max_prompt_length: int,
-               need: int, filter_overlong: bool = True, what: str = "a batch") -> list[str]:
+               need: int, filter_overlong: bool = True, what: str = "a batch", tools: Sequence[dict] = ()) -> list[str]:
     """One line when `rows` ((path, validated PromptRow) of the files `source` names) cannot give `need` prompts
     of at most `max_prompt_length` tokens, or when a prompt tokenises to nothing or (without `filter_overlong`)
-    is too long."""
+    is too long. `tools`: the function schemas the loader renders into every prompt (multi-turn), counted too."""
     if not rows:
         return [f"{key}: {source}: no rows (got 0). Point it at a file with prompts."]
     fit = longer = 0
     for path, row in rows:
         try:
-            ids = tokenize_prompt(tokenizer, row.messages)
+            ids = tokenize_prompt(tokenizer, row.messages, tools)
         except Exception as e:  # noqa: BLE001 - a template or tokenizer failure on this row: one line
             return [f"{key}: {path}: row {row.index}: the chat template or tokenizer fails on this prompt "
                     f"({type(e).__name__}: {str(e)[:200]}). Fix the row or the tokenizer."]
@@ -52,6 +52,7 @@ def fit_errors(key: str, source: str, rows: Sequence[tuple[str, object]], tokeni
             return []
     if fit >= need:
         return []
-    return [f"{key}: {source}: only {fit} of {len(rows)} prompts fit data.max_prompt_length={max_prompt_length} tokens "
-            f"({longer} longer), fewer than the {need} {what} needs (got {fit}). Raise data.max_prompt_length, "
-            f"{'lower data.train_batch_size, ' if need > 1 else ''}or add prompts."]
+    schemas = f" with the {len(tools)} tool schema(s) rendered into each" if tools else ""
+    return [f"{key}: {source}: only {fit} of {len(rows)} prompts fit data.max_prompt_length={max_prompt_length} "
+            f"tokens ({longer} longer{schemas}), fewer than the {need} {what} needs (got {fit}). Raise "
+            f"data.max_prompt_length, {'lower data.train_batch_size, ' if need > 1 else ''}or add prompts."]

@@ -14,6 +14,7 @@ from collections import defaultdict
 from rlhf_mcore.data.fit import fit_errors
 from rlhf_mcore.data.io import read_parquet_rows
 from rlhf_mcore.data.schema import check_row
+from rlhf_mcore.trainer.inputs import prompt_tools
 
 MAX_ROW_LINES = 10  # row problems listed per file before "and N more"
 PROBE_SOLUTION = "The answer is 0. #### 0 \\boxed{0}"  # answer formats the built-in rewards parse
@@ -186,7 +187,7 @@ def _data_errors(cfg, tokenizer) -> tuple[list[str], list]:
             train = key == "train_files"
             errs += fit_errors(f"data.{key}", getattr(cfg.data, key), fitting, tokenizer, cfg.data.max_prompt_length,
                                need=cfg.data.train_batch_size if train else 1,
-                               filter_overlong=cfg.data.filter_overlong_prompts,
+                               filter_overlong=cfg.data.filter_overlong_prompts, tools=prompt_tools(cfg),
                                what="a batch (data.train_batch_size)" if train else "validation")
     return errs, probes
 

@@ -51,3 +51,13 @@ def test_verl_multi_turn_keys_translate():
                              "rollout.multi_turn.tools=[calculator]"], check=False)
     m = cfg.rollout.multi_turn
     assert (cfg.rollout.mode, m.max_turns, m.max_tool_calls, m.max_tool_response_chars) == ("multi_turn", 5, 2, 300)
+
+
+def test_the_prompt_length_check_counts_the_tool_schemas(capsys):
+    """Every multi-turn prompt carries the tools' schemas (the calculator's, as a system message): at
+    data.max_prompt_length=200 the tiny prompts fit alone but not with it, and --validate-only says so before any
+    model is built (it used to pass, and the run stopped later on "no prompts left" with a traceback)."""
+    assert errors(capsys, "data.max_prompt_length=200", config=TINY) == []  # the plain prompts fit
+    lines = errors(capsys, "data.max_prompt_length=200")
+    assert lines[0].startswith("data.train_files: ") and "only 0 of 256 prompts fit data.max_prompt_length=200 " \
+        "tokens (256 longer with the 1 tool schema(s) rendered into each)" in lines[0], lines
