@@ -127,6 +127,10 @@ def _watch_parent(parent: int, interval_s: float = 1.0) -> None:
     os._exit(1)
 
 
+class PortInUse(RuntimeError):
+    """The rendezvous port this rank would listen on is taken (a one-line start-up error, exit 2)."""
+
+
 def _init_default_group(rank: int, local_rank: int, world_size: int, timeout_min: float) -> torch.device:
     if torch.cuda.is_available():
         torch.cuda.set_device(local_rank)
@@ -136,7 +140,14 @@ def _init_default_group(rank: int, local_rank: int, world_size: int, timeout_min
     os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
     os.environ.setdefault("MASTER_PORT", str(29500 + os.getpid() % 1000))
     if not dist.is_initialized():
-        dist.init_process_group(backend, rank=rank, world_size=world_size, timeout=timedelta(minutes=timeout_min))
+        try:
+            dist.init_process_group(backend, rank=rank, world_size=world_size, timeout=timedelta(minutes=timeout_min))
+        except dist.DistNetworkError as e:
+            if "EADDRINUSE" not in str(e):
+                raise
+            raise PortInUse(f"MASTER_PORT={os.environ['MASTER_PORT']} on {os.environ['MASTER_ADDR']} is in use by "
+                            "another process (EADDRINUSE). Set MASTER_PORT to a free port, or launch with torchrun "
+                            "--standalone (launch/torchrun.sh), which picks one.") from e
     return device
 
 

@@ -90,12 +90,15 @@ def run_training(cfg, rank: int) -> int:
     """train(cfg), with each deliberate stop turned into its message and exit code (rlhf_mcore.trainer.guards)."""
     import torch.distributed
 
-    from rlhf_mcore.parallel import destroy_distributed
+    from rlhf_mcore.parallel import PortInUse, destroy_distributed
     from rlhf_mcore.trainer.loop import train
 
     owned = not torch.distributed.is_initialized()  # the groups this run creates are its own to tear down
     try:
         train(cfg)
+    except PortInUse as e:
+        report([str(e)], rank, "cannot start:")
+        return EXIT_STARTUP
     except RunStopped as e:
         report(e.lines, rank, "cannot start:" if e.exit_code == EXIT_STARTUP else "run stopped:")
         if owned:  # every rank stops at the same point (guards.py): leave together, as at the end of a run;

@@ -7,9 +7,10 @@ import time
 
 import pytest
 
-from tests.launch import torchrun_cmd
+from tests.launch import cli, torchrun_cmd
 from tests.support.ports import free_port
 from tests.support.reliability import (
+    TINY,
     alive,
     children,
     env,
@@ -92,3 +93,22 @@ def test_startup_problems_print_once_and_every_rank_exits_2(tmp_path):
     data_lines = [line for line in outs["data", 0].splitlines() if line.startswith("  - ")]
     assert len(data_lines) == 1 and "data_source 'tiny/vowelz' has no reward function" in data_lines[0], outs
     assert "  - " not in outs["config", 1] + outs["data", 1]  # rank 1 prints nothing
+
+
+def test_a_busy_master_port_is_one_line_and_exit_2(tmp_path):
+    """One process (world size 1) hosts the rendezvous on MASTER_PORT: when another process listens there, the
+    run says so in one line, before any model is built (it was a DistNetworkError traceback)."""
+    import socket
+
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        port = busy.getsockname()[1]
+        done = cli("rlhf_mcore.train", "--config", TINY, *overrides_for(tmp_path), check=False, timeout=120,
+                   extra_env={"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port)})
+    assert done.returncode == 2 and "Traceback" not in done.stderr, done.stderr[-3000:]
+    lines = [line for line in done.stderr.splitlines() if "MASTER_PORT" in line]
+    assert lines == [f"  - MASTER_PORT={port} on 127.0.0.1 is in use by another process (EADDRINUSE). Set "
+                     "MASTER_PORT to a free port, or launch with torchrun --standalone (launch/torchrun.sh), which "
+                     "picks one."], done.stderr[-3000:]
+    assert not (tmp_path / "run" / "metrics.jsonl").exists()
