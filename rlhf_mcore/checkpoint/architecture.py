@@ -10,21 +10,16 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from rlhf_mcore.models.full_weights import unwrap_model
+
 # megatron TransformerConfig fields that fix how the weights are read
 CONFIG_FIELDS = ("num_layers", "hidden_size", "ffn_hidden_size", "num_attention_heads", "num_query_groups",
                  "kv_channels", "num_moe_experts", "moe_router_topk")
 
 
-def _inner(model):
-    """The GPTModel inside DDP / Float16Module wrappers."""
-    while hasattr(model, "module"):
-        model = model.module
-    return model
-
-
 def architecture_of(model) -> dict:
     """{field: value} of a built model: its config's CONFIG_FIELDS, its family and its (unpadded) vocabulary."""
-    inner = _inner(model)
+    inner = unwrap_model(model)
     arch = {field: getattr(inner.config, field, None) for field in CONFIG_FIELDS}
     arch["family"] = getattr(inner, "family", None)
     arch["vocab_size"] = getattr(inner, "vocab_size_unpadded", None)
