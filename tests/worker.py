@@ -26,6 +26,7 @@ CASES = {
     "ep_lockstep": "tests.cases.ep_lockstep",  # unequal micro-batch counts at EP2
     "fused_logprob_tp": "tests.cases.fused_logprob_tp",  # vocab-parallel fused log-prob kernel at TP2
     "hf_load": "tests.cases.hf_load",  # direct HF loading at layouts
+    "hostile_tools": "tests.cases.hostile_tools",  # the python tool's sandbox under a table of attacks
     "lora_export": "tests.cases.lora_export",  # LoRA adapters exported at TP2, read by peft
     "metrics_invariance": "tests.cases.metrics_invariance",  # reported metrics at layouts and micro-batchings
     "moe_full_weights": "tests.cases.moe_full_weights",  # MoE FullWeights and HF export at TP x EP

@@ -10,8 +10,10 @@
 
 Error kinds (`ToolResult.error`): ``"parse"`` (the call could not be read), ``"unknown_tool"``,
 ``"invalid_arguments"`` (a required argument missing or of the wrong JSON type), ``"exception"`` (the tool
-raised), ``"timeout"``, ``"crash"`` (the process died: ``os._exit``, a signal, a limit). A cut output is
-not an error (``truncated``). `count_kinds` gives the per-kind counts for metrics.
+raised), ``"timeout"``, ``"crash"`` (the process died: ``os._exit``, a signal, a limit, an over-long result).
+A cut output is not an error (``truncated``). Every result the model reads, errors and return values
+included, is at most ``max_output_chars`` characters, the cut marker included. `count_kinds` gives the
+per-kind counts for metrics.
 
 >>> from rlhf_mcore.agent.parsers import ToolCall, ParseError
 >>> from rlhf_mcore.agent.tools import load_tools
@@ -27,10 +29,10 @@ import threading
 import time
 from collections import Counter
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Mapping, Sequence
 
-from rlhf_mcore.agent.launch import Finished, SandboxLimits, run_sandboxed
+from rlhf_mcore.agent.launch import Finished, SandboxLimits, cut_text, run_sandboxed
 from rlhf_mcore.agent.parsers import ParseError, ToolCall
 from rlhf_mcore.agent.schema import Tool
 
@@ -62,12 +64,12 @@ class ToolExecutor:
     """Runs tool calls concurrently on ``workers`` threads under the given limits."""
 
     def __init__(self, tools: Mapping[str, Tool], timeout_s: float, max_output_chars: int, memory_mb: int,
-                 workers: int):
+                 workers: int, disk_mb: int = 64):
         if timeout_s <= 0 or max_output_chars < 1 or memory_mb < 64 or workers < 1:
             raise ValueError(f"ToolExecutor: need timeout_s > 0, max_output_chars >= 1, memory_mb >= 64 and "
                              f"workers >= 1 (got {timeout_s}, {max_output_chars}, {memory_mb}, {workers})")
         self.tools = dict(tools)
-        self.limits = SandboxLimits(float(timeout_s), int(memory_mb), int(max_output_chars))
+        self.limits = SandboxLimits(float(timeout_s), int(memory_mb), int(max_output_chars), disk_mb=int(disk_mb))
         self._pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="tool")
 
     def run(self, calls: Sequence[ToolCall | ParseError],
@@ -83,9 +85,11 @@ class ToolExecutor:
     def run_one(self, call: ToolCall | ParseError, tools_kwargs: Mapping | None = None) -> ToolResult:
         start = time.monotonic()
         try:
-            return self._run(call, tools_kwargs or {}, start)
+            result = self._run(call, tools_kwargs or {}, start)
         except Exception as err:  # noqa: BLE001 - the executor's own failure (e.g. no process could start)
-            return _failed("crash", f"the tool could not be run ({type(err).__name__}: {err})", start)
+            result = _failed("crash", f"the tool could not be run ({type(err).__name__}: {err})", start)
+        text, cut = cut_text(result.text, self.limits.max_output_chars)
+        return replace(result, text=text, truncated=result.truncated or cut)
 
     def close(self) -> None:
         self._pool.shutdown(wait=True, cancel_futures=True)
@@ -129,9 +133,7 @@ class ToolExecutor:
                            timed_out=True)
         if "error" in box:
             return _failed("exception", box["error"], start)
-        text = box["value"]
-        cut = len(text) > self.limits.max_output_chars
-        return ToolResult(text[: self.limits.max_output_chars], None, False, time.monotonic() - start, cut)
+        return ToolResult(box["value"], None, False, time.monotonic() - start)
 
 
 def argument_problem(arguments: dict, schema: dict) -> str:

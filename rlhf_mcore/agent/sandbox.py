@@ -6,13 +6,16 @@
    user's tools file may import what it likes;
 3. sets rlimits: address space (``memory_mb``), CPU seconds, file size (``file_mb``, SIGXFSZ ignored so a
    big write raises instead of killing), open files, no core dumps;
-4. installs the layers that refuse the rest: `landlock` (writes only in its working directory and
-   ``/dev/null``), `seccomp` (no processes, programs, sockets, ptrace, signals to others) and the
-   Python-level `guards` (the same rules with readable messages); RLIMIT_NPROC=0 where seccomp is absent
-   and the user is not root;
-5. calls ``fn(arguments, context)`` and reports on the status pipe ``{"status": "ok", "value": ...}``
-   or ``{"status": "exception", "error": "<last traceback line>"}``, the traceback (this package's frames
-   cut) going to stderr like the code's own output. A process that ends without a status crashed.
+4. `namespaces.isolate`: new user (when not root), mount, PID, network, IPC and UTS namespaces, a private
+   root that holds only what Python needs (`readable_paths`) and a working directory of ``disk_mb``, then
+   no capabilities and, for a root trainer, uid 65534. From here it runs as PID 1 of its own namespace;
+5. the layers that refuse the rest: `landlock` (reads of `readable_paths` only, writes in its working
+   directory only, signals scoped to itself), the `seccomp` allow-list, and the Python-level `guards` (the
+   same rules with readable messages); RLIMIT_NPROC=0 where seccomp is absent and the user is not root;
+6. calls ``fn(arguments, context)`` and reports on the status pipe ``{"status": "ok", "value": ...}``
+   (the value cut to ``max_chars``) or ``{"status": "exception", "error": "<last traceback line>"}``, the
+   traceback (this package's frames cut) going to stderr like the code's own output. A process that ends
+   without a status crashed.
 """
 from __future__ import annotations
 
@@ -24,7 +27,11 @@ import signal
 import sys
 import traceback
 
+from rlhf_mcore.agent.launch import cut_text
+
 _HERE = os.path.dirname(os.path.abspath(__file__))
+_PACKAGE = os.path.dirname(_HERE)
+SYSTEM_PATHS = ("/usr", "/lib", "/lib64", "/lib32", "/bin", "/etc/ld.so.cache", "/etc/localtime")
 
 
 def main(spec: dict) -> None:
@@ -41,15 +48,16 @@ def main(spec: dict) -> None:
     layers = confine(spec)
     try:
         value = fn(spec["arguments"], spec["context"])
-        report = {"status": "ok", "value": value if isinstance(value, str) else json.dumps(value, default=str),
-                  "layers": layers}
+        value = value if isinstance(value, str) else json.dumps(value, default=str)
+        report = {"status": "ok", "value": cut_text(value, spec["limits"]["max_chars"])[0], "layers": layers}
     except SystemExit as err:  # exit(0) / sys.exit() is a normal end of the code
         report = {"status": "ok", "value": "", "layers": layers} if err.code in (0, None) else \
             {"status": "exception", "error": f"SystemExit: {err.code}", "layers": layers}
     except BaseException as err:  # noqa: BLE001 - the code's error is the tool's result
         lines = format_user_traceback(err)
         sys.stderr.write("".join(lines))
-        report = {"status": "exception", "error": lines[-1].strip(), "layers": layers}
+        report = {"status": "exception", "error": cut_text(lines[-1].strip(), spec["limits"]["max_chars"])[0],
+                  "layers": layers}
     _report(status, report)
 
 
@@ -66,9 +74,23 @@ def resolve(origin: str, name: str):
     return getattr(obj, "fn", obj)  # a @tool-decorated name holds the Tool
 
 
+def readable_paths(origin: str) -> list[str]:
+    """What the code may read: the system's libraries, this interpreter's prefixes (stdlib, site-packages),
+    this package, and the tool's own module or tools file."""
+    paths = list(SYSTEM_PATHS) + [_PACKAGE]
+    paths += [os.path.realpath(p) for p in (sys.prefix, sys.base_prefix, sys.exec_prefix, sys.base_exec_prefix)]
+    if origin.endswith(".py"):
+        paths.append(os.path.realpath(origin))
+    else:
+        top = sys.modules.get(origin.partition(":")[0].split(".")[0])
+        where = list(getattr(top, "__path__", [])) or [getattr(top, "__file__", None) or ""]
+        paths += [os.path.realpath(p) for p in where if p]
+    return paths
+
+
 def confine(spec: dict) -> list[str]:
-    """Set the limits and install the guards; the kernel-level layers that hold (for the report)."""
-    from rlhf_mcore.agent import guards, landlock, seccomp
+    """Set the limits, enter the namespaces and install the guards; the layers that hold (for the report)."""
+    from rlhf_mcore.agent import guards, landlock, namespaces, seccomp
 
     limits = spec["limits"]
     cpu_s = int(limits["cpu_s"])
@@ -79,9 +101,10 @@ def confine(spec: dict) -> list[str]:
     _limit(resource.RLIMIT_CORE, 0)
     signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
     workdir = spec["workdir"]
-    layers = []
-    if landlock.restrict_writes([workdir, "/dev/null"]):
-        layers.append("landlock")
+    readable = readable_paths(spec["origin"])
+    layers = namespaces.isolate(readable, workdir, int(limits["disk_mb"]), spec["parent_pid"])
+    proc = ["/proc"] if "proc" in layers else []  # its own /proc only, never the host's
+    layers += landlock.restrict(readable + list(namespaces.DEV_FILES) + proc, [workdir, "/dev/null"])
     if seccomp.install_filter():
         layers.append("seccomp")
     elif os.getuid() != 0:

@@ -200,6 +200,8 @@ class MultiTurnConfig:
     tools_file: str = ""  # a .py file of custom tools (rlhf_mcore.agent.tools.load_tools)
     tool_timeout_s: float = 10.0  # wall-clock limit of one tool call
     tool_memory_mb: int = 1024  # memory limit of a sandboxed tool's process (rlimit)
+    tool_disk_mb: int = 64  # disk quota of a sandboxed call: its working directory is a tmpfs of this size
+    allow_weak_sandbox: bool = False  # run sandboxed tools on a host that cannot contain them (start-up refuses)
     max_tool_response_chars: int = 1024  # tool output cut to this many characters (verl max_tool_response_length)
     parser: str = "hermes"  # tool-call format of the model's text (rlhf_mcore.agent.parsers; verl format)
     workers: int = 4  # tool calls run concurrently
@@ -209,6 +211,7 @@ class MultiTurnConfig:
         errs += positive(f"{p}.tool_timeout_s", self.tool_timeout_s) + positive(f"{p}.tool_memory_mb",
                                                                                self.tool_memory_mb)
         errs += positive(f"{p}.max_tool_response_chars", self.max_tool_response_chars)
+        errs += positive(f"{p}.tool_disk_mb", self.tool_disk_mb)
         return errs + positive(f"{p}.workers", self.workers)
 
 

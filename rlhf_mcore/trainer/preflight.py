@@ -214,4 +214,19 @@ def preflight_errors(cfg) -> list[str]:
     probes = list(first.values())
     if not errs and probes:
         errs += _probe_errors(cfg, probes)
-    return errs
+    return errs + _sandbox_errors(cfg)
+
+
+def _sandbox_errors(cfg) -> list[str]:
+    """Sandboxed tools (the python tool) on a host that cannot contain them: one line."""
+    m = cfg.rollout.multi_turn
+    if cfg.rollout.mode != "multi_turn":
+        return []
+    from rlhf_mcore.agent.containment import containment_errors
+    from rlhf_mcore.agent.tools import load_tools
+
+    try:
+        tools = load_tools(list(m.tools), m.tools_file or None)
+    except ValueError:
+        return []  # the config rules name a bad tool
+    return containment_errors(sorted(n for n, t in tools.items() if t.sandboxed), m.allow_weak_sandbox)

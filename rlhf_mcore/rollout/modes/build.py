@@ -27,10 +27,26 @@ def tool_env(options, tokenizer, ctx, pad_id: int) -> ModeEnv:
     parse, stops = parser_fn(options.parser)
     mp = getattr(getattr(ctx, "pgs", None), "mp", None)
     first = mp is None or mp.rank() == 0
-    executor = ToolExecutor(tools, timeout_s=options.tool_timeout_s, max_output_chars=options.max_tool_response_chars,
-                            memory_mb=options.tool_memory_mb, workers=options.workers) if first else None
+    executor = None
+    if first:
+        sandbox_check(tools, options)
+        executor = ToolExecutor(tools, timeout_s=options.tool_timeout_s,
+                                max_output_chars=options.max_tool_response_chars, memory_mb=options.tool_memory_mb,
+                                workers=options.workers, disk_mb=options.tool_disk_mb)
     return ModeEnv(tokenizer=tokenizer, ctx=ctx, options=options, tools=tools, executor=executor, parse=parse,
                    stop_strings=stops, pad_id=pad_id)
+
+
+def sandbox_check(tools: dict, options) -> None:
+    """Refuse sandboxed tools on a host that cannot contain them (unless allowed); log once what holds."""
+    from rlhf_mcore.agent.containment import containment_errors, probe
+
+    names = sorted(name for name, t in tools.items() if t.sandboxed)
+    errors = containment_errors(names, options.allow_weak_sandbox)
+    if errors:
+        raise ValueError(errors[0])
+    if names:
+        log.info("tool sandbox: %s (layers that hold: %s)", ", ".join(names), ", ".join(probe().layers))
 
 
 def build_rollout(rollout_cfg, engine, tokenizer, ctx, announce: bool = False) -> Rollout:
