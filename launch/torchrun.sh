@@ -25,7 +25,7 @@ export TORCH_ELASTIC_SHUTDOWN_TIMEOUT=${TORCH_ELASTIC_SHUTDOWN_TIMEOUT:-120}
 # a fresh rendezvous store per attempt: the shared one keeps the dead attempt's keys (gloo's peer addresses)
 export TORCH_DISABLE_SHARE_RDZV_TCP_STORE=${TORCH_DISABLE_SHARE_RDZV_TCP_STORE:-1}
 OTHERS=$(seq -s, -f %g:3 1 $((NPROC - 1)))  # 1:3,2:3,...: both streams of local ranks 1.. to their log files
-CMD=("$PYTHON" -m torch.distributed.run --standalone --nproc_per_node "$NPROC" --max-restarts "${MAX_RESTARTS:-3}"
+CMD=("$PYTHON" -m rlhf_mcore.launcher --standalone --nproc_per_node "$NPROC" --max-restarts "${MAX_RESTARTS:-3}"
      --local-ranks-filter 0 --redirects "${OTHERS:-0}" --log-dir "${LOG_DIR:-runs/torchrun}"
      -m rlhf_mcore.train --config "$CONFIG" trainer.resume=auto "$@")
 if [[ -n "${DRY_RUN:-}" ]]; then printf '%q ' "${CMD[@]}"; echo; exit 0; fi

@@ -9,8 +9,11 @@ run-directory lock on the way out. A signal during validation or a periodic save
 step. Before the first step (start-up, when a rank may wait for a peer that died) a signal exits at once, with
 code 7: there is nothing to save yet.
 
-A second signal exits at once with `EXIT_SIGNAL_FORCED` (8), even while the main thread waits inside a
-collective or a kernel: the C-level handler writes the signal's number to a pipe (`signal.set_wakeup_fd`) that a
+A second signal within `repeat_window_s` (trainer.repeat_signal_window_s, 5 s) of the first is the same stop, not
+a second one: Slurm (`--signal`, `scancel`, preemption) signals torchrun's agent and every rank at once, and the
+agent then passes its own signal on to the ranks, so each rank receives two at once. It is logged and the save
+goes on. A second signal after that window exits at once with `EXIT_SIGNAL_FORCED` (8), even while the main
+thread waits inside a collective or a kernel: the C-level handler writes the signal's number to a pipe (`signal.set_wakeup_fd`) that a
 watcher thread reads, and that thread kills this rank's helper processes and calls `os._exit`. A save cut short
 that way leaves only a `global_step_N.tmp-*` directory (removed at the next start); the previous checkpoint and
 the `latest` pointer are untouched, since a checkpoint is published by a rename once complete and `latest` moves
@@ -29,6 +32,7 @@ import logging
 import os
 import signal
 import threading
+import time
 from pathlib import Path
 
 import torch
@@ -74,9 +78,11 @@ class ExitSignals:
     Main thread only (Python's rule for signal handlers). On exit the previous handlers, wakeup fd and signal
     mask come back, and a signal that arrived in between is delivered to them."""
 
-    def __init__(self, rank: int = 0):
+    def __init__(self, rank: int = 0, repeat_window_s: float = 0.0):
         self.rank = rank
+        self.repeat_window_s = repeat_window_s
         self.received = 0
+        self.received_at = 0.0
         self.armed = False
         self._saved: dict = {}
         self._pipe: tuple[int, int] | None = None
@@ -137,11 +143,17 @@ class ExitSignals:
             log.warning("rank %d: received %s before training started: exiting now with code %d (nothing to save)",
                         self.rank, name, EXIT_SIGNAL)
             self._exit(EXIT_SIGNAL)
+        since = time.monotonic() - self.received_at
+        if self.received and since < self.repeat_window_s:
+            log.warning("rank %d: %s again %.1f s after the first signal: the same stop (torchrun passes on the signal "
+                        "that Slurm also sent to every rank); still saving. Send it again after %g s to exit at "
+                        "once, without saving", self.rank, name, since, self.repeat_window_s)
+            return
         if self.received:
             log.error("rank %d: second exit signal (%s): exiting now with code %d, without saving; the last "
                       "published checkpoint is intact", self.rank, name, EXIT_SIGNAL_FORCED)
             self._exit(EXIT_SIGNAL_FORCED)
-        self.received = signum
+        self.received, self.received_at = signum, time.monotonic()
         log.warning("rank %d: received %s: finishing this step, then saving a checkpoint and exiting (send it "
                     "again to exit at once, without saving)", self.rank, name)
 

@@ -29,7 +29,7 @@ def dry_run(script, env, cwd):
 def test_torchrun_script_uses_the_repo_venv(tmp_path):
     python = fake_repo(tmp_path)
     out, err = dry_run(str(tmp_path / "launch" / "torchrun.sh"), {"NPROC": "2"}, cwd="/")
-    assert out.startswith(f"{python} -m torch.distributed.run --standalone --nproc_per_node 2") and err == ""
+    assert out.startswith(f"{python} -m rlhf_mcore.launcher --standalone --nproc_per_node 2") and err == ""
     assert out.rstrip().endswith("-m rlhf_mcore.train --config configs/tiny_grpo.yaml trainer.resume=auto a.b=1")
 
 
@@ -52,7 +52,7 @@ def test_slurm_script_uses_the_venv_of_the_submit_dir(tmp_path):
     shutil.copy(tmp_path / "launch" / "slurm.sbatch", elsewhere / "slurm_script")
     out, err = dry_run(str(elsewhere / "slurm_script"), {"SLURM_SUBMIT_DIR": str(tmp_path), "SLURM_NNODES": "2",
                                                           "SLURM_JOB_NODELIST": "node1"}, cwd=str(tmp_path))
-    assert out.startswith(f"srun --nodes 2 --ntasks-per-node 1 {python} -m torch.distributed.run") and err == ""
+    assert out.startswith(f"srun --nodes 2 --ntasks-per-node 1 {python} -m rlhf_mcore.launcher") and err == ""
     _, err = dry_run(str(elsewhere / "slurm_script"), {"SLURM_SUBMIT_DIR": str(elsewhere)}, cwd=str(tmp_path))
     assert "not found (run `make venv`" in err
 

@@ -3,11 +3,14 @@ Asserted: no rank outlives its launcher; a frozen rank makes the other exit with
 within a bounded time; start-up problems are printed once (rank 0) and every rank exits 2."""
 import os
 import signal
+import sys
 import time
 
 import pytest
 
+from rlhf_mcore.checkpoint.verify import checkpoint_problems
 from tests.launch import cli, torchrun_cmd
+from tests.support.paths import ROOT
 from tests.support.ports import free_port
 from tests.support.reliability import (
     TINY,
@@ -112,3 +115,47 @@ def test_a_busy_master_port_is_one_line_and_exit_2(tmp_path):
                      "MASTER_PORT to a free port, or launch with torchrun --standalone (launch/torchrun.sh), which "
                      "picks one."], done.stderr[-3000:]
     assert not (tmp_path / "run" / "metrics.jsonl").exists()
+
+
+def descendants(pid: int) -> list[int]:
+    found = children(pid)
+    return found + [d for c in found for d in descendants(c)]
+
+
+@pytest.mark.parametrize("script", ["torchrun.sh", "slurm.sbatch"])
+def test_preemption_as_slurm_delivers_it_saves_the_step(tmp_path, script):
+    """SIGTERM to torchrun's agent and every rank at once (`--signal=TERM@300`, `scancel`, preemption): the agent
+    then passes its own SIGTERM on, a second signal each rank takes as the same stop. Every rank exits 7 after
+    saving the step. slurm.sbatch runs through a stand-in `srun` that runs its command on this node."""
+    fake_bin = tmp_path / "bin"
+    fake_bin.mkdir()
+    (fake_bin / "srun").write_text('#!/bin/sh\nwhile [ "${1#--}" != "$1" ]; do shift 2; done\nexec "$@"\n')
+    (fake_bin / "srun").chmod(0o755)
+    launch_env = {**env(), "NPROC": "2", "GPUS_PER_NODE": "2", "PYTHON": sys.executable, "MAX_RESTARTS": "0",
+                  "LOG_DIR": str(tmp_path / "logs"), "MASTER_PORT": str(free_port()), "RLHF_MCORE_HOME": str(ROOT),
+                  "PATH": f"{fake_bin}:{os.environ['PATH']}"}
+    cmd = ["bash", str(ROOT / "launch" / script), TINY, *train_cmd(*overrides_for(tmp_path, *TWO_RANKS))[5:]]
+    log, run_dir = tmp_path / "launch.log", tmp_path / "run"
+    launcher = start(cmd, log, launch_env)
+    pids = []
+    try:
+        assert wait_for(lambda: len(metrics_lines(run_dir)) >= 1, 300), log.read_text()[-3000:]  # training is on
+        pids = descendants(launcher.pid) + ([launcher.pid] if script == "torchrun.sh" else [])  # not sbatch's shell
+        for pid in pids:
+            os.kill(pid, signal.SIGTERM)
+        rc = launcher.wait(timeout=180)
+    finally:
+        stop_all([launcher.pid, *pids])
+    out = log.read_text() + "".join(p.read_text() for p in (tmp_path / "logs").rglob("*.log"))
+    saved = sorted(run_dir.glob("global_step_[0-9]*"))
+    assert saved and checkpoint_problems(saved[-1]) == [], out[-3000:]
+    assert "the same stop" in out and "exiting on SIGTERM" in out, out[-3000:]
+    assert "second exit signal" not in out and "code 8" not in out, out[-3000:]
+    assert "torchrun: stopped by SIGTERM; every local rank exited 7" in out and "Traceback" not in out, out[-3000:]
+    assert rc == 7  # the job's exit code says: saved and stopped (torchrun alone: a traceback and 1)
+    print(f"{script}: launcher rc {rc}; saved {saved[-1].name}")
+
+
+def metrics_lines(run_dir) -> list[str]:
+    path = run_dir / "metrics.jsonl"
+    return path.read_text().splitlines() if path.exists() else []
