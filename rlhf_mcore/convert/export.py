@@ -233,7 +233,7 @@ def main(argv=None) -> int:
     except ValueError as e:
         print(f"export failed: {e}", file=sys.stderr)
         return EXIT_DIVERGED if isinstance(e, NonFiniteExportError) else EXIT_STARTUP
-    except OSError as e:
+    except Exception as e:  # noqa: BLE001 - a full disk is one line whatever raised it (OSError, SafetensorError)
         if not is_disk_full(e):
             raise
         print(f"export failed: {disk_full_message(e, args.out)}", file=sys.stderr)

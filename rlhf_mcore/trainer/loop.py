@@ -73,7 +73,8 @@ def out_of_time(cfg, started: float) -> bool:
 
 
 def train(cfg) -> Run:
-    with ExitSignals(rank=torchrun_env()[0], repeat_window_s=cfg.trainer.repeat_signal_window_s) as signals:  # a signal is noted; a second one exits at once
+    # a signal is noted; a second one (after trainer.repeat_signal_window_s) exits at once
+    with ExitSignals(rank=torchrun_env()[0], repeat_window_s=cfg.trainer.repeat_signal_window_s) as signals:
         return _train(cfg, signals)
 
 

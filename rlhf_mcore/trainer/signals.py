@@ -13,11 +13,11 @@ A second signal within `repeat_window_s` (trainer.repeat_signal_window_s, 5 s) o
 a second one: Slurm (`--signal`, `scancel`, preemption) signals torchrun's agent and every rank at once, and the
 agent then passes its own signal on to the ranks, so each rank receives two at once. It is logged and the save
 goes on. A second signal after that window exits at once with `EXIT_SIGNAL_FORCED` (8), even while the main
-thread waits inside a collective or a kernel: the C-level handler writes the signal's number to a pipe (`signal.set_wakeup_fd`) that a
-watcher thread reads, and that thread kills this rank's helper processes and calls `os._exit`. A save cut short
-that way leaves only a `global_step_N.tmp-*` directory (removed at the next start); the previous checkpoint and
-the `latest` pointer are untouched, since a checkpoint is published by a rename once complete and `latest` moves
-only after the new one verifies (`rlhf_mcore.checkpoint.save_load`).
+thread waits inside a collective or a kernel: the C-level handler writes the signal's number to a pipe
+(`signal.set_wakeup_fd`) that a watcher thread reads, and that thread kills this rank's helper processes and
+calls `os._exit`. A save cut short that way leaves only a `global_step_N.tmp-*` directory (removed at the next
+start); the previous checkpoint and the `latest` pointer are untouched, since a checkpoint is published by a
+rename once complete and `latest` moves only after the new one verifies (`rlhf_mcore.checkpoint.save_load`).
 
 While the run is on, the main thread blocks both signals (the watcher receives them), and so every process it
 starts inherits the block: reward workers, megatron's checkpoint writers and their results queue survive the

@@ -1,7 +1,8 @@
 """Injected into a training run's processes (PYTHONPATH) by test_disk_full: writes fail with ENOSPC.
 
 RLHF_ENOSPC=<substring>: every file opened for writing whose path holds it fails on write;
-RLHF_ENOSPC=safetensors: the HF export's safetensors writer fails (it writes from Rust, not through open).
+RLHF_ENOSPC=safetensors: the HF export's safetensors writer fails as it does on a full disk: it writes from Rust,
+not through open, and raises SafetensorError (not an OSError) with the system's message.
 """
 import builtins
 import errno
@@ -32,10 +33,16 @@ class _FullFile:
         self._file.close()
 
 
+def _full_rust(*args, **kwargs):
+    from safetensors import SafetensorError
+
+    raise SafetensorError(f"Error while serializing: I/O error: {os.strerror(errno.ENOSPC)} (os error 28)")
+
+
 if TARGET == "safetensors":
     import safetensors.torch
 
-    safetensors.torch.save_file = _full
+    safetensors.torch.save_file = _full_rust
 elif TARGET:
     _open = io.open
 
