@@ -7,10 +7,12 @@ Slurm (`--signal=TERM@300`, `scancel`, preemption) signals the torchrun agent al
 finish their step, save it and exit 7 (`rlhf_mcore.trainer.signals`); torchrun passes its own SIGTERM on to them,
 waits for them (TORCH_ELASTIC_SHUTDOWN_TIMEOUT) and then raises `SignalException`, a traceback and exit 1 that
 hide the clean stop. Here, when every rank of this node ended with the same code, the agent prints one line and
-exits with that code (7: saved and stopped); otherwise it exits 1 naming each rank's code.
+exits with that code (7: saved and stopped); otherwise it exits 1 naming each rank's code. It also tells the
+ranks its pid (RLHF_MCORE_LAUNCHER_PID): a rank started just as the agent was killed sees that its parent is gone.
 """
 from __future__ import annotations
 
+import os
 import signal
 import sys
 
@@ -48,6 +50,7 @@ def exit_code(signum: int, codes: dict[int, int | None]) -> tuple[int, str]:
 
 def main() -> int:
     LocalElasticAgent._shutdown = _recording_shutdown
+    os.environ["RLHF_MCORE_LAUNCHER_PID"] = str(os.getpid())  # a rank whose agent died before it started exits
     try:
         torchrun_main()
     except SignalException as stop:

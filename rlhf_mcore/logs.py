@@ -233,6 +233,25 @@ class _Wandb:
         self.run.finish()
 
 
+def sink_errors(run_dir: str, sinks: list[str]) -> list[str]:
+    """Problems opening the metric sinks that write under `run_dir` (metrics.jsonl, tensorboard/), one line each:
+    found at start-up, before any model is built, instead of as a traceback at the first step."""
+    targets = {"jsonl": os.path.join(run_dir, "metrics.jsonl"), "tensorboard": os.path.join(run_dir, "tensorboard")}
+    errors = []
+    for sink, path in targets.items():
+        if sink not in sinks:
+            continue
+        try:
+            if sink == "jsonl":
+                open(path, "a").close()
+            else:
+                os.makedirs(path, exist_ok=True)
+        except OSError as e:
+            errors.append(f"trainer.logger={sink}: cannot write {path} ({e.strerror or e}). Remove or fix it, or "
+                          f"leave {sink} out of trainer.logger.")
+    return errors
+
+
 class MetricLogger:
     """Writes plain-float metric dicts to every configured sink; a no-op on ranks other than 0.
     truncate_after: the step the run starts from; records of later steps (from before a resume) are dropped."""

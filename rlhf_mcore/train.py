@@ -30,7 +30,9 @@ from rlhf_mcore.trainer.guards import (
     is_collective_timeout,
 )
 
-LAUNCHER_PID = os.getppid()  # torchrun's pid, read before the slow imports: a launcher killed meanwhile is noticed
+# torchrun's pid: rlhf_mcore.launcher passes it on (a launcher killed before this interpreter started is noticed
+# too); under a bare torchrun, the parent's, read before the slow imports
+LAUNCHER_PID = int(os.environ.get("RLHF_MCORE_LAUNCHER_PID") or os.getppid())
 
 
 def parse_args(argv):

@@ -55,7 +55,24 @@ def read_parquet_rows(path: str | Path) -> list[dict]:
     missing = [c for c in REQUIRED_COLUMNS if c not in table.column_names]
     if missing:
         raise ValueError(f"{path}: missing column(s) {missing} (has {table.column_names}); expected verl's schema")
-    return table.to_pylist()
+    try:
+        return table.to_pylist()
+    except UnicodeDecodeError as err:
+        row, column = first_undecodable(table)
+        raise ValueError(f"{path}: row {row}: column {column!r} is not valid UTF-8 ({err.reason}: byte "
+                         f"{err.object[err.start:err.start + 1]!r} at position {err.start}). Write the text as UTF-8."
+                         ) from err
+
+
+def first_undecodable(table) -> tuple[int, str]:
+    """(row, column) of the first value of `table` whose text is not valid UTF-8 ((-1, "") if none)."""
+    for row in range(table.num_rows):
+        for column in table.column_names:
+            try:
+                table.column(column).slice(row, 1).to_pylist()
+            except UnicodeDecodeError:
+                return row, column
+    return -1, ""
 
 
 def write_prompt_parquet(rows: Iterable[dict], path: str | Path) -> int:

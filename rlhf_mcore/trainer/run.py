@@ -13,7 +13,8 @@ import torch
 from rlhf_mcore.algorithms.advantages import estimator_needs
 from rlhf_mcore.algorithms.kl import KL_CONTROLLERS
 from rlhf_mcore.config.load import dump_yaml
-from rlhf_mcore.logs import MetricLogger, init_logger
+from rlhf_mcore.disk import disk_full_message, is_disk_full
+from rlhf_mcore.logs import MetricLogger, init_logger, sink_errors
 from rlhf_mcore.models.transformer_config import load_hf_config
 from rlhf_mcore.parallel import init_distributed, torchrun_env
 from rlhf_mcore.rollout.base import EngineSetup, build_rollout_engine
@@ -202,6 +203,19 @@ def _total_steps(cfg, sampler) -> int:
     return cfg.trainer.total_steps or cfg.trainer.total_epochs * sampler.steps_per_epoch
 
 
+def output_dir_error(out: str, err: OSError) -> str:
+    """One line for a start-up write under trainer.output_dir that failed, naming the path.
+
+    >>> print(output_dir_error("runs/x", PermissionError(13, "Permission denied", "runs/x/config.yaml"))[:78])
+    trainer.output_dir=runs/x: cannot write runs/x/config.yaml (Permission denied)
+    """
+    if is_disk_full(err):
+        return f"trainer.output_dir={out}: {disk_full_message(err, out)}"
+    where = err.filename or out
+    return (f"trainer.output_dir={out}: cannot write {where} ({err.strerror or err}). Fix its permissions, or set "
+            "trainer.output_dir to a directory you can write.")
+
+
 def _start_checks(cfg, ctx) -> tuple[RunLock | None, str | None, str | None]:
     """Before any model is built: rank 0 runs every preflight check, takes the output directory's lock and
     claims the directory (trainer/run_dir.py), all ranks share the verdict, then pick (and verify) the
@@ -217,9 +231,11 @@ def _start_checks(cfg, ctx) -> tuple[RunLock | None, str | None, str | None]:
         errors = preflight_errors(cfg)
         try:
             lock = None if errors else RunLock(cfg.trainer.output_dir).acquire()
-            errors = errors or claim_run_dir(cfg.trainer)
-        except (RunDirLocked, OSError) as e:
+            errors = errors or claim_run_dir(cfg.trainer) or sink_errors(cfg.trainer.output_dir, cfg.trainer.logger)
+        except RunDirLocked as e:
             errors = [str(e)]
+        except OSError as e:
+            errors = [output_dir_error(cfg.trainer.output_dir, e)]
     verdict = [errors]
     if ctx.dims.world_size > 1:
         torch.distributed.broadcast_object_list(verdict, src=0)

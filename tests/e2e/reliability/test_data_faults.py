@@ -23,6 +23,14 @@ def one_problem(err: str) -> str:
     return problems[0]
 
 
+def bad_utf8(path):
+    """8 rows whose 6th data_source holds bytes that are not UTF-8 (pyarrow checks nothing on a view)."""
+    table = pa.Table.from_pylist([vowel_row()] * 8)
+    sources = [b"tiny/vowels"] * 5 + [b"tiny/\xff\xfevowels"] + [b"tiny/vowels"] * 2
+    pq.write_table(table.set_column(0, "data_source", pa.array(sources, pa.binary()).view(pa.string())), path)
+    return str(path)
+
+
 CASES = {  # name: (overrides given tmp_path, the phrase of the one line)
     "zero_rows": (lambda t: [f"data.train_files={zero_rows(t / 'z.parquet')}"], "no rows (got 0)"),
     "every_prompt_too_long": (lambda t: ["data.max_prompt_length=2", "data.val_files="], "only 0 of 256 prompts fit"),
@@ -30,6 +38,8 @@ CASES = {  # name: (overrides given tmp_path, the phrase of the one line)
                               "fewer than the 4 a batch"),
     "empty_train_files": (lambda t: ["data.train_files="], "data.train_files: required"),
     "empty_val_file": (lambda t: [f"data.val_files={zero_rows(t / 'z.parquet')}"], "data.val_files:"),
+    "invalid_utf8": (lambda t: [f"data.train_files={bad_utf8(t / 'u.parquet')}", "data.val_files="],
+                     "u.parquet: row 5: column 'data_source' is not valid UTF-8"),
     "overlong_not_filtered": (lambda t: ["data.filter_overlong_prompts=false", "data.max_prompt_length=12",
                                          "data.val_files="],
                               "set data.filter_overlong_prompts=true"),

@@ -49,3 +49,31 @@ def test_a_really_full_disk_during_the_hf_export_exits_6(tmp_path):
     assert "Traceback" not in proc.stderr, proc.stderr[-3000:]
     (line,) = [x for x in proc.stderr.splitlines() if "run stopped:" in x]
     assert "no space left on device (ENOSPC)" in line and "HF export" in line, line
+
+
+def start_problem(tmp_path, output_dir, *extra) -> str:
+    cmd = train_cmd(f"trainer.output_dir={output_dir}", "trainer.total_steps=1", "trainer.export_hf=false",
+                    "data.val_files=", *extra)
+    proc = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT, env=env(0, 1, free_port()), timeout=300)
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr[-3000:]
+    (line,) = [x for x in proc.stderr.splitlines() if x.startswith("  - ")]
+    return line
+
+
+def test_an_unwritable_metrics_file_is_one_line_at_start(tmp_path):
+    (tmp_path / "run" / "metrics.jsonl").mkdir(parents=True)  # unwritable for root too
+    line = start_problem(tmp_path, tmp_path / "run")
+    assert f"trainer.logger=jsonl: cannot write {tmp_path / 'run' / 'metrics.jsonl'} (Is a directory)" in line, line
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="mounts a small tmpfs (root only)")
+def test_a_full_disk_at_start_names_the_directory(tmp_path):
+    fs = tmp_path / "fs"
+    fs.mkdir()
+    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=8k", "tmpfs", str(fs)], check=True)
+    try:
+        subprocess.run(["dd", "if=/dev/zero", f"of={fs / 'fill'}", "bs=1k", "count=8"], capture_output=True)  # full
+        line = start_problem(tmp_path, fs / "run")
+    finally:
+        subprocess.run(["umount", "-l", str(fs)], check=False)
+    assert f"trainer.output_dir={fs / 'run'}: no space left on device (ENOSPC)" in line, line

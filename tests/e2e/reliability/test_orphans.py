@@ -29,6 +29,7 @@ def test_forked_children_and_the_resource_tracker_die_with_a_killed_trainer():
 
 
 LAUNCHER = """import os, signal, subprocess, sys, time
+os.environ["RLHF_MCORE_LAUNCHER_PID"] = str(os.getpid())  # as rlhf_mcore.launcher does
 rank = subprocess.Popen(sys.argv[1:], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
 print(rank.pid, flush=True)
 time.sleep(float(os.environ["KILL_AFTER_S"]))
@@ -38,7 +39,7 @@ os.kill(os.getpid(), signal.SIGKILL)
 
 def test_a_rank_dies_with_a_launcher_killed_during_start_up(tmp_path):
     """Rank 0 of 2 waits for a rank 1 that never comes; its launcher is killed meanwhile."""
-    for kill_after_s in ("0.8", "4"):  # during the imports, then while waiting for the other rank
+    for kill_after_s in ("0.05", "0.3", "0.8", "4"):  # at once, during the imports, then while waiting for the other rank
         environ = {**os.environ, "PYTHONPATH": str(ROOT), "TORCHELASTIC_RUN_ID": "t", "RANK": "0", "LOCAL_RANK": "0",
                    "WORLD_SIZE": "2", "LOCAL_WORLD_SIZE": "2", "MASTER_ADDR": "127.0.0.1",
                    "MASTER_PORT": str(free_port()), "KILL_AFTER_S": kill_after_s}
