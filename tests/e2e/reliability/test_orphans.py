@@ -1,5 +1,6 @@
 """No orphans: a rank whose launcher is killed during start-up dies, and processes the trainer forks
-(megatron's checkpoint writers) die with it when it is killed by pid, and so does the resource tracker."""
+(megatron's checkpoint writers) or spawns (multiprocessing's spawn context) die with it when it is killed by pid,
+and so does the resource tracker."""
 import os
 import subprocess
 import sys
@@ -15,7 +16,9 @@ forked_children_die_with_us()
 resource_tracker.ensure_running()
 child = mp.get_context("fork").Process(target=time.sleep, args=(300,))
 child.start()
-print(child.pid, resource_tracker._resource_tracker._pid, flush=True)
+spawned = mp.get_context("spawn").Process(target=time.sleep, args=(300,))  # megatron's results-queue manager's way
+spawned.start()
+print(child.pid, spawned.pid, resource_tracker._resource_tracker._pid, flush=True)
 os.kill(os.getpid(), signal.SIGKILL)
 """
 
@@ -24,8 +27,9 @@ def test_forked_children_and_the_resource_tracker_die_with_a_killed_trainer():
     done = subprocess.run([sys.executable, "-c", FORKER], cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)},
                           capture_output=True, text=True, timeout=60)
     assert done.returncode == -9, done.stderr
-    child, tracker = map(int, done.stdout.split())
-    assert wait_for(lambda: not alive(child) and not alive(tracker), timeout_s=15), (alive(child), alive(tracker))
+    pids = list(map(int, done.stdout.split()))
+    assert wait_for(lambda: not any(map(alive, pids)), timeout_s=15), dict(zip(("fork", "spawn", "tracker"),
+                                                                            map(alive, pids)))
 
 
 LAUNCHER = """import os, signal, subprocess, sys, time
@@ -39,7 +43,7 @@ os.kill(os.getpid(), signal.SIGKILL)
 
 def test_a_rank_dies_with_a_launcher_killed_during_start_up(tmp_path):
     """Rank 0 of 2 waits for a rank 1 that never comes; its launcher is killed meanwhile."""
-    for kill_after_s in ("0.05", "0.3", "0.8", "4"):  # at once, during the imports, then while waiting for the other rank
+    for kill_after_s in ("0.05", "0.3", "0.8", "4"):  # at once, in the imports, then waiting for the other rank
         environ = {**os.environ, "PYTHONPATH": str(ROOT), "TORCHELASTIC_RUN_ID": "t", "RANK": "0", "LOCAL_RANK": "0",
                    "WORLD_SIZE": "2", "LOCAL_WORLD_SIZE": "2", "MASTER_ADDR": "127.0.0.1",
                    "MASTER_PORT": str(free_port()), "KILL_AFTER_S": kill_after_s}
