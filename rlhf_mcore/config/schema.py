@@ -474,6 +474,22 @@ class TrainerConfig:
 
 
 @dataclass(**DC)
+class AsyncTrainingConfig:
+    """async_training: partial rollouts and bounded off-policy training (`rlhf_mcore.rollout.partial`). verl:
+    async_training.* (its fully-async recipe); here in-process, on the training ranks."""
+
+    partial_rollout: bool = False  # a step stops at enough complete groups; unfinished samples carry over
+    staleness_threshold: float = 0.0  # versions a token may lag the weights it trains under (rounded up)
+    round_tokens: int = 0  # tokens decoded per round between checks for complete groups (0 = auto)
+
+    def _checks(self, p: str) -> list[str]:
+        errs = [] if self.staleness_threshold >= 0 else [
+            f"{p}.staleness_threshold: must be >= 0 (got {self.staleness_threshold}). 0 is synchronous."]
+        return errs + ([] if self.round_tokens >= 0 else [
+            f"{p}.round_tokens: must be >= 0 (got {self.round_tokens}). 0 picks a quarter of the response budget."])
+
+
+@dataclass(**DC)
 class Config:
     model: ModelConfig = field(default_factory=ModelConfig)
     parallel: ParallelConfig = field(default_factory=ParallelConfig)
@@ -485,6 +501,7 @@ class Config:
     reward: RewardConfig = field(default_factory=RewardConfig)
     algorithm: AlgorithmConfig = field(default_factory=AlgorithmConfig)
     trainer: TrainerConfig = field(default_factory=TrainerConfig)
+    async_training: AsyncTrainingConfig = field(default_factory=AsyncTrainingConfig)
 
     def section_errors(self) -> list[str]:
         """Every single-section rule, collected (a non-finite float is reported instead of its range)."""

@@ -3,6 +3,7 @@ returns error strings of the form "<dotted.key>: <problem> (got <value>). <fix>.
 from __future__ import annotations
 
 import json
+import math
 import os
 
 from rlhf_mcore.config.environment import environment_errors
@@ -330,6 +331,29 @@ def _lora_adapter_rules(cfg: Config) -> list[str]:
     return adapter_dir_errors(m.lora_adapter_path, m.lora_rank, m.lora_alpha, targets)
 
 
+def _async_rules(cfg: Config) -> list[str]:
+    """async_training: carrying samples needs a staleness bound of at least one version; single-turn, no EP."""
+    a, p = cfg.async_training, "async_training"
+    if not a.partial_rollout:
+        return [] if a.staleness_threshold == 0 else [
+            f"{p}.staleness_threshold: bounds the lag of carried samples, but {p}.partial_rollout is off (got "
+            f"{a.staleness_threshold}). Set {p}.partial_rollout=true, or leave the threshold at 0."]
+    errs = []
+    if math.ceil(a.staleness_threshold) < 1:
+        errs.append(f"{p}.partial_rollout: needs {p}.staleness_threshold >= 1 (got {a.staleness_threshold}): a "
+                    "carried sample is one version old when it trains. Set it to 1 (verl's fractions round up).")
+    if a.round_tokens and cfg.rollout.max_response_length % a.round_tokens:
+        errs.append(f"{p}.round_tokens: must divide rollout.max_response_length={cfg.rollout.max_response_length} "
+                    f"(got {a.round_tokens}). Pick a divisor, or 0 for a quarter of it.")
+    if cfg.rollout.mode != "single_turn":
+        errs.append(f"{p}.partial_rollout: single-turn rollouts only for now (got rollout.mode="
+                    f"{cfg.rollout.mode}). Turn it off for multi-turn runs.")
+    if cfg.parallel.ep > 1:
+        errs.append(f"{p}.partial_rollout: not yet with expert parallelism (got parallel.ep={cfg.parallel.ep}): "
+                    "rounds would differ between the ranks that decode in lockstep. Use parallel.ep=1.")
+    return errs
+
+
 def validate(cfg: Config, world_size: int | None = None) -> list[str]:
     """All cross-section errors. world_size=None skips the rules that need it (e.g. --validate-only). Sizes
     past their bounds come alone: the other rules would compute with them."""
@@ -345,4 +369,4 @@ def validate(cfg: Config, world_size: int | None = None) -> list[str]:
     dp = world_size // model_parallel if world_size and world_size % model_parallel == 0 else 1
     errs += _registry_rules(cfg) + environment_errors(cfg)
     return errs + _batch_rules(cfg, dp) + _length_rules(cfg, shape) + _packing_rules(cfg) + _algorithm_rules(cfg) + \
-        _file_rules(cfg) + _lora_adapter_rules(cfg) + _multi_turn_rules(cfg)
+        _file_rules(cfg) + _lora_adapter_rules(cfg) + _multi_turn_rules(cfg) + _async_rules(cfg)

@@ -196,6 +196,14 @@ VERL_KEYS: dict[str, VerlKey] = {
     "trainer.balance_batch": ignored("with data.use_sequence_packing, rows are balanced across DP ranks by tokens"),
     "trainer.log_val_generations": ignored("validation logs its scores, not its generations"),
     "trainer.device": ignored("the device is CUDA when present, else CPU"),
+    # the fully-async recipe's keys (ours: async_training.partial_rollout, .staleness_threshold, .round_tokens)
+    "async_training.trigger_parameter_sync_step": ignored(
+        "the rollout runs on the training ranks: the weights it uses refresh after every step"),
+    "async_training.require_batches": ignored("a step trains one batch (data.train_batch_size) of complete groups"),
+    "async_training.compute_prox_log_prob": ignored(
+        "the old log-probs are recomputed at the current weights whenever a token is stale (decoupled PPO)"),
+    "async_training.use_rollout_log_probs": alias(
+        "actor.old_log_prob", convert=lambda v: "rollout" if _truthy(v) else "recompute"),
 }
 
 

@@ -23,14 +23,21 @@ from rlhf_mcore.trainer.step_log import mfu_metrics, step_metrics
 def rollout_round(run: Run, step: int, timings: dict, round_index: int = 0) -> tuple:
     """Phases 1-2 on the next prompt batch: generate, score -> (batch, reward metrics, per-sample values)."""
     cfg = run.cfg
-    prompts = run.sampler.next_batch()
+    async_report = None
+    params = phases.sampling_params(cfg, run.stop_ids, step, round_index=round_index)
     with timer("gen", timings), rollout_memory(run):  # the rollout layer (rollout.mode) calls the engine
-        rollout = run.rollout.generate(prompts, phases.sampling_params(
-            cfg, run.stop_ids, step, round_index=round_index), show_progress=run.ctx.is_logging_rank)
+        if run.partial is not None:  # async_training.partial_rollout: the groups that finished first
+            prompts, rollout, async_report = run.partial.generate(run.rollout, run.sampler.next_batch, params, step)
+        else:
+            prompts = run.sampler.next_batch()
+            rollout = run.rollout.generate(prompts, params, show_progress=run.ctx.is_logging_rank)
         baseline = phases.greedy_baseline(run.rollout, run.scorer, prompts, cfg, run.stop_ids, step) \
             if run.needs_greedy_baseline else None
     with timer("reward", timings):
-        return phases.score(run, rollout, prompts, baseline)
+        batch, metrics, values = phases.score(run, rollout, prompts, baseline)
+    if async_report is not None:
+        metrics.update(reduce_outputs([async_report], run.ctx))
+    return batch, metrics, values
 
 
 def train_step(run: Run, step: int) -> dict:
@@ -39,7 +46,7 @@ def train_step(run: Run, step: int) -> dict:
     batch, reward_metrics = fill_batch(run, generate(), generate, timings)  # more rounds: algorithm.filter_groups
     with timer("reward", timings):
         batch = phases.balance_dp(batch, cfg, ctx, [run.rows_per_mini(r) for r in roles.trainable()])
-    on_policy = phases.is_on_policy(cfg, batch.num_rows, run.rows_per_mini("actor"))
+    on_policy = run.partial is None and phases.is_on_policy(cfg, batch.num_rows, run.rows_per_mini("actor"))
     batch = phases.forward_passes(roles, losses, batch, cfg, ctx, timings, on_policy)  # old/ref log-probs, values
     with timer("adv", timings):
         batch, mismatch_metrics = phases.rollout_correction(batch, cfg)

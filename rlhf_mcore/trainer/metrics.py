@@ -8,6 +8,7 @@ micro-batch's valid tokens for token-level metrics, its rows for row-level ones)
 ranks is one table, REDUCTIONS, matched on the end of the name (first match wins):
 
   /loss_sum, /loss_count  sum    -> <role>/loss = sum(loss_sum) / sum(loss_count), the exact global loss
+  _total                  sum    over entries and ranks (e.g. async/samples_carried_total: DP replicas' counts)
   _max, /max              max    over entries of weight > 0 (e.g. actor/ratio_max, num_turns/max)
   _min, /min              min    over entries of weight > 0
   (anything else)         mean   sum(value * weight) / sum(weight): a token mean of every micro-batch
@@ -40,8 +41,8 @@ REDUCERS: dict[str, Reduction] = {
     "max": Reduction(lambda v, w: v if w > 0 else -_INF, max, lambda t, w: t if w > 0 else 0.0),
     "min": Reduction(lambda v, w: v if w > 0 else _INF, min, lambda t, w: t if w > 0 else 0.0),
 }
-REDUCTIONS: tuple[tuple[str, str], ...] = (("/loss_sum", "sum"), ("/loss_count", "sum"), ("_max", "max"),
-                                           ("_min", "min"), ("/max", "max"), ("/min", "min"))
+REDUCTIONS: tuple[tuple[str, str], ...] = (("/loss_sum", "sum"), ("/loss_count", "sum"), ("_total", "sum"),
+                                           ("_max", "max"), ("_min", "min"), ("/max", "max"), ("/min", "min"))
 
 
 def reduction_of(name: str) -> Reduction:

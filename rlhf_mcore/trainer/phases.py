@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import math
 from contextlib import nullcontext
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import partial
 from typing import Callable
 
@@ -313,10 +313,15 @@ def compute_advantages(batch: StepBatch, cfg, kl_coef: float, ctx) -> tuple[Step
 def rollout_correction(batch: StepBatch, cfg) -> tuple[StepBatch, dict]:
     """Importance weights between the rollout engine's log-probs and the trainer's (mismatch metrics too).
     On-policy steps have no old_logp yet, and with `old_from_rollout` it is the rollout's: the actor loss
-    measures the mismatch in its first mini-batch instead (at the rollout's weights)."""
+    measures the mismatch in its first mini-batch instead (at the rollout's weights). With partial rollouts
+    (`async_training.partial_rollout`) old_logp is recomputed at the current weights and the behaviour
+    log-probs may be a version or more behind: actor.rollout_correction=none then means token-level truncated
+    weights (decoupled PPO), any other setting is taken as given."""
     actor_cfg = cfg.actor
     if batch.old_logp is None or old_from_rollout(cfg):
         return batch, {}
+    if cfg.async_training.partial_rollout and actor_cfg.rollout_correction == "none":  # stale tokens: decoupled PPO
+        actor_cfg = replace(actor_cfg, rollout_correction="token")
     weights, metrics = rollout_mismatch(batch.old_logp, batch.rollout_logp, batch.response_mask, actor_cfg)
     return batch.replace(is_weights=weights), metrics
 

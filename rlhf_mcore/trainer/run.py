@@ -65,6 +65,7 @@ class Run:
     unconfirmed: str | None = None  # the newest checkpoint, until a step after it applies all its updates
     losses: LossFns | None = None  # the roles' loss functions, bound once (built from cfg/roles when None)
     rollout: object = None  # rlhf_mcore.rollout.modes.Rollout: rollout.mode over the engine (built when None)
+    partial: object = None  # trainer.partial_rollout.PartialRollouts with async_training.partial_rollout, else None
 
     def __post_init__(self):
         if self.rollout is None:
@@ -74,6 +75,14 @@ class Run:
                                          announce=self.ctx.is_logging_rank)
         if self.losses is None:
             self.losses = build_loss_fns(self.cfg, self.ctx, self.roles)
+        if self.partial is None and self.cfg.async_training.partial_rollout:
+            from rlhf_mcore.trainer.partial_rollout import PartialRollouts
+
+            self.partial = PartialRollouts(self.cfg, self.tokenizer.pad_id)
+            if self.ctx.is_logging_rank:
+                log.info("rollout: partial rollouts (async_training): rounds of %d tokens, samples may lag %d "
+                         "version(s); unfinished samples carry over, and are dropped when a checkpoint is written",
+                         self.partial.round_tokens, self.partial.pool.lag)
         self.bad_steps = BadStepGuard(self.cfg.trainer.max_bad_steps, last_good_step=self.start_step)
         self.reward_health = RewardHealthGuard(self.cfg.reward.max_error_frac, self.cfg.reward.max_error_steps)
 
@@ -128,6 +137,8 @@ class Run:
         if self.bad_steps.streak:
             log.warning("step %d: not saved: its update was skipped (non-finite)", step)
             return None
+        if self.partial is not None:
+            self.partial.on_save()  # in-flight samples are not part of a checkpoint (rollout/partial.py)
         extra = {"step": step, "sampler": self.sampler.state_dict(), "kl_ctrl": self.kl_ctrl.state_dict()}
         try:
             path = save_checkpoint(self.run_dir, step, self.roles.trainable(), extra, self.ctx,

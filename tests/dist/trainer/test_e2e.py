@@ -15,6 +15,9 @@ STEPS = ("trainer.total_steps=2",)
 PACKED = ("data.use_sequence_packing=true", "actor.max_tokens_per_gpu=64")
 GRPO_DP = ("data.train_batch_size=4", "actor.ppo_mini_batch_size=2")
 RM = "reward.model_path={rm}"  # filled in with the tiny reward model the fixture converts
+# partial rollouts, 3 steps: step 1 decodes two batches and carries one, step 2 trains it a version late
+ASYNC = ("trainer.total_steps=3", "async_training.partial_rollout=true", "async_training.staleness_threshold=1",
+         "rollout.max_response_length=16", "async_training.round_tokens=4")
 # label -> (ranks, config, overrides)
 RUNS = {
     "grpo": (1, "tiny_grpo.yaml", STEPS),
@@ -22,6 +25,10 @@ RUNS = {
     "grpo_pp2": (2, "tiny_grpo.yaml", STEPS + ("parallel.pp=2",)),
     "grpo_dp2": (2, "tiny_grpo.yaml", STEPS + GRPO_DP),
     "grpo_dp2_packed": (2, "tiny_grpo.yaml", STEPS + GRPO_DP + PACKED),
+    "grpo_async": (1, "tiny_grpo.yaml", ASYNC),
+    "grpo_async_tp2": (2, "tiny_grpo.yaml", ASYNC + ("parallel.tp=2",)),
+    "grpo_async_pp2": (2, "tiny_grpo.yaml", ASYNC + ("parallel.pp=2",)),
+    "grpo_async_dp2": (2, "tiny_grpo.yaml", ASYNC + GRPO_DP),
     "ppo": (1, "tiny_ppo.yaml", STEPS),
     "ppo_packed": (1, "tiny_ppo.yaml", STEPS + PACKED),
     "ppo_rule_only_1step": (1, "tiny_ppo.yaml", ("trainer.total_steps=1",)),
@@ -78,6 +85,29 @@ def test_grpo_two_ranks_tp_and_pp_match_one_rank(runs):
         result = runs[split]
         check_trained(result, 2)
         assert_same_metrics(base, result)
+
+
+ASYNC_METRICS = ("async/staleness_mean", "async/staleness_max", "async/off_policy_token_frac",
+                 "async/samples_carried_total", "async/samples_dropped_total", "async/rounds")
+
+
+def test_partial_rollouts_carry_samples_alike_at_tp2_pp2_and_dp2(runs):
+    """Partial rollouts at TP2 and PP2 reproduce the 1-rank run, the carrying included (how many samples, how
+    stale, how many rounds), and the carried tokens train a version late under the importance weights; at DP2
+    the replicas' counts add up."""
+    base = runs["grpo_async"]
+    check_trained(base, 3)
+    steps = base["metrics"]
+    assert [m["async/staleness_max"] for m in steps] == [0.0, 1.0, 0.0]  # step 2 trains step 1's second batch
+    assert steps[0]["async/samples_carried_total"] == 4 * 4 and steps[1]["async/rounds"] == 0  # 4 prompts x n=4
+    assert steps[1]["rollout/mismatch_kl_k3"] > 0 and steps[0]["rollout/mismatch_exact_frac"] == 1.0
+    for split in ("grpo_async_tp2", "grpo_async_pp2"):
+        check_trained(runs[split], 3)
+        assert_same_metrics(base, runs[split], keys=COMPARED + ASYNC_METRICS)
+    dp = runs["grpo_async_dp2"]
+    check_trained(dp, 3)
+    assert [m["async/samples_carried_total"] for m in dp["metrics"]] == [
+        m["async/samples_carried_total"] for m in steps]  # 2 prompts per replica, summed over 2 replicas
 
 
 def test_ppo_four_ranks_tp_pp_dp(runs):

@@ -1,0 +1,179 @@
+"""Partial rollouts: a step never waits for its longest sample (`async_training.partial_rollout`).
+
+`staleness_threshold` + 1 batches of groups are in flight. A step's rollout decodes in rounds of `round_tokens`
+tokens. Each round continues every unfinished sample from its exact token prefix (prompt + response so far), with
+the weights of the moment, through the engine's usual `generate` (n = 1 per sample). The step stops once it holds
+one batch of complete groups (all n samples of a prompt finished) and no unfinished group is at its last allowed
+version, and trains on that batch, the oldest groups first. What is still unfinished is carried into the next step's
+rollout with its tokens and per-token behaviour log-probs, and a new batch of prompts joins it. A sample therefore
+finishes within `staleness_threshold` + 1 steps of its first token and is never passed over for being long.
+
+Every response token records the policy version that sampled it (the step whose weights decoded it).
+`async_training.staleness_threshold` bounds how many versions a token may lag the weights it trains under: a
+sample that would still exceed it (one carried across a change of the bound) is dropped and regenerated from its
+prompt (counted). The PPO ratio then uses the log-probs recomputed at the current weights, and the importance
+weight between those and the behaviour log-probs is `actor.rollout_correction` (decoupled PPO:
+`trainer.phases.rollout_correction`).
+
+Carried samples are dropped when a checkpoint is written (counted), in a run that goes on as in one that resumes
+from it: resume stays bitwise, and a checkpoint holds no half-decoded samples.
+
+`PartialPool` is the bookkeeping alone (pure, no engine); `rlhf_mcore.trainer.partial_rollout` drives it.
+"""
+from __future__ import annotations
+
+import dataclasses
+import math
+from typing import Any
+
+import torch
+
+from rlhf_mcore.rollout.types import RolloutBatch
+
+
+@dataclasses.dataclass
+class Sample:
+    tokens: list[int] = dataclasses.field(default_factory=list)  # response tokens so far
+    logprobs: list[float] = dataclasses.field(default_factory=list)  # behaviour log-prob of each token
+    versions: list[int] = dataclasses.field(default_factory=list)  # policy version that sampled each token
+    finish_reason: str = ""  # "" while unfinished, then "stop" | "length"
+
+    @property
+    def done(self) -> bool:
+        return bool(self.finish_reason)
+
+    def reset(self) -> None:
+        self.tokens, self.logprobs, self.versions, self.finish_reason = [], [], [], ""
+
+
+@dataclasses.dataclass
+class Group:
+    prompt: Any  # the prompt row (`.prompt_ids`)
+    samples: list[Sample]
+    born: int  # the step that drew the prompt (older groups train first)
+
+    @property
+    def complete(self) -> bool:
+        return all(s.done for s in self.samples)
+
+    def oldest_version(self) -> int | None:
+        return min((v for s in self.samples for v in s.versions[:1]), default=None)
+
+
+def max_lag(staleness_threshold: float) -> int:
+    """Versions a token may lag: verl's threshold rounded up (an integer is taken as it is).
+
+    >>> max_lag(1), max_lag(0.5), max_lag(0)
+    (1, 1, 0)
+    """
+    return math.ceil(staleness_threshold)
+
+
+def auto_round_tokens(max_response_length: int) -> int:
+    """The largest divisor of `max_response_length` that is at most a quarter of it (at least 1).
+
+    >>> auto_round_tokens(256), auto_round_tokens(1024), auto_round_tokens(10), auto_round_tokens(3)
+    (64, 256, 2, 1)
+    """
+    quarter = max(1, max_response_length // 4)
+    return max(d for d in range(1, quarter + 1) if max_response_length % d == 0)
+
+
+class PartialPool:
+    """The groups in flight on this DP rank: those carried from earlier steps and this step's new ones."""
+
+    def __init__(self, n: int, max_response_length: int, lag: int):
+        self.n, self.max_response_length, self.lag = n, max_response_length, lag
+        self.groups: list[Group] = []
+
+    def admit(self, prompts: list, step: int) -> None:
+        self.groups += [Group(p, [Sample() for _ in range(self.n)], step) for p in prompts]
+
+    def drop_stale(self, version: int) -> int:
+        """Reset the samples whose oldest token would lag more than `lag` versions behind `version` (the
+        weights this step trains); the number reset."""
+        dropped = 0
+        for group in self.groups:
+            for sample in group.samples:
+                if sample.versions and version - sample.versions[0] > self.lag:
+                    sample.reset()
+                    dropped += 1
+        return dropped
+
+    def active(self) -> list[tuple[Any, Sample]]:
+        """(prompt, sample) of every unfinished sample, oldest group first."""
+        return [(g.prompt, s) for g in self.groups for s in g.samples if not s.done]
+
+    def extend(self, active: list[tuple[Any, Sample]], rollout: RolloutBatch, version: int,
+               stop_token_ids: tuple[int, ...]) -> None:
+        """Append round `rollout` (row i continues active[i]) to the samples, marking those that ended."""
+        for i, (_, sample) in enumerate(active):
+            start, length = int(rollout.prompt_lengths[i]), int(rollout.response_lengths[i])
+            new = rollout.tokens[i, start:start + length].tolist()
+            sample.tokens += new
+            sample.logprobs += rollout.rollout_logprobs[i, start:start + length].tolist()
+            sample.versions += [version] * length
+            stopped = rollout.finish_reasons[i] == "stop" or (bool(new) and new[-1] in stop_token_ids)
+            if stopped:
+                sample.finish_reason = "stop"
+            elif len(sample.tokens) >= self.max_response_length:
+                sample.finish_reason = "length"
+
+    def num_complete(self) -> int:
+        return sum(g.complete for g in self.groups)
+
+    def urgent(self, version: int) -> bool:
+        """Whether an unfinished group has tokens that would lag more than `lag` at the next version: it must
+        finish in this step, so that a long sample is never passed over until it goes stale."""
+        return any(not g.complete and g.oldest_version() is not None and version + 1 - g.oldest_version() > self.lag
+                   for g in self.groups)
+
+    def take_complete(self, k: int) -> list[Group]:
+        """Remove and return the `k` oldest complete groups (fewer if there are fewer)."""
+        done = sorted((g for g in self.groups if g.complete), key=lambda g: g.born)[:k]
+        taken = {id(g) for g in done}
+        self.groups = [g for g in self.groups if id(g) not in taken]
+        return done
+
+    def clear(self) -> int:
+        """Drop every group in flight (a checkpoint is written); the number of samples dropped."""
+        dropped = sum(len(g.samples) for g in self.groups)
+        self.groups = []
+        return dropped
+
+    def carried(self) -> int:
+        return sum(len(g.samples) for g in self.groups)
+
+
+def to_rollout_batch(groups: list[Group], pad_id: int) -> tuple[RolloutBatch, torch.Tensor]:
+    """The engine contract's batch of complete `groups` (row i = sample i % n of group i // n) and the [B, S]
+    long tensor of each token's policy version (-1 outside the response)."""
+    rows = [(g.prompt, s) for g in groups for s in g.samples]
+    width = max(len(p.prompt_ids) + len(s.tokens) for p, s in rows)
+    tokens = torch.full((len(rows), width), pad_id, dtype=torch.long)
+    logprobs = torch.zeros(len(rows), width, dtype=torch.float32)
+    versions = torch.full((len(rows), width), -1, dtype=torch.long)
+    for i, (prompt, sample) in enumerate(rows):
+        p, r = len(prompt.prompt_ids), len(sample.tokens)
+        tokens[i, :p] = torch.tensor(prompt.prompt_ids, dtype=torch.long)
+        tokens[i, p:p + r] = torch.tensor(sample.tokens, dtype=torch.long)
+        logprobs[i, p:p + r] = torch.tensor(sample.logprobs, dtype=torch.float32)
+        versions[i, p:p + r] = torch.tensor(sample.versions, dtype=torch.long)
+    batch = RolloutBatch(tokens=tokens, prompt_lengths=torch.tensor([len(p.prompt_ids) for p, _ in rows]),
+                         response_lengths=torch.tensor([len(s.tokens) for _, s in rows]),
+                         rollout_logprobs=logprobs, finish_reasons=[s.finish_reason for _, s in rows])
+    return batch, versions
+
+
+def staleness_metrics(versions: torch.Tensor, loss_mask: torch.Tensor, version: int) -> dict[str, float]:
+    """Lag of the trained tokens behind `version`: mean, max, and the fraction of tokens with any lag.
+
+    >>> v = torch.tensor([[-1, 3, 3, 4], [-1, 4, 4, -1]]); m = v >= 0
+    >>> staleness_metrics(v, m, 4)
+    {'async/staleness_mean': 0.4, 'async/staleness_max': 1.0, 'async/off_policy_token_frac': 0.4}
+    """
+    lag = (version - versions[loss_mask]).double()
+    if lag.numel() == 0:
+        return {"async/staleness_mean": 0.0, "async/staleness_max": 0.0, "async/off_policy_token_frac": 0.0}
+    return {"async/staleness_mean": float(lag.mean()), "async/staleness_max": float(lag.max()),
+            "async/off_policy_token_frac": float((lag > 0).double().mean())}

@@ -1,0 +1,46 @@
+"""async_training config: verl's keys switch partial rollouts on, each impossible combination is one line naming
+the dotted key (exit 2 at --validate-only, no traceback), and verl's other fully-async keys are translated or
+explained."""
+import pytest
+
+from rlhf_mcore.config.load import load_config
+from rlhf_mcore.train import main
+from tests.support.paths import ROOT
+
+TINY = str(ROOT / "configs" / "tiny_grpo.yaml")
+ON = ("async_training.partial_rollout=true", "async_training.staleness_threshold=1")
+
+
+def errors(capsys, *overrides: str, config: str = TINY) -> list[str]:
+    code = main(["--config", config, "--validate-only", *overrides])
+    err = capsys.readouterr().err
+    assert "Traceback" not in err
+    return [line[4:] for line in err.splitlines() if line.startswith("  - ")] if code else []
+
+
+def test_verl_keys_turn_it_on(capsys):
+    assert errors(capsys, *ON) == []
+    cfg = load_config(TINY, list(ON) + ["async_training.use_rollout_log_probs=true",
+                                        "async_training.require_batches=2"])
+    assert cfg.async_training.partial_rollout and cfg.async_training.staleness_threshold == 1
+    assert cfg.actor.old_log_prob == "rollout"
+
+
+@pytest.mark.parametrize("overrides,phrase", [
+    (("async_training.partial_rollout=true",), "async_training.partial_rollout: needs async_training.staleness_"
+                                               "threshold >= 1 (got 0.0)"),
+    (("async_training.staleness_threshold=1",), "async_training.staleness_threshold: bounds the lag of carried "
+                                                "samples, but async_training.partial_rollout is off"),
+    (ON + ("async_training.round_tokens=5",), "async_training.round_tokens: must divide "
+                                              "rollout.max_response_length=16 (got 5)"),
+    (ON + ("async_training.staleness_threshold=-1",), "async_training.staleness_threshold: must be >= 0"),
+    (ON + ("parallel.ep=2",), "async_training.partial_rollout: not yet with expert parallelism"),
+])
+def test_each_impossible_setting_is_one_line(capsys, overrides, phrase):
+    found = errors(capsys, *overrides)
+    assert any(line.startswith(phrase) for line in found), found
+
+
+def test_multi_turn_is_refused_for_now(capsys):
+    found = errors(capsys, *ON, config=str(ROOT / "configs" / "tiny_tool_grpo.yaml"))
+    assert any(line.startswith("async_training.partial_rollout: single-turn rollouts only for now") for line in found)
