@@ -145,9 +145,9 @@ class PartialPool:
         return sum(len(g.samples) for g in self.groups)
 
 
-def to_rollout_batch(groups: list[Group], pad_id: int) -> tuple[RolloutBatch, torch.Tensor]:
-    """The engine contract's batch of complete `groups` (row i = sample i % n of group i // n) and the [B, S]
-    long tensor of each token's policy version (-1 outside the response)."""
+def to_rollout_batch(groups: list[Group], pad_id: int, device=None) -> tuple[RolloutBatch, torch.Tensor]:
+    """The engine contract's batch of complete `groups` (row i = sample i % n of group i // n) on `device` (where
+    the engines put theirs) and the [B, S] long tensor of each token's policy version (-1 outside the response)."""
     rows = [(g.prompt, s) for g in groups for s in g.samples]
     width = max(len(p.prompt_ids) + len(s.tokens) for p, s in rows)
     tokens = torch.full((len(rows), width), pad_id, dtype=torch.long)
@@ -159,10 +159,11 @@ def to_rollout_batch(groups: list[Group], pad_id: int) -> tuple[RolloutBatch, to
         tokens[i, p:p + r] = torch.tensor(sample.tokens, dtype=torch.long)
         logprobs[i, p:p + r] = torch.tensor(sample.logprobs, dtype=torch.float32)
         versions[i, p:p + r] = torch.tensor(sample.versions, dtype=torch.long)
-    batch = RolloutBatch(tokens=tokens, prompt_lengths=torch.tensor([len(p.prompt_ids) for p, _ in rows]),
-                         response_lengths=torch.tensor([len(s.tokens) for _, s in rows]),
-                         rollout_logprobs=logprobs, finish_reasons=[s.finish_reason for _, s in rows])
-    return batch, versions
+    batch = RolloutBatch(tokens=tokens.to(device), prompt_lengths=torch.tensor([len(p.prompt_ids) for p, _ in rows],
+                                                                               device=device),
+                         response_lengths=torch.tensor([len(s.tokens) for _, s in rows], device=device),
+                         rollout_logprobs=logprobs.to(device), finish_reasons=[s.finish_reason for _, s in rows])
+    return batch, versions.to(device)
 
 
 def staleness_metrics(versions: torch.Tensor, loss_mask: torch.Tensor, version: int) -> dict[str, float]:

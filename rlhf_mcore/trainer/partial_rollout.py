@@ -17,12 +17,12 @@ ROUND_SEED_STRIDE = 7919  # a round's seed: the step's seed + round * stride (di
 
 
 class PartialRollouts:
-    def __init__(self, cfg, pad_id: int):
+    def __init__(self, cfg, pad_id: int, device=None):
         a, r = cfg.async_training, cfg.rollout
         self.round_tokens = a.round_tokens or auto_round_tokens(r.max_response_length)
         self.max_rounds = -(-r.max_response_length // self.round_tokens)  # every new sample ends within them
         self.pool = PartialPool(r.n, r.max_response_length, max_lag(a.staleness_threshold))
-        self.pad_id = pad_id
+        self.pad_id, self.device = pad_id, device  # the trained batch goes where the engines put theirs
         self.dropped_at_save = 0
 
     def generate(self, rollout, draw, params: SamplingParams, step: int) -> tuple[list, RolloutBatch, dict]:
@@ -45,7 +45,7 @@ class PartialRollouts:
         if len(groups) != len(prompts):  # cannot happen: max_rounds ends every sample
             raise RuntimeError(f"partial rollout: {len(groups)} complete groups after {rounds} rounds, "
                                f"{len(prompts)} needed")
-        batch, versions = to_rollout_batch(groups, self.pad_id)
+        batch, versions = to_rollout_batch(groups, self.pad_id, self.device)
         tokens = float(batch.loss_mask.sum())
         report = {k: (v, tokens) for k, v in staleness_metrics(versions, batch.loss_mask, step).items()}
         report.update({"async/samples_carried_total": (float(self.pool.carried()), 1.0),

@@ -79,7 +79,7 @@ class Run:
         if self.partial is None and self.cfg.async_training.partial_rollout:
             from rlhf_mcore.trainer.partial_rollout import PartialRollouts
 
-            self.partial = PartialRollouts(self.cfg, self.tokenizer.pad_id)
+            self.partial = PartialRollouts(self.cfg, self.tokenizer.pad_id, self.ctx.device)
             if self.ctx.is_logging_rank:
                 log.info("rollout: partial rollouts (async_training): rounds of %d tokens, samples may lag %d "
                          "version(s); unfinished samples carry over, and are dropped when a checkpoint is written",
