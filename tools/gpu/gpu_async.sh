@@ -38,6 +38,7 @@ fi
 mkdir -p "$OUT"
 W=/tmp/async_w
 VARIANTS=("sync:" "partial:async_training.partial_rollout=true,async_training.staleness_threshold=1")
+[[ -z "${ONLY:-}" ]] || IFS=';' read -r -a VARIANTS <<< "$ONLY"  # e.g. ONLY="p128:a=1,b=2;p64:a=1"
 if [[ -n "${DRY:-}" ]]; then
   GGUF=$($PY -c "from tools.gguf_to_hf import find_smollm2_gguf as f; print(f())")
   SIZES=(--max-train 64 --max-test 8)
@@ -78,5 +79,5 @@ for variant in "${VARIANTS[@]}"; do
   cp $W/run_$name/metrics.jsonl $OUT/${name}_metrics.jsonl
   grep "step [0-9]*/\|validation @\|Traceback\|Error" $OUT/$name.log | cut -c1-300 | tail -4
 done
-$PY -m tools.bench.async_summary --out $OUT --variants sync partial --samples-per-step ${SAMPLES:-512} \
-    | tee $OUT/summary.md
+[[ -n "${ONLY:-}" ]] || $PY -m tools.bench.async_summary --out $OUT --variants sync partial \
+    --samples-per-step ${SAMPLES:-512} | tee $OUT/summary.md
