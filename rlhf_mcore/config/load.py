@@ -218,6 +218,36 @@ def _apply_yaml_aliases(data: dict, errors: list[str], notes: list[str]) -> None
                 section[key] = _file_list(section[key])
 
 
+CRITIC_INHERITS = ("ppo_mini_batch_size", "micro_batch_size_per_gpu", "use_dynamic_bsz", "max_tokens_per_gpu")
+
+
+def _inherit_critic_batching(data: dict, notes: list[str]) -> None:
+    """The critic's batching keys left unset take the actor's, as verl's critic config does (its
+    ppo_mini_batch_size is ${actor.ppo_mini_batch_size}), so that a verl-shaped command line makes as many
+    critic optimizer steps as actor ones. A note names what was taken when a critic is trained."""
+    actor, critic = data.get("actor"), data.get("critic")
+    if not isinstance(actor, dict) or (critic is not None and not isinstance(critic, dict)):
+        return  # the schema check reports the bad section
+    critic = data.setdefault("critic", {}) if critic is None else critic
+    taken = [f"{key}={actor[key]}" for key in CRITIC_INHERITS if key in actor and key not in critic]
+    for key in CRITIC_INHERITS:
+        if key in actor and key not in critic:
+            critic[key] = actor[key]
+    algorithm = data.get("algorithm") if isinstance(data.get("algorithm"), dict) else {}
+    if taken and _trains_a_critic(str(algorithm.get("adv_estimator", "gae"))):
+        notes.append(f"critic: unset batching keys take the actor's ({', '.join(taken)}), as in verl; set "
+                     "critic.<key> to choose otherwise")
+
+
+def _trains_a_critic(estimator: str) -> bool:
+    from rlhf_mcore.algorithms.advantages import estimator_needs
+
+    try:
+        return estimator_needs(estimator).critic
+    except Exception:  # noqa: BLE001 - an unknown estimator is reported by the config rules
+        return False
+
+
 def load_config(path: str | None = None, overrides: list[str] = (), world_size: int | None = None,
                 check: bool = True, notes: list[str] | None = None) -> Config:
     """Read YAML, apply overrides, check every rule (only types and names with check=False); raise ConfigError
@@ -242,6 +272,7 @@ def load_config(path: str | None = None, overrides: list[str] = (), world_size: 
             raise ConfigError([f"--config: {path} must hold a mapping of sections (got {type(data).__name__})."])
         _apply_yaml_aliases(data, errors, notes)
     parse_overrides(list(overrides), data, errors, notes)
+    _inherit_critic_batching(data, notes)
     if str(data.get("trainer", {}).get("save_freq", "")).strip() == "-1":
         notes.append("trainer.save_freq=-1 saves at the end only (verl's -1 never saves: set 0 for that)")
     cfg = _build(Config, data, "", errors)

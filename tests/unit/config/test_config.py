@@ -191,3 +191,20 @@ def test_moved_keys_name_their_new_place(tmp_path):
         "'rollout.native.keep_graphs'? Set that key instead.",
         "rollout.weight_bucket_mb: unknown key, moved to rollout.sglang.weight_bucket_mb (got 64). Did you mean "
         "'rollout.sglang.weight_bucket_mb'? Set that key instead."]
+
+
+def test_critic_batching_inherits_the_actors_when_unset():
+    """As verl's critic config does: unset critic batching keys take the actor's, with a note when a critic
+    trains; a key the critic sets stays its own."""
+    notes = []
+    cfg = load_config(None, ["actor_rollout_ref.actor.ppo_mini_batch_size=64", "actor.micro_batch_size_per_gpu=16",
+                             "actor.use_dynamic_bsz=true", "actor.max_tokens_per_gpu=4096",
+                             "critic.micro_batch_size_per_gpu=4"], check=False, notes=notes)
+    c = cfg.critic
+    assert (c.ppo_mini_batch_size, c.micro_batch_size_per_gpu, c.use_dynamic_bsz, c.max_tokens_per_gpu) == (
+        64, 4, True, 4096)
+    assert notes[-1] == ("critic: unset batching keys take the actor's (ppo_mini_batch_size=64, use_dynamic_bsz=true, "
+                         "max_tokens_per_gpu=4096), as in verl; set critic.<key> to choose otherwise")
+    notes = []
+    load_config(None, ["actor.ppo_mini_batch_size=64", "algorithm.adv_estimator=grpo"], check=False, notes=notes)
+    assert notes == []  # no critic is trained: nothing to say
