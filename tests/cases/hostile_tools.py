@@ -53,9 +53,11 @@ NRS = {"x86_64": {"io_uring_setup": 425, "rt_sigqueueinfo": 129, "rt_tgsigqueuei
 LIBC = "import ctypes\nlibc = ctypes.CDLL(None, use_errno=True)\n"
 
 
-def sys_row(call: str) -> str:
-    """Code that makes one raw syscall through ctypes and prints "result errno"."""
-    return LIBC + f"r = libc.syscall({call})\nprint(r, ctypes.get_errno())"
+def sys_row(call: str, buffer: int = 0) -> str:
+    """Code that makes one raw syscall through ctypes and prints "result errno"; `buffer` > 0 first makes a
+    zeroed buffer of that many bytes, named `buf`, for the call's struct argument."""
+    made = f"buf = ctypes.create_string_buffer({buffer})\n" if buffer else ""
+    return LIBC + made + f"r = libc.syscall({call})\nprint(r, ctypes.get_errno())"
 
 
 # (category, name, code, regex its result text must match); {placeholders} are filled per run
@@ -85,8 +87,7 @@ ROWS = [
     ("network", "raw_icmp", sys_row("{nr[socket]}, 2, 3, 1"), EPERM),
     ("network", "packet", sys_row("{nr[socket]}, 17, 3, 0"), EPERM),
     ("network", "netlink", sys_row("{nr[socket]}, 16, 3, 0"), EPERM),
-    ("network", "io_uring", LIBC + "params = ctypes.create_string_buffer(120)\n"
-     "r = libc.syscall({nr[io_uring_setup]}, 8, params)\nprint(r, ctypes.get_errno())", EPERM),
+    ("network", "io_uring", sys_row("{nr[io_uring_setup]}, 8, buf", buffer=120), EPERM),
     # fork and clone by every route
     ("processes", "os_fork", "import os\nos.fork()", REFUSED),
     ("processes", "ctypes_fork", LIBC + "r = libc.fork()\nprint(r, ctypes.get_errno())", EPERM),
@@ -106,10 +107,8 @@ ROWS = [
     ("signals", "kill_parent", "import os\nos.kill(os.getppid(), 9)", REFUSED),
     ("signals", "kill_everyone", "import os\nos.kill(-1, 9)", REFUSED),
     ("signals", "kill_group", "import os\nos.kill(0, 15)", REFUSED),
-    ("signals", "sigqueueinfo", LIBC + "info = ctypes.create_string_buffer(128)\n"
-     "r = libc.syscall({nr[rt_sigqueueinfo]}, {victim}, 9, info)\nprint(r, ctypes.get_errno())", EPERM),
-    ("signals", "tgsigqueueinfo", LIBC + "info = ctypes.create_string_buffer(128)\n"
-     "r = libc.syscall({nr[rt_tgsigqueueinfo]}, {victim}, {victim}, 9, info)\nprint(r, ctypes.get_errno())", EPERM),
+    ("signals", "sigqueueinfo", sys_row("{nr[rt_sigqueueinfo]}, {victim}, 9, buf", buffer=128), EPERM),
+    ("signals", "tgsigqueueinfo", sys_row("{nr[rt_tgsigqueueinfo]}, {victim}, {victim}, 9, buf", buffer=128), EPERM),
     ("signals", "tkill", sys_row("{nr[tkill]}, {victim}, 9"), EPERM),
     ("signals", "tgkill", sys_row("{nr[tgkill]}, {victim}, {victim}, 9"), EPERM),
     ("signals", "pidfd", sys_row("{nr[pidfd_open]}, {victim}, 0"), EPERM),

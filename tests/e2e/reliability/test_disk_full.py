@@ -1,5 +1,6 @@
 """A full disk anywhere (metrics JSONL, TensorBoard, the HF export) stops the run with exit 6 and one line, no
 traceback, and leaves no process behind. The fault: every write to the target fails with ENOSPC."""
+import contextlib
 import os
 import subprocess
 
@@ -33,18 +34,25 @@ def test_enospc_exits_6_with_one_line(name, tmp_path):
     assert wait_for(lambda: not in_session(), timeout_s=10), f"processes left in the run's session: {in_session()}"
 
 
-@pytest.mark.skipif(os.geteuid() != 0, reason="mounts a small tmpfs (root only)")
-def test_a_really_full_disk_during_the_hf_export_exits_6(tmp_path):
-    """A filesystem with room for the checkpoint (2.5 MB) but not the export (0.7 MB more): no fault injection."""
+@contextlib.contextmanager
+def small_disk(tmp_path, size: str):
+    """A tmpfs of `size` at tmp_path/fs (root only): a real full disk, no fault injection."""
     fs = tmp_path / "fs"
     fs.mkdir()
-    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=2800k", "tmpfs", str(fs)], check=True)
+    subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(fs)], check=True)
     try:
+        yield fs
+    finally:
+        subprocess.run(["umount", "-l", str(fs)], check=False)
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="mounts a small tmpfs (root only)")
+def test_a_really_full_disk_during_the_hf_export_exits_6(tmp_path):
+    """A filesystem with room for the checkpoint (2.5 MB) but not the export (0.7 MB more)."""
+    with small_disk(tmp_path, "2800k") as fs:
         cmd = train_cmd(f"trainer.output_dir={fs / 'run'}", "trainer.total_steps=1", "trainer.export_hf=true",
                         "data.val_files=")
         proc = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT, env=env(0, 1, free_port()), timeout=300)
-    finally:
-        subprocess.run(["umount", "-l", str(fs)], check=False)
     assert proc.returncode == 6, proc.stderr[-3000:]
     assert "Traceback" not in proc.stderr, proc.stderr[-3000:]
     (line,) = [x for x in proc.stderr.splitlines() if "run stopped:" in x]
@@ -68,12 +76,7 @@ def test_an_unwritable_metrics_file_is_one_line_at_start(tmp_path):
 
 @pytest.mark.skipif(os.geteuid() != 0, reason="mounts a small tmpfs (root only)")
 def test_a_full_disk_at_start_names_the_directory(tmp_path):
-    fs = tmp_path / "fs"
-    fs.mkdir()
-    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=8k", "tmpfs", str(fs)], check=True)
-    try:
+    with small_disk(tmp_path, "8k") as fs:
         subprocess.run(["dd", "if=/dev/zero", f"of={fs / 'fill'}", "bs=1k", "count=8"], capture_output=True)  # full
         line = start_problem(tmp_path, fs / "run")
-    finally:
-        subprocess.run(["umount", "-l", str(fs)], check=False)
     assert f"trainer.output_dir={fs / 'run'}: no space left on device (ENOSPC)" in line, line

@@ -4,18 +4,15 @@ explained."""
 import pytest
 
 from rlhf_mcore.config.load import load_config
-from rlhf_mcore.train import main
 from tests.support.paths import ROOT
+from tests.support.validate_only import validate_only_errors
 
 TINY = str(ROOT / "configs" / "tiny_grpo.yaml")
 ON = ("async_training.partial_rollout=true", "async_training.staleness_threshold=1")
 
 
 def errors(capsys, *overrides: str, config: str = TINY) -> list[str]:
-    code = main(["--config", config, "--validate-only", *overrides])
-    err = capsys.readouterr().err
-    assert "Traceback" not in err
-    return [line[4:] for line in err.splitlines() if line.startswith("  - ")] if code else []
+    return validate_only_errors(capsys, config, *overrides)
 
 
 def test_verl_keys_turn_it_on(capsys):

@@ -5,18 +5,15 @@ multi_turn keys translate to ours."""
 import pytest
 
 from rlhf_mcore.config.load import load_config
-from rlhf_mcore.train import main
 from tests.support.paths import ROOT
+from tests.support.validate_only import validate_only_errors
 
 TOOL = str(ROOT / "configs" / "tiny_tool_grpo.yaml")
 TINY = str(ROOT / "configs" / "tiny_grpo.yaml")
 
 
 def errors(capsys, *overrides: str, config: str = TOOL) -> list[str]:
-    code = main(["--config", config, "--validate-only", *overrides])
-    err = capsys.readouterr().err
-    assert "Traceback" not in err
-    return [line[4:] for line in err.splitlines() if line.startswith("  - ")] if code else []
+    return validate_only_errors(capsys, config, *overrides)
 
 
 def test_the_tiny_tool_preset_validates(capsys):
