@@ -9,6 +9,10 @@ waits for them (TORCH_ELASTIC_SHUTDOWN_TIMEOUT) and then raises `SignalException
 hide the clean stop. Here, when every rank of this node ended with the same code, the agent prints one line and
 exits with that code (7: saved and stopped); otherwise it exits 1 naming each rank's code. It also tells the
 ranks its pid (RLHF_MCORE_LAUNCHER_PID): a rank started just as the agent was killed sees that its parent is gone.
+
+Bad input is never retried: when every failed rank exited 2 (cannot start: the config, the data, a busy port), the
+agent does not restart them (`--max-restarts` is for crashes, and a restart would print the same lines again),
+and a failed run ends with the failed ranks' exit code after torchrun's summary, not with a traceback and 1.
 """
 from __future__ import annotations
 
@@ -18,10 +22,26 @@ import sys
 
 from torch.distributed.elastic.agent.server.local_elastic_agent import LocalElasticAgent
 from torch.distributed.elastic.multiprocessing.api import SignalException
+from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
 from torch.distributed.run import main as torchrun_main
+
+from rlhf_mcore.trainer.guards import EXIT_STARTUP
 
 _codes: dict[int, int | None] = {}
 _shutdown = LocalElasticAgent._shutdown
+_monitor = LocalElasticAgent._monitor_workers
+NO_RETRY = (EXIT_STARTUP,)
+
+
+def _monitor_without_retrying_bad_input(self, worker_group):
+    """torchrun's monitor; when every failed rank exited with a NO_RETRY code, no restarts are left."""
+    result = _monitor(self, worker_group)
+    failures = getattr(result, "failures", None) or {}
+    if failures and all(f.exitcode in NO_RETRY for f in failures.values()) and self._remaining_restarts > 0:
+        print(f"torchrun: the ranks exited {EXIT_STARTUP} (cannot start: see their lines above): not restarting "
+              "them", file=sys.stderr, flush=True)
+        self._remaining_restarts = 0
+    return result
 
 
 def _recording_shutdown(self, *args, **kwargs):
@@ -48,8 +68,22 @@ def exit_code(signum: int, codes: dict[int, int | None]) -> tuple[int, str]:
     return 1, f"torchrun: stopped by {name}; the local ranks exited differently ({listed})"
 
 
+def failed_code(failures: dict) -> int:
+    """The exit code of a failed run: the failed ranks' one code when they agree and it is positive, else 1.
+
+    >>> import types
+    >>> failed_code({0: types.SimpleNamespace(exitcode=2), 1: types.SimpleNamespace(exitcode=2)})
+    2
+    >>> failed_code({0: types.SimpleNamespace(exitcode=-9)})
+    1
+    """
+    codes = {f.exitcode for f in failures.values()}
+    return codes.pop() if len(codes) == 1 and next(iter(codes)) > 0 else 1
+
+
 def main() -> int:
     LocalElasticAgent._shutdown = _recording_shutdown
+    LocalElasticAgent._monitor_workers = _monitor_without_retrying_bad_input
     os.environ["RLHF_MCORE_LAUNCHER_PID"] = str(os.getpid())  # a rank whose agent died before it started exits
     try:
         torchrun_main()
@@ -57,6 +91,9 @@ def main() -> int:
         code, line = exit_code(int(stop.sigval), _codes)
         print(line, file=sys.stderr, flush=True)
         return code
+    except ChildFailedError as failed:  # torchrun's summary (the root cause with its traceback, each rank's code)
+        print(failed.format_msg(), file=sys.stderr, flush=True)
+        return failed_code(failed.failures)
     return 0
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import re
 
 from rlhf_mcore.config.environment import environment_errors
 from rlhf_mcore.config.schema import Config
@@ -13,10 +14,32 @@ from rlhf_mcore.registry import suggest
 REQUIRED_INLINE = ("num_layers", "hidden_size", "ffn_hidden_size", "num_attention_heads", "vocab_size")
 
 
+_HUB_ID = re.compile(r"[A-Za-z0-9][\w.-]*/[\w.-]+")
+
+
+def hub_id_error(key: str, path: str) -> str:
+    """One line for a Hugging Face Hub id given where a local directory is read ('' when `path` exists or does
+    not look like one): the command that downloads it, and what to set. Nothing here downloads.
+
+    >>> print(hub_id_error("model.hf_path", "Qwen/Qwen2.5-0.5B-Instruct"))  # doctest: +NORMALIZE_WHITESPACE
+    model.hf_path: 'Qwen/Qwen2.5-0.5B-Instruct' looks like a Hugging Face Hub id, and rlhf-mcore reads local
+    directories only (it never downloads). Run `huggingface-cli download Qwen/Qwen2.5-0.5B-Instruct --local-dir
+    models/Qwen2.5-0.5B-Instruct`, then set model.hf_path=models/Qwen2.5-0.5B-Instruct.
+    """
+    if not path or os.path.exists(path) or not _HUB_ID.fullmatch(path):
+        return ""
+    local = f"models/{path.split('/')[1]}"
+    return (f"{key}: {path!r} looks like a Hugging Face Hub id, and rlhf-mcore reads local directories only (it "
+            f"never downloads). Run `huggingface-cli download {path} --local-dir {local}`, then set {key}={local}.")
+
+
 def _model_shape(cfg: Config) -> tuple[dict | None, list[str]]:
     """(hf-style dict of the architecture, errors about where it comes from)."""
     m = cfg.model
     inline_set = [k for k in REQUIRED_INLINE + ("num_query_groups",) if getattr(m, k) is not None]
+    hub = hub_id_error("model.hf_path", m.hf_path)
+    if hub:
+        return None, [hub]
     if m.hf_path:
         if inline_set:
             return None, [f"model.{k}: set inline while model.hf_path is given (got {getattr(m, k)}). "
@@ -369,4 +392,6 @@ def validate(cfg: Config, world_size: int | None = None) -> list[str]:
     dp = world_size // model_parallel if world_size and world_size % model_parallel == 0 else 1
     errs += _registry_rules(cfg) + environment_errors(cfg)
     return errs + _batch_rules(cfg, dp) + _length_rules(cfg, shape) + _packing_rules(cfg) + _algorithm_rules(cfg) + \
-        _file_rules(cfg) + _lora_adapter_rules(cfg) + _multi_turn_rules(cfg) + _async_rules(cfg)
+        _file_rules(cfg) + _lora_adapter_rules(cfg) + _multi_turn_rules(cfg) + _async_rules(cfg) + [
+            e for e in (hub_id_error("model.tokenizer", cfg.model.tokenizer),
+                        hub_id_error("reward.model_path", cfg.reward.model_path)) if e]

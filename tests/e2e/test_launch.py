@@ -85,3 +85,38 @@ def test_a_failing_rank_other_than_0_is_named_with_its_traceback(tmp_path):
     assert "RuntimeError: injected failure on rank 1" in root_cause and 'File "' in root_cause, out[-3000:]
     (stderr_log,) = (tmp_path / "logs").glob("*/attempt_0/1/stderr.log")
     assert "injected failure on rank 1" in stderr_log.read_text()
+
+
+def test_the_scripts_take_overrides_alone_and_size_from_the_allocation(tmp_path):
+    fake_repo(tmp_path)
+    proc = subprocess.run(["bash", str(tmp_path / "launch" / "torchrun.sh"), "trainer.total_steps=2"],
+                          capture_output=True, text=True, env={**os.environ, "DRY_RUN": "1", "NPROC": "1"}, timeout=60)
+    assert proc.returncode == 0 and "--config" not in proc.stdout, proc.stderr
+    assert proc.stdout.rstrip().endswith("-m rlhf_mcore.train trainer.resume=auto trainer.total_steps=2")
+    for slurm_env, ranks in (({"SLURM_GPUS_ON_NODE": "4"}, 4), ({"SLURM_GPUS_PER_NODE": "h100:2"}, 2), ({}, 8)):
+        out, _ = dry_run(str(tmp_path / "launch" / "slurm.sbatch"), {"SLURM_SUBMIT_DIR": str(tmp_path), **slurm_env},
+                         cwd=str(tmp_path))
+        assert f" --nproc_per_node {ranks} " in out, (slurm_env, out)
+
+
+@pytest.mark.parametrize("script", ["torchrun.sh", "slurm.sbatch"])
+def test_bad_input_stops_once_with_exit_2_before_any_rank_starts(tmp_path, script):
+    env = {**os.environ, "NPROC": "1", "GPUS_PER_NODE": "1", "SLURM_SUBMIT_DIR": ROOT, "LOG_DIR": str(tmp_path)}
+    proc = subprocess.run(["bash", os.path.join(ROOT, "launch", script), "configs/tiny_grpo.yaml",
+                           "rollout.n=0", f"trainer.output_dir={tmp_path / 'run'}"], capture_output=True, text=True,
+                          env=env, cwd=ROOT, timeout=120)
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 2 and out.count("invalid config:") == 1 and "Traceback" not in out, out[-3000:]
+    assert not (tmp_path / "run").exists() and "torch.distributed" not in out
+
+
+def test_the_launcher_never_restarts_ranks_that_cannot_start(tmp_path):
+    """A start-up problem the ranks find themselves (here a config error, past the scripts' own check): exit 2 once,
+    no restart although --max-restarts 3, and the launcher's exit code is the ranks' 2, not a traceback and 1."""
+    proc = subprocess.run([os.path.join(ROOT, ".venv", "bin", "python"), "-m", "rlhf_mcore.launcher", "--standalone",
+                           "--nproc_per_node", "1", "--max-restarts", "3", "-m", "rlhf_mcore.train", "--config",
+                           "configs/tiny_grpo.yaml", "rollout.n=0", f"trainer.output_dir={tmp_path / 'run'}"],
+                          capture_output=True, text=True, env={**os.environ, "PYTHONPATH": ROOT}, cwd=ROOT, timeout=300)
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 2, out[-3000:]
+    assert out.count("invalid config:") == 1 and "not restarting them" in out and "Traceback" not in out, out[-3000:]

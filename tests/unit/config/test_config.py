@@ -208,3 +208,12 @@ def test_critic_batching_inherits_the_actors_when_unset():
     notes = []
     load_config(None, ["actor.ppo_mini_batch_size=64", "algorithm.adv_estimator=grpo"], check=False, notes=notes)
     assert notes == []  # no critic is trained: nothing to say
+
+
+@pytest.mark.parametrize("key", ["model.hf_path", "model.tokenizer", "reward.model_path"])
+def test_a_hub_id_is_one_line_with_the_download_command(key):
+    with pytest.raises(ConfigError) as info:
+        load_config(TINY, [f"{key}=Qwen/Qwen2.5-0.5B-Instruct"])
+    (line,) = [e for e in info.value.errors if e.startswith(key)]
+    assert "looks like a Hugging Face Hub id" in line and \
+        "huggingface-cli download Qwen/Qwen2.5-0.5B-Instruct --local-dir models/Qwen2.5-0.5B-Instruct" in line
