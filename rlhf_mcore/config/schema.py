@@ -226,6 +226,10 @@ class RolloutConfig:
     top_k: int = -1  # -1 = off
     stop: list[str] = field(default_factory=list)
     val_temperature: float = 0.0  # 0 = greedy
+    val_n: int = 1  # validation samples per prompt: metrics mean@N, best@N, worst@N (verl val_kwargs.n)
+    val_top_p: float = 1.0  # verl val_kwargs.top_p
+    val_top_k: int = -1  # verl val_kwargs.top_k (-1 = off)
+    val_do_sample: bool = True  # false = greedy whatever val_temperature says (verl val_kwargs.do_sample)
     micro_batch_size: int = 0  # sequences decoded together per rank (0 = all)
     native: NativeRolloutConfig = field(default_factory=NativeRolloutConfig)  # options of rollout.engine=native
     sglang: SGLangRolloutConfig = field(default_factory=SGLangRolloutConfig)  # options of rollout.engine=sglang
@@ -239,6 +243,7 @@ class RolloutConfig:
         if self.top_k == 0 or self.top_k < -1:
             errs.append(f"{p}.top_k: must be -1 (off) or >= 1 (got {self.top_k}). Use -1 to turn it off.")
         errs += positive(f"{p}.val_temperature", self.val_temperature, allow_zero=True)
+        errs += positive(f"{p}.val_n", self.val_n)
         errs += positive(f"{p}.micro_batch_size", self.micro_batch_size, allow_zero=True)
         for f in dataclasses.fields(self):  # the engines' option sub-sections (rollout.native, rollout.sglang, ...)
             if dataclasses.is_dataclass(getattr(self, f.name)):

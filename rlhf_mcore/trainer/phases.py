@@ -35,10 +35,11 @@ def sampling_params(cfg, eos_ids: tuple[int, ...], step: int, validation: bool =
                     round_index: int = 0) -> SamplingParams:
     """`round_index`: the step's generation round (dynamic sampling draws more prompt batches per step)."""
     r = cfg.rollout
+    val_temperature = r.val_temperature if r.val_do_sample else 0.0  # verl's do_sample=False: greedy
     return SamplingParams(
-        n=1 if validation else r.n, max_new_tokens=r.max_response_length,
-        temperature=r.val_temperature if validation else r.temperature,
-        top_p=1.0 if validation else r.top_p, top_k=-1 if validation else r.top_k,
+        n=r.val_n if validation else r.n, max_new_tokens=r.max_response_length,
+        temperature=val_temperature if validation else r.temperature,
+        top_p=r.val_top_p if validation else r.top_p, top_k=r.val_top_k if validation else r.top_k,
         stop_token_ids=eos_ids, stop_strings=tuple(r.stop),
         seed=cfg.trainer.seed * 1_000_003 + step + round_index * ROUND_SEED_STRIDE,
     )
@@ -47,7 +48,8 @@ def sampling_params(cfg, eos_ids: tuple[int, ...], step: int, validation: bool =
 def greedy_baseline(rollout, scorer, prompts, cfg, stop_ids, step: int) -> torch.Tensor:
     """[P * n] reward of one greedy rollout per prompt (through the rollout layer `rollout`, in its mode),
     repeated for each of its n samples (ReMax)."""
-    greedy = rollout.generate(prompts, sampling_params(cfg, stop_ids, step, validation=True))
+    params = replace(sampling_params(cfg, stop_ids, step, validation=True), n=1, temperature=0.0, top_p=1.0, top_k=-1)
+    greedy = rollout.generate(prompts, params)
     scores, _ = scorer(greedy, prompts, 1)
     return scores.repeat_interleave(cfg.rollout.n)
 

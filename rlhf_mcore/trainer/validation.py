@@ -1,7 +1,9 @@
-"""Validation: generation with `rollout.val_temperature` (greedy by default) over the whole validation set,
-sharded over DP in chunks of `data.val_batch_size` prompts, scored like training. Metrics use verl's names:
-`val-core/<data_source>/{acc,reward,format}/mean@1` per data_source, plus `val-aux/response_length/mean` and
-`val-aux/response_length/clip_ratio` (share of responses cut at rollout.max_response_length)."""
+"""Validation: `rollout.val_n` samples per prompt (greedy by default: `rollout.val_temperature`, `val_top_p`,
+`val_top_k`, `val_do_sample`, verl's val_kwargs) over the whole validation set, sharded over DP in chunks of
+`data.val_batch_size` prompts, scored like training. Metrics use verl's names, per data_source:
+`val-core/<data_source>/{acc,reward,format}/mean@N`, and with N > 1 also `.../best@N/mean` and `.../worst@N/mean`
+(a prompt's best and worst of its N samples, averaged over prompts); plus `val-aux/response_length/mean` and
+`val-aux/response_length/clip_ratio` (share of responses cut at rollout.max_response_length) over all samples."""
 from __future__ import annotations
 
 import logging
@@ -46,21 +48,43 @@ def length_sums(lengths: torch.Tensor, keep: list[bool], max_length: int) -> lis
     return [float(lengths.sum()), float(kept.sum()), float((lengths >= max_length).sum())]
 
 
+def at_n_columns(columns: dict[str, list[float]], n: int) -> dict[str, list[float]]:
+    """Per prompt, from its n consecutive rows: `<name>/mean@n`, and for n > 1 `<name>/best@n/mean` and
+    `<name>/worst@n/mean` (verl's names).
+
+    >>> at_n_columns({"acc": [1.0, 0.0, 0.0, 0.0]}, 2)
+    {'acc/mean@2': [0.5, 0.0], 'acc/best@2/mean': [1.0, 0.0], 'acc/worst@2/mean': [0.0, 0.0]}
+    >>> at_n_columns({"acc": [1.0, 0.0]}, 1)
+    {'acc/mean@1': [1.0, 0.0]}
+    """
+    out: dict[str, list[float]] = {}
+    for name, values in columns.items():
+        groups = [values[i:i + n] for i in range(0, len(values), n)]
+        out[f"{name}/mean@{n}"] = [sum(g) / n for g in groups]
+        if n > 1:
+            out[f"{name}/best@{n}/mean"] = [max(g) for g in groups]
+            out[f"{name}/worst@{n}/mean"] = [min(g) for g in groups]
+    return out
+
+
 def validate(run) -> dict[str, float]:
     cfg, ctx = run.cfg, run.ctx
     sums: dict = {}
     totals = torch.zeros(3, dtype=torch.float64)
     num_prompts = len(run.val_sampler.indices)
     shown = False
+    n = cfg.rollout.val_n
     with progress(num_prompts, "validation", ctx.is_logging_rank, unit="prompts") as bar:
         for prompts, keep in run.val_sampler.batches(cfg.data.val_batch_size):
             rollout = run.rollout.generate(prompts, sampling_params(cfg, run.stop_ids, 0, validation=True),
                                            show_progress=ctx.is_logging_rank)  # in rollout.mode, as training
             responses = decode_responses(rollout, run.tokenizer.decode)
-            scored = run.scorer.score(rollout, prompts, 1, responses)
+            scored = run.scorer.score(rollout, prompts, n, responses)
             columns = scored.columns()
-            sums = merge_source_sums([sums, source_sums([p.data_source for p in prompts], columns, keep)])
-            totals += torch.tensor(length_sums(rollout.loss_mask.sum(-1), keep, cfg.rollout.max_response_length),
+            per_prompt = at_n_columns(columns, n)
+            sums = merge_source_sums([sums, source_sums([p.data_source for p in prompts], per_prompt, keep)])
+            keep_rows = [k for k in keep for _ in range(n)]
+            totals += torch.tensor(length_sums(rollout.loss_mask.sum(-1), keep_rows, cfg.rollout.max_response_length),
                                    dtype=torch.float64)
             if ctx.is_logging_rank and prompts and not shown:  # one sample, so users see what the model writes
                 log.info(format_sample(prompts[0].messages[-1]["content"], responses[0], prompts[0].ground_truth,
@@ -72,7 +96,7 @@ def validate(run) -> dict[str, float]:
         totals = totals.to(ctx.device)
         torch.distributed.all_reduce(totals, group=ctx.pgs.dp)
         totals = totals.cpu()
-    metrics = source_means(sums, "val-core/{src}/{name}/mean@1")
+    metrics = source_means(sums, "val-core/{src}/{name}")
     metrics["val-aux/response_length/mean"] = float(totals[0] / totals[1].clamp(min=1))
     metrics["val-aux/response_length/clip_ratio"] = float(totals[2] / totals[1].clamp(min=1))
     return metrics

@@ -1,5 +1,7 @@
 """The training CLI's front door: `--validate-only` prints the resolved config or one line per bad field
 (exit 2), verl's command lines run, bad expert layouts stop before anything is built."""
+import json
+
 from tests.launch import cli
 from tests.support.paths import ROOT_STR as ROOT
 from tests.support.paths import TINY
@@ -39,3 +41,20 @@ def test_training_cli_stops_at_bad_expert_layouts_before_anything_is_built(tmp_p
     assert lines == ["- parallel.ep: must divide the expert count 8 (got 3). Pick a divisor of num_experts, or ep=1.",
                      "- parallel.ep: tp*pp*ep = 3 must divide the world size 1 (got ep=3). Launch a multiple of "
                      "tp*pp*ep ranks."]
+
+
+def test_verls_val_kwargs_give_mean_best_and_worst_at_n(tmp_path):
+    """val_kwargs.n=4 with sampling: every data source gets mean@4, best@4 and worst@4 (verl's names), ordered as
+    they must be; a mean@16 evaluation never quietly becomes mean@1."""
+    out = tmp_path / "run"
+    cli("rlhf_mcore.train", "--config", TINY, "trainer.total_steps=1", "trainer.export_hf=false",
+        "trainer.val_before_train=true", f"trainer.output_dir={out}", "actor_rollout_ref.rollout.val_kwargs.n=4",
+        "actor_rollout_ref.rollout.val_kwargs.do_sample=true", "actor_rollout_ref.rollout.val_kwargs.temperature=1.0",
+        timeout=300)
+    rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    val = next(r for r in rows if any(k.startswith("val-core/") for k in r))
+    keys = sorted(k for k in val if k.startswith("val-core/tiny/vowels/reward/"))
+    assert keys == ["val-core/tiny/vowels/reward/best@4/mean", "val-core/tiny/vowels/reward/mean@4",
+                    "val-core/tiny/vowels/reward/worst@4/mean"]
+    worst, mean, best = (val[f"val-core/tiny/vowels/reward/{k}"] for k in ("worst@4/mean", "mean@4", "best@4/mean"))
+    assert worst <= mean <= best and worst < best  # 4 sampled responses differ
