@@ -189,6 +189,9 @@ def _set(data: dict, dotted: str, value: Any, errors: list[str], notes: list[str
         pairs, note, error = verl_keys.translate(dotted, value)
         errors += [error] if error else []
         notes += [note] if note else []
+        if dotted in verl_keys.CUSTOM_REWARD:  # path and name make one key of ours
+            current = (data.get("reward") or {}).get("custom_fn", "") if isinstance(data.get("reward"), dict) else ""
+            pairs = [("reward.custom_fn", verl_keys.custom_reward_fn(current, dotted, value))]
     else:
         pairs = [(dotted, value)]
     for key, val in pairs:

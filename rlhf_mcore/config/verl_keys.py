@@ -185,8 +185,16 @@ VERL_KEYS: dict[str, VerlKey] = {
     # reward
     "reward_model.enable": ignored("a reward model runs when reward.model_path is set"),
     "reward_model.model.path": alias("reward.model_path"),
-    "custom_reward_function.path": rejected("set reward.custom_fn=path/to/file.py:function_name"),
-    "custom_reward_function.name": rejected("set reward.custom_fn=path/to/file.py:function_name"),
+    "custom_reward_function.path": alias("reward.custom_fn", note="with custom_reward_function.name, or verl's "
+                                         "default name compute_score"),
+    "custom_reward_function.name": alias("reward.custom_fn", note="the function of custom_reward_function.path"),
+    "reward_model.reward_manager": ignored("rewards run per sample in reward workers; DAPO's overlong penalty is "
+                                           "reward.overlong_buffer (reward_model.overlong_buffer.*)"),
+    "reward_model.overlong_buffer.enable": ignored("reward_model.overlong_buffer.len sets reward.overlong_buffer; "
+                                                   "0 turns it off", only="True"),
+    "reward_model.overlong_buffer.len": alias("reward.overlong_buffer"),
+    "reward_model.overlong_buffer.penalty_factor": alias("reward.overlong_penalty_factor"),
+    "reward_model.overlong_buffer.log": ignored("the overlong penalty shows in the reward metrics"),
     # trainer
     "trainer.n_gpus_per_node": ignored(_WORLD),
     "trainer.nnodes": ignored(_WORLD),
@@ -221,6 +229,24 @@ def lookup(dotted: str) -> VerlKey | None:
 def is_verl_key(dotted: str, our_keys) -> bool:
     """Translate this key? Never one of ours; always one under actor_rollout_ref."""
     return dotted not in our_keys and (dotted.startswith(f"{_ARR}.") or lookup(dotted) is not None)
+
+
+CUSTOM_REWARD = {"custom_reward_function.path": 0, "custom_reward_function.name": 1}  # part of path:name
+
+
+def custom_reward_fn(current: str, dotted: str, value: Any) -> str:
+    """reward.custom_fn after verl's custom_reward_function.path or .name `value` (the other part kept; verl's
+    default function name is compute_score).
+
+    >>> custom_reward_fn("", "custom_reward_function.path", "r.py")
+    'r.py:compute_score'
+    >>> custom_reward_fn("r.py:compute_score", "custom_reward_function.name", "my_score")
+    'r.py:my_score'
+    """
+    current = str(current)
+    parts = current.rsplit(":", 1) if ":" in current else [current, ""]
+    parts[CUSTOM_REWARD[dotted]] = str(value)
+    return f"{parts[0]}:{parts[1] or 'compute_score'}"
 
 
 def translate(dotted: str, value: Any) -> tuple[list[tuple[str, Any]], str | None, str | None]:

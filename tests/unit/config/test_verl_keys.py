@@ -10,6 +10,8 @@ from rlhf_mcore.config.load import ConfigError, all_keys, load_config
 from tests.support.paths import ROOT_STR as ROOT
 from tests.support.verl import TEST, TRAIN, verl_grpo_command
 
+TINY = os.path.join(ROOT, "configs", "tiny_grpo.yaml")
+
 
 def test_verl_command_line_loads_without_a_config_file(verl_model_dir):
     notes: list[str] = []
@@ -127,3 +129,18 @@ def test_save_and_test_freq_say_what_each_value_does():
         load_config(os.path.join(ROOT, "configs", "tiny_grpo.yaml"), ["trainer.save_freq=-2", "trainer.test_freq=-3"])
     assert [e.split(":")[0] for e in info.value.errors] == ["trainer.save_freq", "trainer.test_freq"]
     assert "0 (never)" in info.value.errors[0] and "-1 or 0 (never, as verl)" in info.value.errors[1]
+
+
+@pytest.mark.parametrize("order", [1, -1])
+def test_the_dapo_recipe_reward_keys_and_the_custom_reward_function(order):
+    """verl's DAPO recipe: the overlong buffer's keys; custom_reward_function.path and .name in either order make
+    reward.custom_fn (verl's default function name: compute_score)."""
+    custom = ["custom_reward_function.path=data/tiny/reward.py", "custom_reward_function.name=vowel_fraction"]
+    cfg = load_config(TINY, custom[::order] + [
+        "reward_model.reward_manager=dapo", "reward_model.overlong_buffer.enable=True",
+        "reward_model.overlong_buffer.len=4", "reward_model.overlong_buffer.penalty_factor=0.5"])
+    assert cfg.reward.custom_fn == "data/tiny/reward.py:vowel_fraction"
+    assert (cfg.reward.overlong_buffer, cfg.reward.overlong_penalty_factor) == (4, 0.5)
+    assert load_config(None, custom[:1], check=False).reward.custom_fn == "data/tiny/reward.py:compute_score"
+    with pytest.raises(ConfigError, match="reward_model.overlong_buffer.enable: only True is supported"):
+        load_config(TINY, ["reward_model.overlong_buffer.enable=False"])
