@@ -15,7 +15,8 @@
 # code and traceback.
 set -euo pipefail
 CONFIG=()
-if [[ $# -gt 0 && $1 != *=* ]]; then CONFIG=(--config "$1"); shift; fi  # a config file, or overrides only
+# a config file first, or overrides only (Hydra flags and ~key too)
+if [[ $# -gt 0 && $1 != *=* && $1 != -* && $1 != "~"* ]]; then CONFIG=(--config "$1"); shift; fi
 if [[ -z "${NPROC:-}" ]]; then
   if command -v nvidia-smi >/dev/null 2>&1; then NPROC=$(nvidia-smi -L | wc -l); else NPROC=1; fi
 fi

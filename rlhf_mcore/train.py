@@ -41,9 +41,16 @@ def parse_args(argv):
     parser.add_argument("--config", default=None,
                         help="YAML experiment config (see configs/); without it the defaults plus the overrides run")
     parser.add_argument("--validate-only", action="store_true", help="check the config, print it, build nothing")
+    parser.add_argument("--config-path", default=None, help="Hydra's (verl's scripts): the folder of --config-name")
+    parser.add_argument("--config-name", default=None, help="Hydra's: the config's name in --config-path (.yaml)")
     parser.add_argument("overrides", nargs="*",
-                        help="a.b=value overrides of existing keys (verl's keys too: README 'Coming from verl')")
-    return parser.parse_args(argv)
+                        help="a.b=value overrides of existing keys (verl's keys too: README 'Coming from verl'); "
+                             "Hydra's +a.b=value and ~a.b are taken too")
+    args = parser.parse_args(argv)
+    if args.config_name:  # verl's `--config-path=DIR --config-name=NAME`
+        name = args.config_name if args.config_name.endswith((".yaml", ".yml")) else f"{args.config_name}.yaml"
+        args.config = args.config or os.path.join(args.config_path or ".", name)
+    return args
 
 
 def report(lines: list[str], rank: int, header: str) -> None:

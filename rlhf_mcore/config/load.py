@@ -199,14 +199,33 @@ def _set(data: dict, dotted: str, value: Any, errors: list[str], notes: list[str
 
 
 def parse_overrides(overrides: list[str], data: dict, errors: list[str], notes: list[str] | None = None) -> None:
+    """a.b=value overrides into `data`; Hydra's forms as verl's scripts write them: +a.b=value (add) and ++a.b=value
+    set the key like a.b=value, ~a.b (delete) puts its default back."""
     notes = [] if notes is None else notes
     our_keys = set(all_keys())
     for item in overrides:
+        item = item.lstrip("+")
+        if item.startswith("~"):
+            _delete_dotted(data, item[1:].split("=", 1)[0].strip())
+            continue
         if "=" not in item:
             errors.append(f"{item}: an override must look like a.b=value (got {item!r}). Add =value.")
             continue
         key, value = item.split("=", 1)
         _set(data, key.strip(), value, errors, notes, our_keys)
+
+
+def _delete_dotted(data: dict, dotted: str) -> None:
+    """Hydra's ~key: the key's default again (nothing to do where the file did not set it)."""
+    *parents, last = dotted.split(".")
+    node = data
+    for part in parents:
+        node = node.get(part) if isinstance(node, dict) else None
+    if isinstance(node, dict):
+        node.pop(last, None)
+
+
+HYDRA_HEADERS = ("defaults", "hydra")  # verl's YAML files compose verl's own configs through them
 
 
 def _apply_yaml_aliases(data: dict, errors: list[str], notes: list[str]) -> None:
@@ -273,6 +292,10 @@ def load_config(path: str | None = None, overrides: list[str] = (), world_size: 
             raise ConfigError([str(e)]) from None
         if not isinstance(data, dict):
             raise ConfigError([f"--config: {path} must hold a mapping of sections (got {type(data).__name__})."])
+        headers = [key for key in HYDRA_HEADERS if data.pop(key, None) is not None]
+        if headers:
+            notes.append(f"--config: Hydra's {' and '.join(headers)} header skipped: verl's own configs are not "
+                         "composed here (ours are the defaults); the file's keys are read")
         _apply_yaml_aliases(data, errors, notes)
     parse_overrides(list(overrides), data, errors, notes)
     _inherit_critic_batching(data, notes)

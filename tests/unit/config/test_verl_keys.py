@@ -144,3 +144,21 @@ def test_the_dapo_recipe_reward_keys_and_the_custom_reward_function(order):
     assert load_config(None, custom[:1], check=False).reward.custom_fn == "data/tiny/reward.py:compute_score"
     with pytest.raises(ConfigError, match="reward_model.overlong_buffer.enable: only True is supported"):
         load_config(TINY, ["reward_model.overlong_buffer.enable=False"])
+
+
+def test_hydra_syntax_of_verls_scripts(tmp_path):
+    """`--config-path DIR --config-name NAME`, +key=value, ~key, and a YAML with Hydra's defaults/hydra headers
+    (verl's multi-turn example), read with one note."""
+    from rlhf_mcore.train import parse_args
+
+    (tmp_path / "gsm8k_multiturn_grpo.yaml").write_text(
+        "hydra:\n  searchpath: [file://verl/trainer/config]\ndefaults:\n  - ppo_trainer\n  - _self_\n"
+        "data:\n  max_prompt_length: 256\nactor_rollout_ref:\n  rollout:\n    n: 4\n")
+    args = parse_args(["--config-path", str(tmp_path), "--config-name", "gsm8k_multiturn_grpo",
+                       "+trainer.total_steps=3", "~data.max_prompt_length", "++rollout.temperature=0.5"])
+    assert args.config == str(tmp_path / "gsm8k_multiturn_grpo.yaml")
+    notes = []
+    cfg = load_config(args.config, args.overrides, check=False, notes=notes)
+    assert (cfg.trainer.total_steps, cfg.rollout.n, cfg.rollout.temperature) == (3, 4, 0.5)
+    assert cfg.data.max_prompt_length == load_config(None, [], check=False).data.max_prompt_length  # ~ = default
+    assert notes[0].startswith("--config: Hydra's defaults and hydra header skipped")
