@@ -46,7 +46,7 @@ def parse_args(argv):
     parser.add_argument("overrides", nargs="*",
                         help="a.b=value overrides of existing keys (verl's keys too: README 'Coming from verl'); "
                              "Hydra's +a.b=value and ~a.b are taken too")
-    args = parser.parse_args(argv)
+    args = parser.parse_intermixed_args(argv)  # flags may follow overrides (the launch scripts put them last)
     if args.config_name:  # verl's `--config-path=DIR --config-name=NAME`
         name = args.config_name if args.config_name.endswith((".yaml", ".yml")) else f"{args.config_name}.yaml"
         args.config = args.config or os.path.join(args.config_path or ".", name)
