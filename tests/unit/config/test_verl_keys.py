@@ -157,6 +157,8 @@ def test_hydra_syntax_of_verls_scripts(tmp_path):
     args = parse_args(["--config-path", str(tmp_path), "--config-name", "gsm8k_multiturn_grpo",
                        "+trainer.total_steps=3", "~data.max_prompt_length", "++rollout.temperature=0.5"])
     assert args.config == str(tmp_path / "gsm8k_multiturn_grpo.yaml")
+    late = parse_args(["trainer.resume=auto", "--config-path", str(tmp_path), "--config-name", "x", "a.b=1"])
+    assert late.config == str(tmp_path / "x.yaml") and late.overrides == ["trainer.resume=auto", "a.b=1"]  # scripts
     notes = []
     cfg = load_config(args.config, args.overrides, check=False, notes=notes)
     assert (cfg.trainer.total_steps, cfg.rollout.n, cfg.rollout.temperature) == (3, 4, 0.5)
