@@ -44,7 +44,7 @@ def parse_args(argv):
     parser.add_argument("--config-path", default=None, help="Hydra's (verl's scripts): the folder of --config-name")
     parser.add_argument("--config-name", default=None, help="Hydra's: the config's name in --config-path (.yaml)")
     parser.add_argument("overrides", nargs="*",
-                        help="a.b=value overrides of existing keys (verl's keys too: README 'Coming from verl'); "
+                        help="a.b=value overrides of existing keys (verl's keys too: docs/verl.md); "
                              "Hydra's +a.b=value and ~a.b are taken too")
     args = parser.parse_intermixed_args(argv)  # flags may follow overrides (the launch scripts put them last)
     if args.config_name:  # verl's `--config-path=DIR --config-name=NAME`

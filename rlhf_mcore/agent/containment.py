@@ -47,8 +47,8 @@ def containment_errors(tool_names: list[str], allow_weak: bool) -> list[str]:
     if done.status != "ok" or done.output.strip() != "contained":
         why = done.error or (done.output.strip().splitlines() or ["no output"])[-1]
         return [f"rollout.multi_turn.tools: the sandbox of the {', '.join(tool_names)} tool cannot run on this "
-                f"host: a trial call ended with {done.status}: {why}. Fix the host (README: 'What the python "
-                "tool's sandbox promises') or leave these tools out."]
+                f"host: a trial call ended with {done.status}: {why}. Fix the host (docs/multi_turn.md: 'What the "
+                "python tool's sandbox promises') or leave these tools out."]
     missing = gaps(done.layers)
     if not missing or allow_weak:
         return []

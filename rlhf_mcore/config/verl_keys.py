@@ -8,7 +8,7 @@ One table, three kinds of entry (`VERL_KEYS`):
 Each translated key gives one info line naming ours. A key under verl's `actor_rollout_ref.` that the
 table lacks is an error with a did-you-mean over the table. Our own keys always win: a key that exists in
 our schema is never translated (`data.train_files`, `trainer.save_freq`, ... mean the same in both).
-The README's "Coming from verl" table is `markdown_table()` (a test keeps the two equal).
+docs/verl.md's table is `markdown_table()` (a test keeps the two equal).
 """
 from __future__ import annotations
 
@@ -264,7 +264,7 @@ parallel.tp/pp split it'
     if entry is None:
         known = [k for k in VERL_KEYS if not k.endswith(".")]
         return [], None, (f"{dotted}: unknown verl key (got {value!r}).{suggest(dotted, known)} "
-                          "See README 'Coming from verl' for the keys we translate.")
+                          "See docs/verl.md for the keys we translate.")
     if entry.rejected:
         return [], None, f"{dotted}: not supported here (got {value!r}). Instead, {entry.note}."
     if entry.only is not None and str(value).strip() != entry.only:
@@ -316,7 +316,7 @@ def _prune_empty(node: dict) -> None:
 
 
 def markdown_table() -> str:
-    """The README's table: verl key | ours (or what happens)."""
+    """docs/verl.md's table: verl key | ours (or what happens)."""
     rows = ["| verl key | rlhf-mcore |", "|---|---|"]
     for key, entry in VERL_KEYS.items():
         shown = f"{key}*" if key.endswith(".") else key

@@ -52,7 +52,7 @@ def test_unsupported_and_unknown_verl_keys_say_what_to_do():
         "actor_rollout_ref.actor.ppo_micro_batch_size: not supported here (got '8'). Instead, set "
         "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu (verl deprecated the global micro-batch size).",
         "actor_rollout_ref.actor.optim.lrr: unknown verl key (got '1'). Did you mean "
-        "'actor_rollout_ref.actor.optim.lr'? See README 'Coming from verl' for the keys we translate.",
+        "'actor_rollout_ref.actor.optim.lr'? See docs/verl.md for the keys we translate.",
         "trainer.critic_warmup: only 0 is supported here (got '5'): the critic and the actor train from the first "
         "step (verl's default). Drop the key."]
 
@@ -84,8 +84,8 @@ def test_file_lists_in_verl_and_our_forms(value):
 
 
 def test_readme_shows_the_table():
-    with open(os.path.join(ROOT, "README.md")) as f:
-        assert verl_keys.markdown_table() in f.read(), "README's verl table is stale: paste markdown_table()"
+    with open(os.path.join(ROOT, "docs", "verl.md")) as f:
+        assert verl_keys.markdown_table() in f.read(), "docs/verl.md's verl table is stale: paste markdown_table()"
 
 
 def test_verl_ppo_quickstart_runs_on_defaults(verl_model_dir):
