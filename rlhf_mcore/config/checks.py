@@ -5,6 +5,8 @@ from __future__ import annotations
 import dataclasses
 import math
 
+DC = dict(kw_only=True, slots=True)  # every config section: keyword-only, slotted dataclasses
+
 
 def choice(key: str, value, options) -> list[str]:
     """One error when `value` is not among `options`."""
