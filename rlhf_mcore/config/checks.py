@@ -6,6 +6,8 @@ import dataclasses
 import math
 
 DC = dict(kw_only=True, slots=True)  # every config section: keyword-only, slotted dataclasses
+# model.target_modules' names: HF projection names (rlhf_mcore.models.lora maps them onto megatron's layers)
+LORA_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
 
 
 def choice(key: str, value, options) -> list[str]:

@@ -11,7 +11,7 @@ import dataclasses
 from dataclasses import dataclass, field
 from typing import Optional
 
-from rlhf_mcore.config.checks import DC, choice, in_range, non_finite_floats, positive
+from rlhf_mcore.config.checks import DC, LORA_TARGETS, choice, in_range, non_finite_floats, positive
 from rlhf_mcore.config.rollout_schema import (  # noqa: F401 - the rollout sections, re-exported
     MOVED_KEYS,
     AsyncTrainingConfig,
@@ -20,8 +20,6 @@ from rlhf_mcore.config.rollout_schema import (  # noqa: F401 - the rollout secti
     RolloutConfig,
     SGLangRolloutConfig,
 )
-
-LORA_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")  # HF projection names
 
 
 def lora_errors(m, p: str) -> list[str]:

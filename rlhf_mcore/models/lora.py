@@ -34,7 +34,7 @@ from typing import Iterator
 
 import torch
 
-from rlhf_mcore.config.schema import LORA_TARGETS
+from rlhf_mcore.config.checks import LORA_TARGETS
 from rlhf_mcore.models.roles import role_spec
 from rlhf_mcore.models.spec import join_fused
 
