@@ -347,6 +347,8 @@ class TrainerConfig:
     time_limit_min: float = 0.0  # stop (validate, save, export) after the step that passes this; 0 = off
     export_hf: bool = True  # write the final actor as an HF checkpoint
     max_bad_steps: int = 3  # stop after this many steps in a row whose update was skipped (non-finite)
+    rollout_data_dir: str = ""  # every training sample of a step as <dir>/<step>.jsonl (trainer/dumps.py; verl's key)
+    validation_data_dir: str = ""  # every validation sample as <dir>/<step>.jsonl (verl's key)
     save_on_signal: bool = True  # SIGTERM/SIGINT: finish the step, save it, exit 7 (rlhf_mcore.trainer.signals)
     repeat_signal_window_s: float = 5.0  # a 2nd signal this soon after the 1st is the same stop (torchrun's forward)
     profile_steps: list[int] = field(default_factory=list)  # steps (1-based) under torch.profiler: <output_dir>/profile

@@ -9,6 +9,7 @@ from functools import partial
 from rlhf_mcore.logs import timer
 from rlhf_mcore.parallel import torchrun_env
 from rlhf_mcore.trainer import phases
+from rlhf_mcore.trainer.dumps import sample_records, write_records
 from rlhf_mcore.trainer.dynamic_sampling import fill_batch
 from rlhf_mcore.trainer.losses import actor_loss
 from rlhf_mcore.trainer.metrics import reduce_outputs
@@ -35,6 +36,10 @@ def rollout_round(run: Run, step: int, timings: dict, round_index: int = 0) -> t
             if run.needs_greedy_baseline else None
     with timer("reward", timings):
         batch, metrics, values = phases.score(run, rollout, prompts, baseline)
+    if cfg.trainer.rollout_data_dir:  # verl's dump of what the model wrote, per step
+        columns = {k: values[k].tolist() for k in ("reward", "acc", "format")}
+        write_records(cfg.trainer.rollout_data_dir, step + 1, sample_records(
+            rollout, prompts, cfg.rollout.n, run.tokenizer.decode, columns, step + 1), run.ctx)
     if async_report is not None:
         metrics.update(reduce_outputs([async_report], run.ctx))
     return batch, metrics, values

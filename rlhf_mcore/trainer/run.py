@@ -120,7 +120,7 @@ class Run:
         the step's own record (one JSONL record per step, as verl's)."""
         from rlhf_mcore.trainer.validation import validate
 
-        metrics = validate(self)
+        metrics = validate(self, step)
         if self.console:
             log.info("validation @ step %d: %s", step, "  ".join(f"{k}={v:.4f}" for k, v in sorted(metrics.items())))
         if record:

@@ -11,6 +11,7 @@ import logging
 import torch
 
 from rlhf_mcore.logs import progress
+from rlhf_mcore.trainer.dumps import sample_records, write_records
 from rlhf_mcore.trainer.phases import decode_responses, sampling_params
 from rlhf_mcore.trainer.scoring import gather_source_sums, merge_source_sums, source_means, source_sums
 
@@ -67,13 +68,14 @@ def at_n_columns(columns: dict[str, list[float]], n: int) -> dict[str, list[floa
     return out
 
 
-def validate(run) -> dict[str, float]:
+def validate(run, step: int = 0) -> dict[str, float]:
     cfg, ctx = run.cfg, run.ctx
     sums: dict = {}
     totals = torch.zeros(3, dtype=torch.float64)
     num_prompts = len(run.val_sampler.indices)
     shown = False
     n = cfg.rollout.val_n
+    records: list[dict] = []
     with progress(num_prompts, "validation", ctx.is_logging_rank, unit="prompts") as bar:
         for prompts, keep in run.val_sampler.batches(cfg.data.val_batch_size):
             rollout = run.rollout.generate(prompts, sampling_params(cfg, run.stop_ids, 0, validation=True),
@@ -82,6 +84,9 @@ def validate(run) -> dict[str, float]:
             scored = run.scorer.score(rollout, prompts, n, responses)
             columns = scored.columns()
             per_prompt = at_n_columns(columns, n)
+            if cfg.trainer.validation_data_dir:  # verl's dump of every validation sample (padding rows left out)
+                found = sample_records(rollout, prompts, n, run.tokenizer.decode, columns, step)
+                records += [r for j, r in enumerate(found) if keep[j // n]]
             sums = merge_source_sums([sums, source_sums([p.data_source for p in prompts], per_prompt, keep)])
             keep_rows = [k for k in keep for _ in range(n)]
             totals += torch.tensor(length_sums(rollout.loss_mask.sum(-1), keep_rows, cfg.rollout.max_response_length),
@@ -96,6 +101,8 @@ def validate(run) -> dict[str, float]:
         totals = totals.to(ctx.device)
         torch.distributed.all_reduce(totals, group=ctx.pgs.dp)
         totals = totals.cpu()
+    if cfg.trainer.validation_data_dir:
+        write_records(cfg.trainer.validation_data_dir, step, records, ctx)
     metrics = source_means(sums, "val-core/{src}/{name}")
     metrics["val-aux/response_length/mean"] = float(totals[0] / totals[1].clamp(min=1))
     metrics["val-aux/response_length/clip_ratio"] = float(totals[2] / totals[1].clamp(min=1))

@@ -37,7 +37,9 @@ RUNS = {
     "ppo_rm_tp2pp2": (4, "tiny_ppo.yaml", STEPS + (RM, "parallel.tp=2", "parallel.pp=2")),
     "ppo_tp2_dp2": (4, "tiny_ppo.yaml", STEPS + ("parallel.tp=2", "data.train_batch_size=4",
                                                  "actor.ppo_mini_batch_size=4", "critic.ppo_mini_batch_size=4",
-                                                 "trainer.test_freq=2", "data.val_batch_size=3")),
+                                                 "trainer.test_freq=2", "data.val_batch_size=3",
+                                                 "trainer.rollout_data_dir={work}/dumps_tp2_dp2/rollouts",
+                                                 "trainer.validation_data_dir={work}/dumps_tp2_dp2/val")),
 }
 
 
@@ -50,9 +52,11 @@ def runs(tmp_path_factory) -> dict[str, dict]:
     for nproc in sorted({n for n, _, _ in RUNS.values()}):
         worker(nproc, *[("train_run", work / f"{label}.json", CONFIGS / config,
                          f"trainer.output_dir={work}/run_{label}", "trainer.save_freq=0", "trainer.resume=disable",
-                         *(o.format(rm=rm) for o in overrides))
+                         *(o.format(rm=rm, work=work) for o in overrides))
                         for label, (n, config, overrides) in RUNS.items() if n == nproc], timeout=900)
-    return {label: json.loads((work / f"{label}.json").read_text()) for label in RUNS}
+    found = {label: json.loads((work / f"{label}.json").read_text()) for label in RUNS}
+    found["work"] = work
+    return found
 
 
 # Metrics that must agree across layouts of one DP replica (same prompts, same sampling seeds).
@@ -127,6 +131,17 @@ def test_ppo_four_ranks_tp_pp_dp(runs):
     assert val["actor/lr"] > 0 and val["critic/lr"] > 0 and -10 < val["critic/vf_explained_var"] <= 1
     assert 0 < val["val-aux/response_length/mean"] <= 16 and 0 <= val["val-core/tiny/vowels/reward/mean@1"] <= 1
     assert dp["metrics"][0]["train/tiny/vowels/reward/mean"] == pytest.approx(dp["metrics"][0]["critic/score/mean"])
+    # verl's dumps: every sample of both DP replicas, written once (rank 0), scores matching the step's metrics
+    dumps = runs["work"] / "dumps_tp2_dp2"
+    steps = {p.name: [json.loads(x) for x in p.read_text().splitlines()] for p in (dumps / "rollouts").glob("*.jsonl")}
+    assert sorted(steps) == ["1.jsonl", "2.jsonl"] and all(len(rows) == 8 for rows in steps.values())  # 4 prompts x 2
+    mean = sum(r["reward"] for r in steps["1.jsonl"]) / 8
+    assert mean == pytest.approx(dp["metrics"][0]["critic/score/mean"], abs=1e-6)
+    (val_file,) = (dumps / "val").glob("*.jsonl")
+    val_rows = [json.loads(x) for x in val_file.read_text().splitlines()]
+    assert val_file.name == "2.jsonl" and {"input", "output", "ground_truth", "acc"} <= set(val_rows[0])
+    assert sum(r["reward"] for r in val_rows) / len(val_rows) == pytest.approx(
+        val["val-core/tiny/vowels/reward/mean@1"], abs=1e-6)
 
 
 def test_ppo_every_role_tp2_pp2(runs):

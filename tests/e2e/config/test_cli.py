@@ -2,6 +2,8 @@
 (exit 2), verl's command lines run, bad expert layouts stop before anything is built."""
 import json
 
+import pytest
+
 from tests.launch import cli
 from tests.support.paths import ROOT_STR as ROOT
 from tests.support.paths import TINY
@@ -50,7 +52,7 @@ def test_verls_val_kwargs_give_mean_best_and_worst_at_n(tmp_path):
     cli("rlhf_mcore.train", "--config", TINY, "trainer.total_steps=1", "trainer.export_hf=false",
         "trainer.val_before_train=true", f"trainer.output_dir={out}", "actor_rollout_ref.rollout.val_kwargs.n=4",
         "actor_rollout_ref.rollout.val_kwargs.do_sample=true", "actor_rollout_ref.rollout.val_kwargs.temperature=1.0",
-        timeout=300)
+        f"trainer.validation_data_dir={tmp_path / 'val'}", timeout=300)
     rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
     val = next(r for r in rows if any(k.startswith("val-core/") for k in r))
     keys = sorted(k for k in val if k.startswith("val-core/tiny/vowels/reward/"))
@@ -58,3 +60,5 @@ def test_verls_val_kwargs_give_mean_best_and_worst_at_n(tmp_path):
                     "val-core/tiny/vowels/reward/worst@4/mean"]
     worst, mean, best = (val[f"val-core/tiny/vowels/reward/{k}"] for k in ("worst@4/mean", "mean@4", "best@4/mean"))
     assert worst <= mean <= best and worst < best  # 4 sampled responses differ
+    dumped = [json.loads(line) for line in (tmp_path / "val" / "0.jsonl").read_text().splitlines()]
+    assert len(dumped) == 16 * 4 and sum(r["reward"] for r in dumped) / len(dumped) == pytest.approx(mean, abs=1e-6)
