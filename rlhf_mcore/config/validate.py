@@ -22,15 +22,16 @@ def hub_id_error(key: str, path: str) -> str:
     not look like one): the command that downloads it, and what to set. Nothing here downloads.
 
     >>> print(hub_id_error("model.hf_path", "Qwen/Qwen2.5-0.5B-Instruct"))  # doctest: +NORMALIZE_WHITESPACE
-    model.hf_path: 'Qwen/Qwen2.5-0.5B-Instruct' looks like a Hugging Face Hub id, and rlhf-mcore reads local
-    directories only (it never downloads). Run `huggingface-cli download Qwen/Qwen2.5-0.5B-Instruct --local-dir
-    models/Qwen2.5-0.5B-Instruct`, then set model.hf_path=models/Qwen2.5-0.5B-Instruct.
+    model.hf_path: 'Qwen/Qwen2.5-0.5B-Instruct' is not a directory here. If it is a Hugging Face Hub id: rlhf-mcore
+    reads local directories only (it never downloads); run `huggingface-cli download Qwen/Qwen2.5-0.5B-Instruct
+    --local-dir models/Qwen2.5-0.5B-Instruct`, then set model.hf_path=models/Qwen2.5-0.5B-Instruct.
     """
     if not path or os.path.exists(path) or not _HUB_ID.fullmatch(path):
         return ""
     local = f"models/{path.split('/')[1]}"
-    return (f"{key}: {path!r} looks like a Hugging Face Hub id, and rlhf-mcore reads local directories only (it "
-            f"never downloads). Run `huggingface-cli download {path} --local-dir {local}`, then set {key}={local}.")
+    return (f"{key}: {path!r} is not a directory here. If it is a Hugging Face Hub id: rlhf-mcore reads local "
+            f"directories only (it never downloads); run `huggingface-cli download {path} --local-dir {local}`, then "
+            f"set {key}={local}.")
 
 
 def _model_shape(cfg: Config) -> tuple[dict | None, list[str]]:

@@ -5,7 +5,6 @@ from __future__ import annotations
 import dataclasses
 import json
 import logging
-import math
 import os
 from pathlib import Path
 
@@ -19,6 +18,7 @@ from rlhf_mcore.logs import MetricLogger, init_logger, sink_errors
 from rlhf_mcore.models.transformer_config import load_hf_config
 from rlhf_mcore.parallel import init_distributed, torchrun_env
 from rlhf_mcore.rollout.base import EngineSetup, build_rollout_engine
+from rlhf_mcore.rollout.partial import max_lag
 from rlhf_mcore.trainer.guards import (
     BadStepGuard,
     DiskFullError,
@@ -348,7 +348,7 @@ def engine_setup(cfg, roles: Roles, hf_config: dict, tokenizer, ctx) -> EngineSe
     """What every rollout engine is built from, besides its own rollout.<engine> options."""
     replica_prompts = -(-cfg.data.train_batch_size // ctx.dims.dp)
     a = cfg.async_training  # partial rollouts decode staleness_threshold + 1 batches at once
-    in_flight = math.ceil(a.staleness_threshold) + 1 if a.partial_rollout else 1
+    in_flight = max_lag(a.staleness_threshold) + 1 if a.partial_rollout else 1
     return EngineSetup(model=roles.actor.model[0], hf_config=hf_config, ctx=ctx, pad_id=tokenizer.pad_id,
                        decode=tokenizer.decode, micro_batch_size=cfg.rollout.micro_batch_size,
                        replica_rows=replica_prompts * cfg.rollout.n * in_flight, seed=cfg.trainer.seed)

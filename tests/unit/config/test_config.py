@@ -215,5 +215,5 @@ def test_a_hub_id_is_one_line_with_the_download_command(key):
     with pytest.raises(ConfigError) as info:
         load_config(TINY, [f"{key}=Qwen/Qwen2.5-0.5B-Instruct"])
     (line,) = [e for e in info.value.errors if e.startswith(key)]
-    assert "looks like a Hugging Face Hub id" in line and \
+    assert "If it is a Hugging Face Hub id" in line and \
         "huggingface-cli download Qwen/Qwen2.5-0.5B-Instruct --local-dir models/Qwen2.5-0.5B-Instruct" in line
