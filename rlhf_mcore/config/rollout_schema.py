@@ -20,6 +20,8 @@ class NativeRolloutConfig:
     compile_decode: bool = True  # torch.compile the graphed decode step (a compile error falls back, logged)
     decode_attention: str = "auto"  # auto | triton (split-KV kernel, fastest) | sdpa; auto = sdpa where a probe
     #                                 finds it bitwise the trainer's attention (exact log-probs), else triton
+    static_on_cpu: bool = False  # on a CPU too, decode with the static decoder (eager steps, no graphs): the
+    #                              continuous batching of partial rollouts, in tests and on machines without a GPU
 
     def _checks(self, p: str) -> list[str]:
         return choice(f"{p}.decode_attention", self.decode_attention, ("auto", "triton", "sdpa"))
@@ -124,6 +126,8 @@ class AsyncTrainingConfig:
     partial_rollout: bool = False  # a step stops at enough complete groups; unfinished samples carry over
     staleness_threshold: float = 0.0  # versions a token may lag the weights it trains under (rounded up)
     round_tokens: int = 0  # tokens decoded per round between checks for complete groups (0 = auto)
+    continuous: bool = True  # refill the slots of finished samples mid-decode (native engine where its static
+    #                          decoder runs); false, or another engine: rounds of round_tokens
 
     def _checks(self, p: str) -> list[str]:
         errs = [] if self.staleness_threshold >= 0 else [

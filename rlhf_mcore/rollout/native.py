@@ -28,6 +28,7 @@ then decode one token per step for the whole batch until every row has finished.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import logging
 from typing import Optional
 
@@ -36,7 +37,7 @@ import torch.distributed as dist
 
 from rlhf_mcore.logs import progress
 from rlhf_mcore.models.full_weights import unwrap_model
-from rlhf_mcore.rollout import comm, kv_cache
+from rlhf_mcore.rollout import comm, continuous, kv_cache
 from rlhf_mcore.rollout.base import ROLLOUT_ENGINES
 from rlhf_mcore.rollout.responses import Response, ResponseBuffer, assemble_batch
 from rlhf_mcore.rollout.sampling import replica_seed, sample
@@ -74,7 +75,7 @@ class NativeRolloutEngine:
 
     def __init__(self, model, ctx, pad_id: int, decode: Optional[Decode] = None, micro_batch_size: int = 0,
                  cuda_graphs: bool = True, keep_graphs: bool = True, compile_decode: bool = True,
-                 decode_attention: str = "auto", empty_cache: bool = True):
+                 decode_attention: str = "auto", empty_cache: bool = True, static_on_cpu: bool = False):
         self.model = unwrap_model(model)
         if getattr(self.model.config, "sequence_parallel", False):
             raise ValueError("parallel.sequence_parallel: the native rollout engine cannot decode with sequence "
@@ -89,7 +90,7 @@ class NativeRolloutEngine:
         self._released = False
         self.keep_graphs = keep_graphs  # release_memory() keeps the static cache and graphs
         self.empty_cache = empty_cache  # release_memory() returns torch's cached blocks to the device
-        self.static = self._static_decoder(cuda_graphs, compile_decode, decode_attention)
+        self.static = self._static_decoder(cuda_graphs, compile_decode, decode_attention, static_on_cpu)
 
     @classmethod
     def build(cls, options, setup) -> "NativeRolloutEngine":
@@ -97,13 +98,20 @@ class NativeRolloutEngine:
         return cls(setup.model, setup.ctx, setup.pad_id, setup.decode, micro_batch_size=setup.micro_batch_size,
                    cuda_graphs=options.cuda_graphs, keep_graphs=options.keep_graphs,
                    compile_decode=options.compile_decode, decode_attention=options.decode_attention,
-                   empty_cache=options.empty_cache)
+                   empty_cache=options.empty_cache, static_on_cpu=options.static_on_cpu)
 
-    def _static_decoder(self, cuda_graphs: bool, compile_decode: bool, attention: str) -> Optional[StaticDecoder]:
+    def _static_decoder(self, cuda_graphs: bool, compile_decode: bool, attention: str,
+                        on_cpu: bool = False) -> Optional[StaticDecoder]:
         if not cuda_graphs:
             log.info("native rollout: CUDA graphs off (rollout.native.cuda_graphs=false); decoding eagerly")
             return None
         blockers = graph_blockers(self.model, self.ctx)
+        if self.ctx.device.type != "cuda" and not blockers and on_cpu:
+            from rlhf_mcore.models.heads import lm_output_weight
+
+            log.info("native rollout: static decoder on the CPU (rollout.native.static_on_cpu=true): eager steps, "
+                     "sdpa attention, no graphs")
+            return StaticDecoder(self.model, lambda: lm_output_weight(self.model), use_graphs=False)
         if self.ctx.device.type != "cuda":
             blockers.insert(0, "no CUDA device")
         if blockers:
@@ -150,6 +158,31 @@ class NativeRolloutEngine:
                 for _ in range(extra):
                     self._generate_chunk([[self.pad_id]], params, generator, bar, padding=True)
         return assemble_batch(rows, responses, self.pad_id, self.ctx.device)
+
+    @property
+    def continuous(self) -> bool:
+        """Whether `generate_continuous` can run: with the static decoder, whose slots each have a position
+        and a response column of their own (megatron's eager cache has one offset for all rows)."""
+        return self.static is not None
+
+    def generate_continuous(self, rows: list[list[int]], limits: list[int], params: SamplingParams,
+                            on_finish, num_slots: int) -> dict[int, Response]:
+        """Continuous batching over `num_slots` cache slots (`rlhf_mcore.rollout.continuous`): rows[i] (a token
+        prefix) may add limits[i] tokens; each ended row goes to on_finish(i, Response) at once, and the call
+        stops when that returns True. The rows cut then, by index (finish_reason "abort"). Seeded like generate."""
+        if not self.continuous:
+            raise RuntimeError("native rollout: continuous batching needs the static decoder (tp=pp=1 on a GPU, "
+                               "rollout.native.cuda_graphs=true); use generate() in rounds instead.")
+        if self._released:
+            raise RuntimeError("native rollout: generate_continuous() after release_memory(); call resume_memory().")
+        check_request(rows, dataclasses.replace(params, max_new_tokens=min(limits, default=1)))
+        device = self.ctx.device
+        with inference_mode(self.model), torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):
+            torch.manual_seed(replica_seed(params.seed, self.ctx.dp_rank))
+            self.static.refresh_weights()
+            stop_ids = self.static.stop_tensor(params.stop_token_ids, device)
+            return continuous.decode(self.static, rows, limits, params, stop_ids, on_finish, num_slots, self.pad_id,
+                                     device, self.decode)
 
     @property
     def lockstep_group(self):
@@ -260,7 +293,7 @@ class NativeRolloutEngine:
         bucket = bucket_for(b)
         for step in range(1, max_new + 1):
             if params.stop_strings:
-                self._stop_strings(st, bucket, step - 1, params)
+                self.static.end_stop_strings(bucket, params, self.decode)
             if can_stop:  # one host sync per step, only when rows can end early
                 num_alive = int((~st.done[:bucket]).sum())
                 if num_alive == 0:
@@ -275,16 +308,6 @@ class NativeRolloutEngine:
         bar.update(max_new - step)
         return ResponseBuffer(st.out_tokens[:b, :max_new], st.out_logprobs[:b, :max_new], st.out_lengths[:b],
                               st.out_stopped[:b]).to_responses()
-
-    def _stop_strings(self, st, bucket: int, step: int, params: SamplingParams) -> None:
-        """End the running rows whose response (through column `step`) completes a stop string."""
-        slots = (~st.done[:bucket]).nonzero().squeeze(1)
-        rows = st.slot_row[slots]
-        start = max(0, step + 1 - tail_window(params.stop_strings))
-        hits = torch.tensor(stop_string_hits(st.out_tokens[rows, start:step + 1].tolist(), params.stop_strings,
-                                             self.decode), dtype=torch.bool, device=slots.device)
-        st.done[slots[hits]] = True
-        st.out_stopped[rows[hits]] = True
 
     def _forward(self, input_ids: torch.Tensor, mask: Optional[torch.Tensor], kv) -> Optional[torch.Tensor]:
         """One forward of this stage's layers over input_ids [b, s] at the cache offset; the hidden state of

@@ -45,6 +45,16 @@ class Sample:
     def reset(self) -> None:
         self.tokens, self.logprobs, self.versions, self.finish_reason = [], [], [], ""
 
+    def add(self, tokens: list[int], logprobs: list[float], version: int, stopped: bool, max_length: int) -> None:
+        """Append tokens sampled by policy `version`; the sample ends if `stopped` or at `max_length` tokens."""
+        self.tokens += tokens
+        self.logprobs += logprobs
+        self.versions += [version] * len(tokens)
+        if stopped:
+            self.finish_reason = "stop"
+        elif len(self.tokens) >= max_length:
+            self.finish_reason = "length"
+
 
 @dataclasses.dataclass
 class Group:
@@ -110,14 +120,9 @@ class PartialPool:
         for i, (_, sample) in enumerate(active):
             start, length = int(rollout.prompt_lengths[i]), int(rollout.response_lengths[i])
             new = rollout.tokens[i, start:start + length].tolist()
-            sample.tokens += new
-            sample.logprobs += rollout.rollout_logprobs[i, start:start + length].tolist()
-            sample.versions += [version] * length
             stopped = rollout.finish_reasons[i] == "stop" or (bool(new) and new[-1] in stop_token_ids)
-            if stopped:
-                sample.finish_reason = "stop"
-            elif len(sample.tokens) >= self.max_response_length:
-                sample.finish_reason = "length"
+            sample.add(new, rollout.rollout_logprobs[i, start:start + length].tolist(), version, stopped,
+                       self.max_response_length)
 
     def num_complete(self) -> int:
         return sum(g.complete for g in self.groups)
@@ -125,8 +130,12 @@ class PartialPool:
     def urgent(self, version: int) -> bool:
         """Whether an unfinished group has tokens that would lag more than `lag` at the next version: it must
         finish in this step, so that a long sample is never passed over until it goes stale."""
-        return any(not g.complete and g.oldest_version() is not None and version + 1 - g.oldest_version() > self.lag
-                   for g in self.groups)
+        return bool(self.urgent_groups(version))
+
+    def urgent_groups(self, version: int) -> list[Group]:
+        """The unfinished groups that must finish at `version` (see `urgent`)."""
+        return [g for g in self.groups if not g.complete and g.oldest_version() is not None
+                and version + 1 - g.oldest_version() > self.lag]
 
     def take_complete(self, k: int) -> list[Group]:
         """Remove and return the `k` oldest complete groups (fewer if there are fewer)."""
@@ -143,6 +152,27 @@ class PartialPool:
 
     def carried(self) -> int:
         return sum(len(g.samples) for g in self.groups)
+
+
+class StopRule:
+    """When a step's continuous rollout may stop: `need` complete groups in the pool and no urgent group left
+    unfinished. Kept up to date one finished sample at a time (`finished`), without scanning the pool."""
+
+    def __init__(self, pool: PartialPool, need: int, version: int):
+        self.group_of = {id(s): g for g in pool.groups for s in g.samples}
+        self.complete, self.need = pool.num_complete(), need
+        self.urgent = {id(g) for g in pool.urgent_groups(version)}
+
+    def finished(self, sample: Sample) -> bool:
+        """`sample` has just ended; whether the step has what it needs now."""
+        group = self.group_of[id(sample)]
+        if group.complete:
+            self.complete += 1
+            self.urgent.discard(id(group))
+        return self.satisfied()
+
+    def satisfied(self) -> bool:
+        return self.complete >= self.need and not self.urgent
 
 
 def to_rollout_batch(groups: list[Group], pad_id: int, device=None) -> tuple[RolloutBatch, torch.Tensor]:

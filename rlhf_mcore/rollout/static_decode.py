@@ -45,6 +45,7 @@ from rlhf_mcore.kernels.logits import logits_fp32
 from rlhf_mcore.rollout import decode_layer as fn
 from rlhf_mcore.rollout.merged_weights import MergedWeights
 from rlhf_mcore.rollout.sampling import mask_padded_vocab, sample, sample_plain
+from rlhf_mcore.rollout.stopping import stop_string_hits, tail_window
 
 log = logging.getLogger(__name__)
 
@@ -91,33 +92,50 @@ class DecodeState:
     pos: torch.Tensor  # [B] long, the cache slot (= trainer column) of the token each slot feeds next
     tokens_in: torch.Tensor  # [B] long, the token each slot feeds to the next step
     done: torch.Tensor  # [B] bool
-    slot_row: torch.Tensor  # [B] long, the response row each slot writes (rows >= B: scratch of idle slots)
-    col: torch.Tensor  # [] long, the response column the next step writes
-    out_tokens: torch.Tensor  # [2B, N] long, by response row
-    out_logprobs: torch.Tensor  # [2B, N] fp32
-    out_lengths: torch.Tensor  # [2B] long
-    out_stopped: torch.Tensor  # [2B] bool
+    limit: torch.Tensor  # [B] long, the response tokens the slot's row may have (it ends at that length)
+    slot_row: torch.Tensor  # [B] long, the response row each slot writes (rows >= R: scratch of idle slots)
+    out_tokens: torch.Tensor  # [R + B, N] long, by response row; a row's next column is its length
+    out_logprobs: torch.Tensor  # [R + B, N] fp32
+    out_lengths: torch.Tensor  # [R + B] long
+    out_stopped: torch.Tensor  # [R + B] bool
 
     @classmethod
-    def allocate(cls, num_layers, batch, groups, length, head_dim, max_new, dtype, device) -> "DecodeState":
+    def allocate(cls, num_layers, batch, groups, length, head_dim, max_new, dtype, device,
+                 rows: int = 0) -> "DecodeState":
+        """batch cache slots; response buffers for max(rows, batch) rows plus a scratch row per slot."""
         def z(*shape, dt=torch.long):
             return torch.zeros(*shape, dtype=dt, device=device)
+        out = max(rows, batch) + batch
         return cls(k=z(num_layers, batch, groups, length, head_dim, dt=dtype),
                    v=z(num_layers, batch, groups, length, head_dim, dt=dtype),
-                   pos=z(batch), tokens_in=z(batch), done=z(batch, dt=torch.bool),
-                   slot_row=z(batch), col=z(()), out_tokens=z(2 * batch, max_new),
-                   out_logprobs=z(2 * batch, max_new, dt=torch.float32), out_lengths=z(2 * batch),
-                   out_stopped=z(2 * batch, dt=torch.bool))
+                   pos=z(batch), tokens_in=z(batch), done=z(batch, dt=torch.bool), limit=z(batch),
+                   slot_row=z(batch), out_tokens=z(out, max_new),
+                   out_logprobs=z(out, max_new, dt=torch.float32), out_lengths=z(out),
+                   out_stopped=z(out, dt=torch.bool))
+
+    @property
+    def num_rows(self) -> int:
+        """Response rows a call may use (the rest are the idle slots' scratch rows)."""
+        return self.out_tokens.size(0) - self.done.numel()
 
     def idle(self, start: int, stop: int) -> None:
         """Slots [start, stop) decode nothing real: done, writing scratch rows of their own (never a real
-        row, so no two slots write one row in a step), at cache slots from 0 (in range to the last step)."""
+        row, so no two slots write one row in a step), at cache slot 0."""
         self.done[start:stop] = True
         self.pos[start:stop] = 0
-        self.slot_row[start:stop] = self.done.numel() + torch.arange(start, stop, device=self.done.device)
+        self.slot_row[start:stop] = self.num_rows + torch.arange(start, stop, device=self.done.device)
 
-    def fits(self, batch: int, length: int, max_new: int) -> bool:
-        return self.k.size(1) >= batch and self.k.size(3) >= length and self.out_tokens.size(1) >= max_new
+    def fits(self, batch: int, length: int, max_new: int, rows: int = 0) -> bool:
+        return (self.k.size(1) >= batch and self.k.size(3) >= length and self.out_tokens.size(1) >= max_new
+                and self.num_rows >= rows)
+
+    def start(self, slots, rows: torch.Tensor, limits: torch.Tensor) -> None:
+        """Slots `slots` (a slice or [k] long) begin response rows `rows` ([k] long), each ending at `limits`."""
+        self.done[slots] = False
+        self.slot_row[slots] = rows
+        self.limit[slots] = limits
+        self.out_lengths[rows] = 0
+        self.out_stopped[rows] = False
 
     def compact(self, keep: torch.Tensor, bucket: int) -> None:
         """Move slots `keep` ([n] long) to the front (cache rows too) and idle the rest of the new bucket;
@@ -125,7 +143,7 @@ class DecodeState:
         n = keep.numel()
         self.k[:, :n] = self.k[:, keep]
         self.v[:, :n] = self.v[:, keep]
-        for t in (self.pos, self.tokens_in, self.done, self.slot_row):
+        for t in (self.pos, self.tokens_in, self.done, self.limit, self.slot_row):
             t[:n] = t[keep]
         self.idle(n, bucket)
 
@@ -227,12 +245,14 @@ class StaticDecoder:
         self.weight_ptrs: tuple = ()
 
     # ---- state --------------------------------------------------------------------------------------
-    def reserve(self, batch: int, length: int, max_new: int, device) -> DecodeState:
-        if self.state is None or not self.state.fits(batch, length, max_new):
+    def reserve(self, batch: int, length: int, max_new: int, device, rows: int = 0) -> DecodeState:
+        """A state of at least `batch` slots of `length` cache slots, `max_new` response columns and `rows`
+        response rows (kept while it is large enough; graphs read its memory)."""
+        if self.state is None or not self.state.fits(batch, length, max_new, rows):
             self.release()
             p = next(self.model.parameters())
             self.state = DecodeState.allocate(len(self.model.decoder.layers), bucket_for(batch), self.groups, length,
-                                              self.head_dim, max_new, p.dtype, device)
+                                              self.head_dim, max_new, p.dtype, device, rows=rows)
             self.freqs = rope_table(self.model, length)
             self.cos, self.sin = fn.rope_tables(self.freqs, p.dtype)
         ptrs = tuple(p.data_ptr() for p in self.model.parameters())
@@ -262,20 +282,23 @@ class StaticDecoder:
         return self.stop_ids[stop_ids]
 
     # ---- one step -----------------------------------------------------------------------------------
-    def forward(self, tokens: torch.Tensor, slots: torch.Tensor, b: int, attend_fn) -> torch.Tensor:
-        """Prefill through megatron's layer modules: tokens [b, s] at cache slots [s] -> final hidden [s, b, h]."""
-        st = self.state
+    def forward(self, tokens: torch.Tensor, slots: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                attend_fn) -> torch.Tensor:
+        """Prefill through megatron's layer modules: tokens [b, s] at cache slots [s], keys / values written
+        into k, v [L, b, G, >= s, D] -> final hidden [s, b, h]."""
         freqs = self.freqs.index_select(0, slots)  # [s, 1, 1, d]
-        positions = slots.unsqueeze(0).expand(b, -1)
+        positions = slots.unsqueeze(0).expand(tokens.size(0), -1)
         hidden = self.model.embedding(input_ids=tokens, position_ids=positions)  # [s, b, h]
         for i, layer in enumerate(self.model.decoder.layers):
-            hidden = layer_step(layer, hidden, st.k[i, :b], st.v[i, :b], freqs, slots,
-                                lambda q, k, v, i=i: attend_fn(layer, q, k, v, st.k[i, :b], st.v[i, :b]))
+            hidden = layer_step(layer, hidden, k[i], v[i], freqs, slots,
+                                lambda q, kk, vv, i=i: attend_fn(layer, q, kk, vv, k[i], v[i]))
         return self.model.decoder.final_layernorm(hidden)
 
-    def emit(self, hidden: torch.Tensor, b: int, params, stop_ids: torch.Tensor, head=head_plain) -> None:
-        """Sample from hidden [b, h], write token / log-prob at the response column, advance the state.
-        The logits are fp32, never rounded to bf16: the trainer's (`logits_fp32`)."""
+    def emit(self, hidden: torch.Tensor, sl, params, stop_ids: torch.Tensor, head=head_plain) -> None:
+        """Sample from hidden [b, h] for slots `sl` (a slice, or [b] long), write token / log-prob at each row's
+        next response column (its length; a finished row rewrites what it holds), advance the state. A row
+        ends at a stop token or at its slot's limit. The logits are fp32, never rounded to bf16: the
+        trainer's (`logits_fp32`)."""
         st = self.state
         vocab = self.model.vocab_size_unpadded
         logits = logits_fp32(hidden, self.weight_fn())  # [b, V_padded]
@@ -283,37 +306,72 @@ class StaticDecoder:
             tokens, logprobs = head(logits, vocab, params.temperature)
         else:
             tokens, logprobs = sample(mask_padded_vocab(logits, vocab), params.temperature, params.top_k, params.top_p)
-        finished = torch.isin(tokens, stop_ids) if stop_ids.numel() else torch.zeros_like(st.done[:b])
-        was_done, rows = st.done[:b], st.slot_row[:b]
-        col = st.col.view(1, 1).expand(b, 1)
+        was_done, rows = st.done[sl], st.slot_row[sl]
+        finished = torch.isin(tokens, stop_ids) if stop_ids.numel() else torch.zeros_like(was_done)
+        col = st.out_lengths[rows].clamp(max=st.out_tokens.size(1) - 1).unsqueeze(1)  # [b, 1]
         st.out_tokens.index_put_((rows.unsqueeze(1), col), torch.where(was_done, st.out_tokens[rows, col[:, 0]],
                                                                        tokens).unsqueeze(1))
-        st.out_logprobs.index_put_((rows.unsqueeze(1), col), torch.where(was_done, 0.0, logprobs).unsqueeze(1))
+        st.out_logprobs.index_put_((rows.unsqueeze(1), col), torch.where(was_done, st.out_logprobs[rows, col[:, 0]],
+                                                                         logprobs).unsqueeze(1))
         st.out_lengths.index_add_(0, rows, (~was_done).long())
         st.out_stopped.index_put_((rows,), st.out_stopped[rows] | (finished & ~was_done))
-        st.done[:b] = was_done | finished
-        st.tokens_in[:b] = tokens
-        st.col.add_(1)
+        st.done[sl] = was_done | finished | (col[:, 0] + 1 >= st.limit[sl])
+        st.tokens_in[sl] = tokens
 
-    def prefill(self, prompt: torch.Tensor, lengths: torch.Tensor, params, stop_ids) -> None:
-        """prompt [b, P] right-padded, lengths [b] long: fill cache slots [0, P) with the trainer's causal
-        forward, emit each row's first response token from its last prompt position. Slots from b up to the
-        bucket are padding: done from the start, writing response rows of their own."""
-        b, width = prompt.shape
+    def prefill(self, prompt: torch.Tensor, lengths: torch.Tensor, params, stop_ids,
+                limits: Optional[torch.Tensor] = None) -> None:
+        """prompt [b, P] right-padded, lengths [b] long: rows 0..b-1 in slots 0..b-1, ending at `limits`
+        ([b] long; default: the state's response columns). Slots from b up to the bucket are padding: done
+        from the start, writing response rows of their own."""
+        b = prompt.size(0)
         st = self.state
-        bucket = min(bucket_for(b), st.done.numel())
-        st.done[:b] = False
-        st.slot_row[:b] = torch.arange(b, device=prompt.device)
-        st.idle(b, bucket)
+        st.idle(b, min(bucket_for(b), st.done.numel()))
         st.out_lengths.zero_()
         st.out_stopped.zero_()
-        st.col.zero_()
+        rows = torch.arange(b, device=prompt.device)
+        self.refill(slice(0, b), rows, prompt, lengths, params, stop_ids,
+                    st.out_tokens.size(1) if limits is None else limits)
 
-        def attend(layer, q, k, v, k_cache, v_cache):  # no mask: causal, as the trainer's forward
-            return layer.self_attention.core_attention(q, k, v, None)
-        hidden = self.forward(prompt, torch.arange(width, device=prompt.device), b, attend)  # [P, b, h]
-        self.emit(hidden[lengths - 1, torch.arange(b, device=prompt.device)], b, params, stop_ids)
-        st.pos[:b] = lengths
+    def refill(self, slots, rows: torch.Tensor, prompt: torch.Tensor, lengths: torch.Tensor, params, stop_ids,
+               limits) -> None:
+        """Start response rows `rows` ([k] long) in cache slots `slots` (slice(0, k), or [k] long: slots whose
+        rows have ended, refilled while the others decode on): the trainer's causal forward over prompt
+        [k, P] (right-padded, lengths [k]) fills their cache slots [0, P), and each row's first token is
+        sampled from its last prompt position. Other slots' cache rows are untouched."""
+        st = self.state
+        k, width = prompt.shape
+        cols = torch.arange(width, device=prompt.device)
+        st.start(slots, rows, limits)
+
+        def attend(layer, q, kk, vv, k_cache, v_cache):  # no mask: causal, as the trainer's forward
+            return layer.self_attention.core_attention(q, kk, vv, None)
+        if isinstance(slots, slice):  # the first rows: written in place
+            hidden = self.forward(prompt, cols, st.k[:, slots], st.v[:, slots], attend)  # [P, k, h]
+        else:  # scattered slots: written to a buffer of their own, then copied to their cache rows
+            shape = (st.k.size(0), k, st.k.size(2), width, st.k.size(4))
+            key, value = st.k.new_empty(shape), st.v.new_empty(shape)
+            hidden = self.forward(prompt, cols, key, value, attend)
+            st.k[:, slots, :, :width] = key
+            st.v[:, slots, :, :width] = value
+        self.emit(hidden[lengths - 1, torch.arange(k, device=prompt.device)], slots, params, stop_ids)
+        st.pos[slots] = lengths
+
+    def end_stop_strings(self, bucket: int, params, decode) -> None:
+        """End the running rows of slots [:bucket] whose response so far completes a stop string."""
+        st = self.state
+        slots = (~st.done[:bucket]).nonzero().squeeze(1)
+        if slots.numel() == 0:
+            return
+        rows = st.slot_row[slots]
+        ends = st.out_lengths[rows]
+        window = tail_window(params.stop_strings)
+        ends_list, low = ends.tolist(), max(0, int(ends.min()) - window)
+        block = st.out_tokens[rows, low:int(ends.max())].tolist()
+        tails = [row[max(0, e - window) - low:e - low] for row, e in zip(block, ends_list)]
+        hits = torch.tensor(stop_string_hits(tails, params.stop_strings, decode), dtype=torch.bool,
+                            device=slots.device)
+        st.done[slots[hits]] = True
+        st.out_stopped[rows[hits]] = True
 
     def attended_length(self, needed: int) -> int:
         """The cache slots a decode step passes to the attention when `needed` slots are written: all of them
@@ -340,8 +398,9 @@ class StaticDecoder:
             attn = self.attention.attend(q, k_cache[:, :, :length], v_cache[:, :, :length], mask,
                                          self.scale)  # [1, b, H * D]
             hidden = fn.attention_out_mlp(attn, x, w, self.eps, activation, f.attention_out, f.mlp_out)[0]
-        self.emit(self.model.decoder.final_layernorm(hidden), b, params, stop_ids, f.head)
-        st.pos.add_(1)
+        running = ~st.done[:b]
+        self.emit(self.model.decoder.final_layernorm(hidden), slice(0, b), params, stop_ids, f.head)
+        st.pos[:b].add_(running.long())  # a row that had ended stays where it is (its cache row is its own)
 
     def checked_decode_step(self, b: int, params, stop_ids, length: int) -> None:
         """decode_step; if its compiled pieces or attention kernel fail (the first call compiles), say so and

@@ -79,11 +79,10 @@ class Run:
         if self.partial is None and self.cfg.async_training.partial_rollout:
             from rlhf_mcore.trainer.partial_rollout import PartialRollouts
 
-            self.partial = PartialRollouts(self.cfg, self.tokenizer.pad_id, self.ctx.device)
+            self.partial = PartialRollouts(self.cfg, self.tokenizer.pad_id, self.ctx.device,
+                                           getattr(self.rollout, "engine", None))
             if self.ctx.is_logging_rank:
-                log.info("rollout: partial rollouts (async_training): rounds of %d tokens, samples may lag %d "
-                         "version(s); unfinished samples carry over, and are dropped when a checkpoint is written",
-                         self.partial.round_tokens, self.partial.pool.lag)
+                log.info(self.partial.describe())
         self.bad_steps = BadStepGuard(self.cfg.trainer.max_bad_steps, last_good_step=self.start_step)
         self.reward_health = RewardHealthGuard(self.cfg.reward.max_error_frac, self.cfg.reward.max_error_steps)
 

@@ -58,7 +58,8 @@ class ScriptedEngine:
 def cfg(n=2, max_len=16, round_tokens=4, lag=1):
     return types.SimpleNamespace(
         rollout=types.SimpleNamespace(n=n, max_response_length=max_len),
-        async_training=types.SimpleNamespace(partial_rollout=True, staleness_threshold=lag, round_tokens=round_tokens))
+        async_training=types.SimpleNamespace(partial_rollout=True, staleness_threshold=lag, round_tokens=round_tokens,
+                                             continuous=True))
 
 
 class Sampler:
@@ -74,8 +75,9 @@ class Sampler:
 PARAMS = SamplingParams(n=2, max_new_tokens=16, stop_token_ids=(STOP,), seed=5)
 
 
-def run_steps(lengths, steps, **kw):
-    engine, sampler, partial = ScriptedEngine(lengths), Sampler(2), PartialRollouts(cfg(**kw), PAD)
+def run_steps(lengths, steps, engine_cls=None, **kw):
+    engine = (engine_cls or ScriptedEngine)(lengths)
+    sampler, partial = Sampler(2), PartialRollouts(cfg(**kw), PAD, engine=engine)
     out = []
     for step in range(steps):
         engine.version = step
@@ -117,6 +119,87 @@ def test_a_long_sample_finishes_before_it_would_lag_too_far_and_keeps_each_token
     assert report["async/staleness_max"][0] == 1.0
     assert report["async/off_policy_token_frac"][0] == pytest.approx(lag_tokens / total)
     assert report["async/staleness_mean"][0] == pytest.approx(lag_tokens / total)
+
+
+class ContinuousEngine(ScriptedEngine):
+    """The scripted samples through `num_slots` slots, one token per slot per tick: a slot whose row ends takes the
+    next queued row in the same tick (continuous batching); the call stops when on_finish says so and returns
+    the rows still running, cut. `ticks` counts decode steps, `rows_started` the rows given a slot per call."""
+
+    continuous = True
+
+    def __init__(self, lengths: dict):
+        super().__init__(lengths)
+        self.engine, self.ticks, self.rows_started = self, 0, []
+
+    def generate_continuous(self, rows, limits, params, on_finish, num_slots):
+        from rlhf_mcore.rollout.responses import Response
+
+        queue, running, started = list(range(len(rows))), {}, 0
+        while queue or running:
+            while queue and len(running) < num_slots:
+                i = queue.pop(0)
+                running[i], started = [], started + 1
+            self.ticks += 1
+            stop = False
+            for i in list(running):
+                ids = list(rows[i]) + running[i]
+                one = self.generate([Row(tuple(ids))], dataclasses.replace(params, max_new_tokens=1))
+                token = int(one.tokens[0, len(ids)])
+                running[i].append(token)
+                if token == STOP or len(running[i]) >= limits[i]:
+                    new = running.pop(i)
+                    logprobs = self._logprobs(rows[i], len(new))
+                    stop |= on_finish(i, Response(new, logprobs, "stop" if token == STOP else "length"))
+            if stop:
+                break
+        self.rows_started.append(started)
+        return {i: Response(t, self._logprobs(rows[i], len(t)), "abort") for i, t in running.items()}
+
+    def _logprobs(self, row, n):
+        done = len(row) - self.prompt_len
+        return [-(done + k + 1) / 100 - self.version / 1000 for k in range(n)]
+
+
+def full_response(total: int) -> list[int]:
+    return [STOP if t == total - 1 else 1000 + total if t == 0 else 100 + t for t in range(total)]
+
+
+def test_continuous_steps_train_whole_groups_whose_tokens_continue_exactly():
+    """Long-tailed lengths through the continuous path: every trained sample is its full scripted response (cut
+    samples continued from their exact prefix, across steps), each token's version is the step that decoded it
+    and lags at most 1."""
+    lengths = {k: [3, 14] if k % 3 == 0 else [2, 5] if k % 3 == 1 else [4, 4] for k in range(1, 40)}
+    steps = 6
+    engine, partial, out = run_steps(lengths, steps, engine_cls=ContinuousEngine)
+    assert partial.continuous
+    for step, (prompts, batch, report) in enumerate(out):
+        assert len(prompts) == 2 and report["async/staleness_max"][0] <= 1
+        for i in range(batch.tokens.size(0)):
+            start, n = int(batch.prompt_lengths[i]), int(batch.response_lengths[i])
+            assert batch.tokens[i, start:start + n].tolist() == full_response(n)
+            assert batch.finish_reasons[i] == "stop"
+    assert any(r["async/samples_carried_total"][0] for _, _, r in out)
+    assert any(r["async/staleness_mean"][0] > 0 for _, _, r in out), "some trained tokens were decoded a step early"
+    assert all(started <= 2 * 2 * 2 for started in engine.rows_started)  # never more than the samples in flight
+
+
+def test_continuous_stops_once_the_step_has_its_groups_and_no_urgent_group_is_left():
+    """Step 0 trains prompts 2 and 3 (short) and cuts prompt 1's long samples; step 1 must finish prompt 1 (it
+    would lag 2 versions at step 2) even though two other groups completed first, and trains it first."""
+    lengths = {1: [12, 12], 2: [2, 2], 3: [2, 3], 4: [2, 2], 5: [2, 2], 6: [2, 2]}
+    engine, partial, out = run_steps(lengths, 2, engine_cls=ContinuousEngine)
+    assert [p.prompt_ids[0] for p in out[0][0]] == [2, 3]
+    prompts, batch, report = out[1]
+    assert [p.prompt_ids[0] for p in prompts] == [1, 4]
+    assert batch.response_lengths.tolist()[:2] == [12, 12]
+    # 4 slots, oldest first: 1a 1b 2a 2b; group 2 ends at tick 2, 3a 3b take its slots, group 3 ends at tick 5
+    # (4a took 3a's slot at tick 5): carried are prompt 1 (5 tokens each) and prompt 4 (4a: 1 token)
+    assert out[0][2]["async/samples_carried_total"][0] == 4
+    lp = batch.rollout_logprobs[0, 2:14]
+    first = next(k for k in range(12) if abs(lp[k] + (k + 1) / 100 + 1 / 1000) < 1e-6)  # the first token of step 1
+    assert first == 5 and torch.allclose(lp[:first], torch.tensor([-(k + 1) / 100 for k in range(first)]))
+    assert report["async/staleness_max"][0] == 1.0
 
 
 def test_a_sample_that_would_lag_too_far_is_regenerated_and_counted():

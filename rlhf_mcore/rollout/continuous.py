@@ -1,0 +1,121 @@
+"""Continuous batching in the native engine: a slot freed by a finished sample takes the next one at once.
+
+`decode(static, rows, limits, ...)` decodes a queue of rows (token prefixes, oldest first) through the static
+decoder's `slots` cache slots. Each slot holds one row at its own position (its trainer columns) and its own
+response column, so rows start and end at different steps:
+- at every step the host reads which slots have ended (one sync, as the synchronous loop does when rows can
+  stop early); each ended row is handed to `on_finish(row, Response)` at once;
+- once `refill_min` slots are free and rows are queued, the next rows are prefilled into those slots (an eager
+  causal forward of their prefixes, keys and values copied into the slots' cache rows) while the others decode
+  on; no slot waits for the longest row of its batch;
+- when `on_finish` returns True the call stops and returns the rows still decoding, cut where they are
+  (`finish_reason` "abort"): tokens and behaviour log-probs so far, to be continued later from that exact
+  prefix (`rlhf_mcore.trainer.partial_rollout`). Queued rows that never started are not returned;
+- once the queue is empty, the running rows move to the front of the cache and smaller batch buckets decode
+  them, as in the synchronous loop.
+
+A row ends at a stop token, a stop string, or at its limit (the tokens it may still add). Everything runs on the
+decode step the synchronous loop captures as CUDA graphs (one graph per batch-size and length bucket), with no
+change to its arithmetic: a row's tokens and log-probs are those of the synchronous loop given the same draws.
+"""
+from __future__ import annotations
+
+import collections
+from typing import Callable
+
+import torch
+
+from rlhf_mcore.rollout import kv_cache
+from rlhf_mcore.rollout.responses import Response
+from rlhf_mcore.rollout.static_decode import bucket_for
+from rlhf_mcore.rollout.stopping import finish_reason
+
+OnFinish = Callable[[int, Response], bool]  # (row, its response) -> stop now
+
+
+def responses(st, rows: list[int], reason: Callable[[bool], str]) -> list[Response]:
+    """The response rows `rows` as Responses (finish reason `reason(stopped)`), one device read per field."""
+    index = torch.tensor(rows, dtype=torch.long, device=st.out_tokens.device)
+    lengths, stopped = st.out_lengths[index].tolist(), st.out_stopped[index].tolist()
+    width = max(lengths, default=0)
+    tokens, logprobs = st.out_tokens[index, :width].tolist(), st.out_logprobs[index, :width].tolist()
+    return [Response(t[:n], p[:n], reason(s)) for t, p, n, s in zip(tokens, logprobs, lengths, stopped)]
+
+
+class Slots:
+    """Which row each cache slot holds, and the queue of rows waiting for one."""
+
+    def __init__(self, num_rows: int, num_slots: int):
+        self.queue = collections.deque(range(num_rows))
+        self.running: dict[int, int] = {}  # slot -> row
+        self.num_slots = num_slots
+
+    def free(self) -> list[int]:
+        return [s for s in range(self.num_slots) if s not in self.running]
+
+    def take(self, free: list[int]) -> tuple[list[int], list[int]]:
+        """(slots, rows): the next queued rows, one per free slot."""
+        rows = [self.queue.popleft() for _ in range(min(len(free), len(self.queue)))]
+        slots = free[:len(rows)]
+        self.running.update(zip(slots, rows))
+        return slots, rows
+
+    def ended(self, done: list[bool]) -> tuple[list[int], list[int]]:
+        """(slots, rows) of the running rows that have ended; they leave their slots."""
+        slots = [s for s in self.running if done[s]]
+        return slots, [self.running.pop(s) for s in slots]
+
+    def compact(self) -> list[int]:
+        """Renumber the running slots 0..k-1 (in slot order); the old slots, in their new order."""
+        keep = sorted(self.running)
+        self.running = {new: self.running[old] for new, old in enumerate(keep)}
+        self.num_slots = len(keep)
+        return keep
+
+
+def decode(static, rows: list[list[int]], limits: list[int], params, stop_ids: torch.Tensor, on_finish: OnFinish,
+           num_slots: int, pad_id: int, device, decode_text=None, refill_min: int = 0) -> dict[int, Response]:
+    """Decode `rows` (prefixes; rows[i] may add limits[i] tokens) through `num_slots` slots; see the module doc.
+    The rows cut when `on_finish` stops the call, by row; {} when every row ended."""
+    if not rows:
+        return {}
+    num_slots = min(num_slots, len(rows))
+    refill_min = refill_min or max(1, num_slots // 16)
+    length = max(len(r) + m for r, m in zip(rows, limits)) + 1  # + 1: an ended row's next slot, stepped idle
+    st = static.reserve(num_slots, length, max(limits), device, rows=len(rows))
+    bucket = bucket_for(num_slots)
+    st.idle(0, bucket)
+    slots = Slots(len(rows), num_slots)
+
+    def start(free: list[int]) -> None:
+        where, which = slots.take(free)
+        prompt, lengths = kv_cache.right_pad([rows[i] for i in which], pad_id, device)
+        index = slice(0, len(where)) if where == list(range(len(where))) else torch.tensor(where, device=device)
+        static.refill(index, torch.tensor(which, device=device), prompt, lengths, params, stop_ids,
+                      torch.tensor([limits[i] for i in which], device=device))
+
+    start(list(range(num_slots)))
+    while True:
+        if params.stop_strings:
+            static.end_stop_strings(bucket, params, decode_text)
+        done, pos = torch.stack((st.done[:bucket].long(), st.pos[:bucket])).tolist()  # the one host sync per step
+        _, ended_rows = slots.ended(done)
+        stop = False
+        for row, response in zip(ended_rows, responses(st, ended_rows, finish_reason)):
+            stop |= bool(on_finish(row, response))
+        if stop:
+            break
+        free = slots.free() if slots.queue else []
+        if free and (len(free) >= refill_min or not slots.running):
+            start(free)
+            pos = st.pos[:bucket].tolist()
+        if not slots.running:
+            break
+        if not slots.queue and bucket_for(len(slots.running)) < bucket:  # decode only the running rows
+            bucket = bucket_for(len(slots.running))
+            st.compact(torch.tensor(slots.compact(), device=device), bucket)
+            pos = st.pos[:bucket].tolist()
+        needed = max(pos[s] for s in slots.running) + 1
+        static.step(bucket, params, stop_ids, needed=needed)
+    cut = list(slots.running.values())
+    return dict(zip(cut, responses(st, cut, lambda stopped: "abort")))

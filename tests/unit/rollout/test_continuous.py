@@ -1,0 +1,116 @@
+"""Continuous batching in the native engine (`rlhf_mcore.rollout.continuous`), on the static decoder's eager steps:
+refilled slots decode what a synchronous call decodes, a stopped call's cut rows continue from their exact prefix,
+and every row ends at its own limit, stop token or stop string."""
+import pytest
+import torch
+
+from rlhf_mcore.models.build import build_model
+from rlhf_mcore.models.transformer_config import load_hf_config
+from rlhf_mcore.rollout.native import NativeRolloutEngine, unwrap_model
+from rlhf_mcore.rollout.types import SamplingParams
+from tests.support.tiny import tiny_model_config
+
+
+@pytest.fixture(scope="module")
+def engine(mcore_ctx):
+    cfg = tiny_model_config(num_layers=2, dtype="fp32", vocab_size=200)
+    model = unwrap_model(build_model("actor", load_hf_config(cfg.model), cfg.model, cfg.parallel, mcore_ctx)).eval()
+    engine = NativeRolloutEngine(model, mcore_ctx, pad_id=0, static_on_cpu=True)
+    assert engine.continuous and not engine.static.use_graphs
+    return engine
+
+
+def _prompts(count: int, seed: int = 0) -> list[list[int]]:
+    g = torch.Generator().manual_seed(seed)
+    return [torch.randint(1, 200, (int(n),), generator=g).tolist() for n in torch.randint(2, 12, (count,), generator=g)]
+
+
+def _sync(engine, rows, max_new, **kw):
+    """Each row alone through the synchronous static path: (tokens, log-probs, finish reason) per row."""
+    out = []
+    for row in rows:
+        b = engine.generate([row], SamplingParams(n=1, max_new_tokens=max_new, temperature=0.0, **kw))
+        start, n = int(b.prompt_lengths[0]), int(b.response_lengths[0])
+        out.append((b.tokens[0, start:start + n].tolist(), b.rollout_logprobs[0, start:start + n], b.finish_reasons[0]))
+    return out
+
+
+def _run(engine, rows, limits, slots, stop_after=None, **kw):
+    ended = {}
+
+    def on_finish(i, response):
+        ended[i] = response
+        return stop_after is not None and len(ended) >= stop_after
+    cut = engine.generate_continuous(rows, limits, SamplingParams(n=1, max_new_tokens=max(limits), temperature=0.0,
+                                                                  **kw), on_finish, num_slots=slots)
+    return ended, cut
+
+
+def test_refilled_slots_decode_what_a_synchronous_call_does(engine):
+    """11 rows through 4 slots with limits 3..12: every slot is refilled several times; each row's greedy tokens
+    equal its synchronous decode cut at its limit, log-probs to fp32 noise; the finish reason is 'length'."""
+    rows = _prompts(11)
+    limits = [3 + (i * 5) % 10 for i in range(11)]
+    ended, cut = _run(engine, rows, limits, slots=4)
+    assert cut == {} and sorted(ended) == list(range(11))
+    for i, (tokens, logprobs, _) in enumerate(_sync(engine, rows, 12)):
+        assert ended[i].tokens == tokens[:limits[i]], i
+        torch.testing.assert_close(torch.tensor(ended[i].logprobs), logprobs[:limits[i]], atol=1e-5, rtol=0)
+        assert ended[i].finish_reason == "length"
+
+
+def test_stop_tokens_end_rows_and_free_their_slots(engine):
+    rows = _prompts(9, seed=1)
+    free = _sync(engine, rows, 10)
+    stop = tuple({free[0][0][2], free[3][0][4]})  # tokens that end some rows early
+    want = _sync(engine, rows, 10, stop_token_ids=stop)
+    ended, _ = _run(engine, rows, [10] * 9, slots=3, stop_token_ids=stop)
+    assert [ended[i].tokens for i in range(9)] == [w[0] for w in want]
+    assert [ended[i].finish_reason for i in range(9)] == [w[2] for w in want]
+    assert "stop" in {w[2] for w in want} and "length" in {w[2] for w in want}
+
+
+def test_stop_strings_end_rows(engine):
+    """A decode that maps every id to one letter: the stop string 'xy' ends the rows whose tokens spell it."""
+    rows = _prompts(6, seed=2)
+    engine.decode = lambda ids: "".join("xy"[t % 2] for t in ids)
+    try:
+        want = _sync(engine, rows, 8, stop_strings=("xy",))
+        ended, _ = _run(engine, rows, [8] * 6, slots=2, stop_strings=("xy",))
+    finally:
+        engine.decode = None
+    assert [ended[i].tokens for i in range(6)] == [w[0] for w in want]
+    assert [ended[i].finish_reason for i in range(6)] == [w[2] for w in want]
+    assert "stop" in {w[2] for w in want}
+
+
+def test_a_stopped_call_cuts_rows_that_continue_from_their_exact_prefix(engine):
+    """on_finish stops the call after 3 rows: the rows still decoding come back cut ('abort', a prefix of their
+    full decode, log-probs too); rows never started do not. Continuing the cut rows from prompt + prefix with the
+    rest of their budget gives the full decode."""
+    rows = _prompts(10, seed=3)
+    limits = [4 + 3 * (i % 4) for i in range(10)]
+    ended, cut = _run(engine, rows, limits, slots=4, stop_after=3)
+    assert len(ended) == 3 and cut and not set(cut) & set(ended)
+    full = _sync(engine, rows, 13)
+    for i, response in cut.items():
+        assert response.finish_reason == "abort" and 0 < len(response.tokens) < limits[i]
+        assert response.tokens == full[i][0][:len(response.tokens)]
+        torch.testing.assert_close(torch.tensor(response.logprobs), full[i][1][:len(response.tokens)], atol=1e-5,
+                                   rtol=0)
+    assert len(ended) + len(cut) < 10, "rows still queued at the stop are neither ended nor cut"
+    again, _ = _run(engine, [rows[i] + cut[i].tokens for i in cut], [limits[i] - len(cut[i].tokens) for i in cut],
+                    slots=2)
+    for j, i in enumerate(cut):
+        assert cut[i].tokens + again[j].tokens == full[i][0][:limits[i]]
+
+
+def test_needs_the_static_decoder(mcore_ctx):
+    cfg = tiny_model_config(num_layers=1)
+    model = build_model("actor", load_hf_config(cfg.model), cfg.model, cfg.parallel, mcore_ctx)
+    engine = NativeRolloutEngine(model, mcore_ctx, pad_id=0)
+    if engine.static is not None:
+        pytest.skip("a GPU: the static decoder runs")
+    assert not engine.continuous
+    with pytest.raises(RuntimeError, match="continuous batching needs the static decoder"):
+        engine.generate_continuous([[1, 2]], [3], SamplingParams(n=1, max_new_tokens=3), lambda i, r: False, 1)
