@@ -91,6 +91,7 @@ class NativeRolloutEngine:
         self.keep_graphs = keep_graphs  # release_memory() keeps the static cache and graphs
         self.empty_cache = empty_cache  # release_memory() returns torch's cached blocks to the device
         self.static = self._static_decoder(cuda_graphs, compile_decode, decode_attention, static_on_cpu)
+        self.continuous_attention = self._continuous_attention(decode_attention)
 
     @classmethod
     def build(cls, options, setup) -> "NativeRolloutEngine":
@@ -135,6 +136,20 @@ class NativeRolloutEngine:
                      "(rollout.merged_weights; the prefill runs the adapters' own forward)")
         return static
 
+    def _continuous_attention(self, option: str) -> Optional[str]:
+        """The decode attention of continuous batching. Its rows sit at very different positions, and sdpa reads
+        every row to the longest one's, so with decode_attention=auto it is the split-KV kernel, which reads each
+        row to its own position, where that can run (its log-probs sum in their own order: partial rollouts
+        recompute them at the trainer anyway)."""
+        if self.static is None:
+            return None
+        from rlhf_mcore.rollout.decode_layer import pick_decode_attention
+
+        name, why = pick_decode_attention("triton" if option == "auto" else option, self.ctx.device)
+        if option == "auto" and self.static.attention_name != name:
+            log.info("native rollout: continuous batching (partial rollouts) decodes with %s attention: %s", name, why)
+        return name
+
     # ---- the RolloutEngine protocol ------------------------------------------------------------------
     def generate(self, prompts: list[list[int]], params: SamplingParams, show_progress: bool = False) -> RolloutBatch:
         if self._released:
@@ -177,7 +192,8 @@ class NativeRolloutEngine:
             raise RuntimeError("native rollout: generate_continuous() after release_memory(); call resume_memory().")
         check_request(rows, dataclasses.replace(params, max_new_tokens=min(limits, default=1)))
         device = self.ctx.device
-        with inference_mode(self.model), torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):
+        with inference_mode(self.model), torch.random.fork_rng(devices=[device] if device.type == "cuda" else []), \
+                self.static.attention_for(self.continuous_attention):
             torch.manual_seed(replica_seed(params.seed, self.ctx.dp_rank))
             self.static.refresh_weights()
             stop_ids = self.static.stop_tensor(params.stop_token_ids, device)

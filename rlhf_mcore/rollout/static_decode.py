@@ -34,6 +34,7 @@ says why (`graph_blockers`).
 """
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import logging
 import traceback
@@ -265,6 +266,18 @@ class StaticDecoder:
     def use_attention(self, name: str) -> None:
         self.attention_name, self.attention = name, fn.DECODE_ATTENTION.get(name)
 
+    @contextlib.contextmanager
+    def attention_for(self, name: str):
+        """Decode with the attention `name` inside the block (graphs are kept per attention), then go back to
+        the previous one, unless a failure made this decoder fall back for good meanwhile."""
+        before = self.attention_name
+        self.use_attention(name)
+        try:
+            yield
+        finally:
+            if self.attention_name == name:
+                self.use_attention(before)
+
     def refresh_weights(self) -> None:
         """Before a rollout: the LoRA-merged weights the decode step reads follow the adapters (in place)."""
         self.merged.refresh()
@@ -433,7 +446,7 @@ class StaticDecoder:
         length = self.attended_length(needed)
         if not self.use_graphs:
             return self.checked_decode_step(b, params, stop_ids, length)
-        key = (b, length, params.temperature, params.top_k, params.top_p, params.stop_token_ids)
+        key = (b, length, self.attention_name, params.temperature, params.top_k, params.top_p, params.stop_token_ids)
         graph = self.graphs.get(key)
         if graph is None:
             graph = self.graphs[key] = self._capture(b, params, stop_ids, length)

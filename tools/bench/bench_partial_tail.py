@@ -14,8 +14,8 @@ Every sample's response length is drawn from a lognormal (median --median tokens
   refilled mid-decode), stopped once --prompts groups are complete; the rest carry over.
 - rounds: the same pool in rounds of --round-tokens (`async_training.continuous=false`).
 Reported per variant: rollout s/step, trained tokens per rollout second (and the ratio to sync), staleness, and
-steps/min with the measured forward + backward of one trained batch added to each step (the same work in every
-variant: the training phase is not what partial rollouts change).
+steps/min with the forward + backward of one trained batch (measured once, warm, on the first variant's last batch)
+added to each step: the training phase is the same work in every variant.
 """
 from __future__ import annotations
 
@@ -184,12 +184,9 @@ def run_variant(spec, args, engine, model, ctx, vocab) -> dict:
               f"max len {int(batch.response_lengths.max())}, staleness {staleness[-1]:.2f}", flush=True)
         if rollout_s >= args.seconds:
             break
-    train_s = train_seconds(model, last, ctx)
-    per_step = rollout_s / steps
-    return {"variant": name, "lag": 0 if kind == "sync" else lag, "steps": steps, "rollout_s_per_step": per_step, "trained_tokens_per_step": tokens / steps,
-            "rollout_tok_s": tokens / rollout_s, "staleness_mean": sum(staleness) / steps,
-            "carried_mean": sum(carried) / steps, "train_fwd_bwd_s": train_s,
-            "steps_per_min": 60.0 / (per_step + train_s)}
+    return {"variant": name, "lag": 0 if kind == "sync" else lag, "steps": steps, "rollout_s_per_step": rollout_s / steps,
+            "trained_tokens_per_step": tokens / steps, "rollout_tok_s": tokens / rollout_s,
+            "staleness_mean": sum(staleness) / steps, "carried_mean": sum(carried) / steps}, last
 
 
 def main(argv=None) -> None:
@@ -200,7 +197,13 @@ def main(argv=None) -> None:
     model = build_model("actor", hf, cfg.model, cfg.parallel, ctx)
     engine = NativeRolloutEngine(model, ctx, pad_id=0, static_on_cpu=True)
     device = ctx.device
-    results = [run_variant(v, args, engine, model, ctx, hf["vocab_size"]) for v in args.variants.split(",")]
+    runs = [run_variant(v, args, engine, model, ctx, hf["vocab_size"]) for v in args.variants.split(",")]
+    results = [r for r, _ in runs]
+    train_seconds(model, runs[0][1], ctx)  # warm-up (allocator, kernels)
+    train_s = train_seconds(model, runs[0][1], ctx)  # the first variant's last batch: the same for every variant
+    for r in results:
+        r["train_fwd_bwd_s"] = train_s
+        r["steps_per_min"] = 60.0 / (r["rollout_s_per_step"] + train_s)
     base = next((r for r in results if r["variant"] == "sync"), results[0])
     name = torch.cuda.get_device_name() if device.type == "cuda" else f"cpu x{torch.get_num_threads()}"
     print(f"heavy tail: {args.preset} {args.dtype} on {name}; {args.prompts} groups x {args.n}, lengths lognormal "
