@@ -3,8 +3,8 @@
 `decode(static, rows, limits, ...)` decodes a queue of rows (token prefixes, oldest first) through the static
 decoder's `slots` cache slots. Each slot holds one row at its own position (its trainer columns) and its own
 response column, so rows start and end at different steps:
-- at every step the host reads which slots have ended (one sync, as the synchronous loop does when rows can
-  stop early); each ended row is handed to `on_finish(row, Response)` at once;
+- every few steps (`CHECK_EVERY`; every step with stop strings) the host reads which slots have ended (one
+  sync); each ended row is handed to `on_finish(row, Response)` at once;
 - once `refill_min` slots are free and rows are queued, the next rows are prefilled into those slots (an eager
   causal forward of their prefixes, keys and values copied into the slots' cache rows) while the others decode
   on; no slot waits for the longest row of its batch;
@@ -43,79 +43,96 @@ def responses(st, rows: list[int], reason: Callable[[bool], str]) -> list[Respon
 
 
 class Slots:
-    """Which row each cache slot holds, and the queue of rows waiting for one."""
+    """Which row each cache slot holds, the free slots, and the queue of rows waiting for one."""
 
     def __init__(self, num_rows: int, num_slots: int):
         self.queue = collections.deque(range(num_rows))
         self.running: dict[int, int] = {}  # slot -> row
-        self.num_slots = num_slots
+        self.free = list(range(num_slots))
 
-    def free(self) -> list[int]:
-        return [s for s in range(self.num_slots) if s not in self.running]
-
-    def take(self, free: list[int]) -> tuple[list[int], list[int]]:
-        """(slots, rows): the next queued rows, one per free slot."""
-        rows = [self.queue.popleft() for _ in range(min(len(free), len(self.queue)))]
-        slots = free[:len(rows)]
+    def take(self) -> tuple[list[int], list[int]]:
+        """(slots, rows): the next queued rows, one per free slot (lowest slots first)."""
+        self.free.sort()
+        rows = [self.queue.popleft() for _ in range(min(len(self.free), len(self.queue)))]
+        slots, self.free = self.free[:len(rows)], self.free[len(rows):]
         self.running.update(zip(slots, rows))
         return slots, rows
 
-    def ended(self, done: list[bool]) -> tuple[list[int], list[int]]:
-        """(slots, rows) of the running rows that have ended; they leave their slots."""
-        slots = [s for s in self.running if done[s]]
-        return slots, [self.running.pop(s) for s in slots]
+    def end(self, slots: list[int]) -> list[int]:
+        """The rows of `slots`, which have ended; their slots are free."""
+        self.free += slots
+        return [self.running.pop(s) for s in slots]
 
     def compact(self) -> list[int]:
         """Renumber the running slots 0..k-1 (in slot order); the old slots, in their new order."""
         keep = sorted(self.running)
         self.running = {new: self.running[old] for new, old in enumerate(keep)}
-        self.num_slots = len(keep)
+        self.free = []
         return keep
 
 
+CHECK_EVERY = 4  # decode steps between looks at which rows ended (1 with stop strings: they are checked per step)
+
+
 def decode(static, rows: list[list[int]], limits: list[int], params, stop_ids: torch.Tensor, on_finish: OnFinish,
-           num_slots: int, pad_id: int, device, decode_text=None, refill_min: int = 0) -> dict[int, Response]:
+           num_slots: int, pad_id: int, device, decode_text=None, refill_min: int = 0,
+           check_every: int = 0) -> dict[int, Response]:
     """Decode `rows` (prefixes; rows[i] may add limits[i] tokens) through `num_slots` slots; see the module doc.
-    The rows cut when `on_finish` stops the call, by row; {} when every row ended."""
+    The rows cut when `on_finish` stops the call, by row; {} when every row ended. The host looks at the slots
+    every `check_every` steps (the steps between run back to back on the device; a row that ended meanwhile idles
+    in its slot until then)."""
     if not rows:
         return {}
     num_slots = min(num_slots, len(rows))
     refill_min = refill_min or max(1, num_slots // 16)
-    length = max(len(r) + m for r, m in zip(rows, limits)) + 1  # + 1: an ended row's next slot, stepped idle
+    check_every = 1 if params.stop_strings else check_every or CHECK_EVERY
+    length = max(len(r) + m for r, m in zip(rows, limits)) + check_every  # room for an ended row's idle steps
     st = static.reserve(num_slots, length, max(limits), device, rows=len(rows))
     bucket = bucket_for(num_slots)
     st.idle(0, bucket)
     slots = Slots(len(rows), num_slots)
+    running = torch.zeros(st.done.numel(), dtype=torch.bool, device=device)  # slots whose row is not reported ended
 
-    def start(free: list[int]) -> None:
-        where, which = slots.take(free)
+    def start() -> None:
+        where, which = slots.take()
         prompt, lengths = kv_cache.right_pad([rows[i] for i in which], pad_id, device)
         index = slice(0, len(where)) if where == list(range(len(where))) else torch.tensor(where, device=device)
         static.refill(index, torch.tensor(which, device=device), prompt, lengths, params, stop_ids,
                       torch.tensor([limits[i] for i in which], device=device))
+        running[index] = True
 
-    start(list(range(num_slots)))
+    def look() -> tuple[int, list[int]]:
+        """(the highest position a running row feeds next, the slots whose rows ended): one host sync."""
+        alive = running[:bucket] & ~st.done[:bucket]
+        top = torch.where(alive, st.pos[:bucket], 0).max().view(1)
+        top, *ended = torch.cat((top, (running[:bucket] & st.done[:bucket]).nonzero().squeeze(1))).tolist()
+        return top, ended
+
+    start()
     while True:
         if params.stop_strings:
             static.end_stop_strings(bucket, params, decode_text)
-        done, pos = torch.stack((st.done[:bucket].long(), st.pos[:bucket])).tolist()  # the one host sync per step
-        _, ended_rows = slots.ended(done)
+        top, ended = look()
+        running[ended] = False
         stop = False
+        ended_rows = slots.end(ended)
         for row, response in zip(ended_rows, responses(st, ended_rows, finish_reason)):
             stop |= bool(on_finish(row, response))
         if stop:
             break
-        free = slots.free() if slots.queue else []
-        if free and (len(free) >= refill_min or not slots.running):
-            start(free)
-            pos = st.pos[:bucket].tolist()
+        if slots.queue and slots.free and (len(slots.free) >= refill_min or not slots.running):
+            start()
+            top, _ = look()
         if not slots.running:
             break
         if not slots.queue and bucket_for(len(slots.running)) < bucket:  # decode only the running rows
             bucket = bucket_for(len(slots.running))
-            st.compact(torch.tensor(slots.compact(), device=device), bucket)
-            pos = st.pos[:bucket].tolist()
-        needed = max(pos[s] for s in slots.running) + 1
-        static.step(bucket, params, stop_ids, needed=needed)
+            keep = torch.tensor(slots.compact(), device=device)
+            st.compact(keep, bucket)
+            running[:bucket] = False
+            running[:keep.numel()] = True
+        for _ in range(check_every):
+            static.step(bucket, params, stop_ids, needed=top + 1)
+            top += 1
     cut = list(slots.running.values())
     return dict(zip(cut, responses(st, cut, lambda stopped: "abort")))

@@ -54,6 +54,7 @@ def parse_args(argv=None):
     p.add_argument("--ragged", action="store_true", help="prompt lengths uniform in [prompt_len/2, prompt_len]")
     p.add_argument("--repeat", type=int, default=2, help="timed repetitions (best is reported)")
     p.add_argument("--moe-expert-impl", default="auto", help="model.moe_expert_impl of an MoE model")
+    p.add_argument("--decode-attention", default="auto", help="rollout.native.decode_attention")
     p.add_argument("--out", default="", help="directory for the JSON result")
     return p.parse_args(argv)
 
@@ -125,7 +126,8 @@ def main(argv=None) -> None:
         model, _ = build_fast("actor", hf, cfg.model, cfg.parallel, ctx)
     else:
         model = build_model("actor", hf, cfg.model, cfg.parallel, ctx)
-    engine = NativeRolloutEngine(model, ctx, pad_id=0, micro_batch_size=args.micro_batch_size)
+    engine = NativeRolloutEngine(model, ctx, pad_id=0, micro_batch_size=args.micro_batch_size,
+                                 decode_attention=args.decode_attention)
     rows = [bench_batch(engine, ctx, args, int(b), hf["vocab_size"]) for b in args.batch.split(",")]
     if ctx.rank != 0:
         return

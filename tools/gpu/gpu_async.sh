@@ -29,6 +29,13 @@ if [[ $PART == part1 ]]; then
   log "GPU tests: the graphed static decoder (per-row columns) and continuous batching against it"
   timeout 240 $PY -m pytest -q -p no:cacheprovider -p no:warnings -m gpu tests/unit/rollout/test_static_decode.py \
       tests/unit/rollout/test_continuous.py tests/unit/rollout/test_lora_decode.py 2>&1 | tail -4
+  if [[ -n "${DECODE_BENCH:-}" ]]; then  # one decode step's cost by batch and attention, at a 1k-token context
+    for attention in sdpa triton; do
+      log "decode step, Qwen2.5-0.5B shape, $attention attention"
+      timeout 120 $PY -m tools.bench.bench_rollout --preset qwen2.5-0.5b --dtype bf16 --batch 16,256 \
+          --prompt-len 1024 --new-tokens 128 --repeat 1 --decode-attention $attention 2>&1 | grep -A3 "^native"
+    done
+  fi
   log "heavy tail at the Qwen2.5-0.5B shape, 4k budget: sync vs partial (continuous, lag 1 and 4) vs rounds"
   timeout 330 $PY -m tools.bench.bench_partial_tail --preset qwen2.5-0.5b --dtype bf16 --prompts 32 --n 8 \
       --prompt-len 128 --max-len 4096 --median 300 --sigma 1.0 --seconds ${TAIL_SECONDS:-35} --max-steps 40 \
