@@ -128,9 +128,13 @@ class AsyncTrainingConfig:
     round_tokens: int = 0  # tokens decoded per round between checks for complete groups (0 = auto)
     continuous: bool = True  # refill the slots of finished samples mid-decode (native engine where its static
     #                          decoder runs); false, or another engine: rounds of round_tokens
+    max_num_seqs: int = 0  # samples the continuous decode holds at once per DP rank (its KV-cache slots); 0 = one
+    #                        step's (the rank's prompts x rollout.n). More keep the decode batch fuller, for memory
 
     def _checks(self, p: str) -> list[str]:
         errs = [] if self.staleness_threshold >= 0 else [
             f"{p}.staleness_threshold: must be >= 0 (got {self.staleness_threshold}). 0 is synchronous."]
+        errs += [] if self.max_num_seqs >= 0 else [
+            f"{p}.max_num_seqs: must be >= 0 (got {self.max_num_seqs}). 0 holds one step's samples at once."]
         return errs + ([] if self.round_tokens >= 0 else [
             f"{p}.round_tokens: must be >= 0 (got {self.round_tokens}). 0 picks a quarter of the response budget."])

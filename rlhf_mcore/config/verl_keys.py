@@ -140,6 +140,9 @@ VERL_KEYS: dict[str, VerlKey] = {
     f"{_ARR}.rollout.free_cache_engine": ignored("engine memory is always released during training"),
     f"{_ARR}.rollout.enable_chunked_prefill": ignored("vLLM option"),
     f"{_ARR}.rollout.max_num_batched_tokens": ignored("vLLM option"),
+    f"{_ARR}.rollout.max_num_seqs": alias("async_training.max_num_seqs", note=(
+        "samples decoded at once by partial rollouts' continuous batching; a synchronous step decodes its rows "
+        "together (rollout.micro_batch_size bounds them)")),
     f"{_ARR}.rollout.mode": ignored("rollout is always in-process and synchronous"),
     f"{_ARR}.rollout.enable_rollout_routing_replay": ignored(
         "the rollout's routing is not recorded (router replay R3 is not supported; R2 is)", only="False"),

@@ -30,6 +30,7 @@ class PartialRollouts:
         self.pool = PartialPool(r.n, r.max_response_length, max_lag(a.staleness_threshold))
         self.pad_id, self.device = pad_id, device  # the trained batch goes where the engines put theirs
         self.continuous = a.continuous and bool(getattr(engine, "continuous", False))
+        self.max_num_seqs = a.max_num_seqs  # slots of the continuous decode (0 = one step's samples)
         self.dropped_at_save = 0
 
     def describe(self) -> str:
@@ -93,7 +94,7 @@ class PartialRollouts:
         cut = rollout.engine.generate_continuous(
             [list(p.prompt_ids) + s.tokens for p, s in active], [limit - len(s.tokens) for _, s in active],
             dataclasses.replace(params, n=1, seed=params.seed + ROUND_SEED_STRIDE), on_finish,
-            num_slots=need * self.pool.n)
+            num_slots=self.max_num_seqs or need * self.pool.n)
         for i, response in cut.items():
             active[i][1].add(response.tokens, response.logprobs, step, False, limit)
         return 1

@@ -60,7 +60,8 @@ def parse_args(argv=None):
     p.add_argument("--seconds", type=float, default=5.0, help="rollout seconds per variant after warm-up")
     p.add_argument("--max-steps", type=int, default=50)
     p.add_argument("--variants", default="sync,partial,rounds",
-                   help="comma-separated sync | partial | rounds, each with :LAG to override --lag (partial:4)")
+                   help="comma-separated sync | partial | rounds, each with :LAG to override --lag (partial:4) and "
+                        "partial with :LAG:SLOTS for async_training.max_num_seqs (partial:1:512)")
     p.add_argument("--out", default="")
     return p.parse_args(argv)
 
@@ -138,9 +139,9 @@ def train_seconds(model, batch, ctx, tokens_per_micro: int = 16384) -> float:
 
 def run_variant(spec, args, engine, model, ctx, vocab) -> dict:
     device = ctx.device
-    kind, _, lag = spec.partition(":")
-    lag = int(lag or args.lag)
-    name = kind if kind == "sync" else f"{kind}_lag{lag}"
+    kind, lag, slots = (spec.split(":") + ["", ""])[:3]
+    lag, slots = int(lag or args.lag), int(slots or 0)
+    name = kind if kind == "sync" else f"{kind}_lag{lag}" + (f"_{slots}" if slots else "")
     g = torch.Generator().manual_seed(7)
     mu = math.log(args.median)
 
@@ -158,7 +159,8 @@ def run_variant(spec, args, engine, model, ctx, vocab) -> dict:
     cfg = types.SimpleNamespace(
         rollout=types.SimpleNamespace(n=args.n, max_response_length=args.max_len),
         async_training=types.SimpleNamespace(partial_rollout=True, staleness_threshold=lag,
-                                             round_tokens=args.round_tokens, continuous=kind == "partial"))
+                                             round_tokens=args.round_tokens, continuous=kind == "partial",
+                                             max_num_seqs=slots))
     partial = None if kind == "sync" else PartialRollouts(cfg, 0, device, engine=tail)
 
     def step(version: int):

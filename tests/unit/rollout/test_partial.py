@@ -59,7 +59,7 @@ def cfg(n=2, max_len=16, round_tokens=4, lag=1):
     return types.SimpleNamespace(
         rollout=types.SimpleNamespace(n=n, max_response_length=max_len),
         async_training=types.SimpleNamespace(partial_rollout=True, staleness_threshold=lag, round_tokens=round_tokens,
-                                             continuous=True))
+                                             continuous=True, max_num_seqs=0))
 
 
 class Sampler:
