@@ -27,12 +27,12 @@ if [[ $PART == part1 ]]; then
   cp gguf/smollm2.gguf.part1 /tmp/ || exit 4
   nvidia-smi -L; $PY -c "import torch, megatron.core; print(torch.__version__, megatron.core.__version__)"
   log "GPU tests: the graphed static decoder (per-row columns) and continuous batching against it"
-  timeout 240 $PY -m pytest -q -p no:cacheprovider -p no:warnings -m gpu tests/unit/rollout/test_static_decode.py \
-      tests/unit/rollout/test_continuous.py tests/unit/rollout/test_lora_decode.py 2>&1 | tail -4
+  timeout 240 $PY -m pytest -q -p no:cacheprovider -p no:warnings -m gpu ${GPU_TESTS:-tests/unit/rollout/test_static_decode.py \
+      tests/unit/rollout/test_continuous.py tests/unit/rollout/test_lora_decode.py} 2>&1 | tail -4
   if [[ -n "${DECODE_BENCH:-}" ]]; then  # one decode step's cost by batch and attention, at a 1k-token context
     for attention in sdpa triton; do
       log "decode step, Qwen2.5-0.5B shape, $attention attention"
-      timeout 120 $PY -m tools.bench.bench_rollout --preset qwen2.5-0.5b --dtype bf16 --batch 16,256 \
+      timeout 120 $PY -m tools.bench.bench_rollout --preset qwen2.5-0.5b --dtype bf16 --batch ${DECODE_BATCH:-16,256} \
           --prompt-len 1024 --new-tokens 128 --repeat 1 --decode-attention $attention 2>&1 | grep -A3 "^native"
     done
   fi
