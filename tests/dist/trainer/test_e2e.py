@@ -29,6 +29,7 @@ RUNS = {
     "grpo_async_tp2": (2, "tiny_grpo.yaml", ASYNC + ("parallel.tp=2",)),
     "grpo_async_pp2": (2, "tiny_grpo.yaml", ASYNC + ("parallel.pp=2",)),
     "grpo_async_dp2": (2, "tiny_grpo.yaml", ASYNC + GRPO_DP),
+    "grpo_async_continuous_dp2": (2, "tiny_grpo.yaml", ASYNC + GRPO_DP + ("rollout.native.static_on_cpu=true",)),
     "ppo": (1, "tiny_ppo.yaml", STEPS),
     "ppo_packed": (1, "tiny_ppo.yaml", STEPS + PACKED),
     "ppo_rule_only_1step": (1, "tiny_ppo.yaml", ("trainer.total_steps=1",)),
@@ -112,6 +113,12 @@ def test_partial_rollouts_carry_samples_alike_at_tp2_pp2_and_dp2(runs):
     check_trained(dp, 3)
     assert [m["async/samples_carried_total"] for m in dp["metrics"]] == [
         m["async/samples_carried_total"] for m in steps]  # 2 prompts per replica, summed over 2 replicas
+    cont = runs["grpo_async_continuous_dp2"]  # continuous batching on each replica (the static decoder on the CPU)
+    check_trained(cont, 3)
+    for m in cont["metrics"]:
+        assert m["async/staleness_max"] <= 1 and m["async/samples_dropped_total"] == 0
+        assert m["async/samples_carried_total"] % 4 == 0  # whole groups of n=4, summed over the replicas
+    assert any(m["async/staleness_max"] == 1.0 for m in cont["metrics"])
 
 
 def test_ppo_four_ranks_tp_pp_dp(runs):

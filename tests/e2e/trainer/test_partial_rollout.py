@@ -5,6 +5,8 @@ went on (both drop what is in flight at the save)."""
 import json
 from pathlib import Path
 
+import pytest
+
 from tests.launch import cli
 from tests.support.paths import CONFIGS
 from tests.support.reliability import TIMING_KEYS
@@ -18,20 +20,30 @@ def train(out: Path, *overrides: str) -> list[dict]:
     return [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
 
 
-def test_verl_keys_run_and_log_staleness(tmp_path):
-    rows = train(tmp_path / "run", "trainer.save_freq=0")
+# the two ways to decode the pool: rounds (megatron's eager cache on a CPU), and continuous batching (the static
+# decoder, run on the CPU with eager steps)
+DECODE = {"rounds": (), "continuous": ("rollout.native.static_on_cpu=true",)}
+LOG_LINE = {"rounds": "rounds of 4 tokens", "continuous": "continuous batching (finished samples' slots are refilled"}
+
+
+@pytest.mark.parametrize("decode", sorted(DECODE))
+def test_verl_keys_run_and_log_staleness(tmp_path, decode):
+    rows = train(tmp_path / "run", "trainer.save_freq=0", *DECODE[decode])
     assert [m["step"] for m in rows if "actor/pg_loss" in m] == [1, 2, 3, 4]
     assert {m["async/staleness_max"] for m in rows} == {0.0, 1.0}  # carried batches train one version late
     assert all(m["async/staleness_max"] <= 1 and m["async/samples_dropped_total"] == 0 for m in rows)
     log = (tmp_path / "run.log").read_text()
-    assert "rollout: partial rollouts (async_training): rounds of 4 tokens, samples may lag 1 version(s)" in log
+    assert f"rollout: partial rollouts (async_training): {LOG_LINE[decode]}" in log
+    assert "samples may lag 1 version(s)" in log
 
 
-def test_resume_across_a_save_with_samples_in_flight_is_bitwise(tmp_path):
-    straight = train(tmp_path / "a", "trainer.save_freq=1", "trainer.max_checkpoints_to_keep=4")
+@pytest.mark.parametrize("decode", sorted(DECODE))
+def test_resume_across_a_save_with_samples_in_flight_is_bitwise(tmp_path, decode):
+    straight = train(tmp_path / "a", "trainer.save_freq=1", "trainer.max_checkpoints_to_keep=4", *DECODE[decode])
     assert straight[0]["async/samples_carried_total"] > 0  # step 1's save dropped samples in flight
     assert straight[1]["async/samples_dropped_at_save_total"] == straight[0]["async/samples_carried_total"]
-    resumed = train(tmp_path / "b", f"trainer.resume={tmp_path / 'a' / 'global_step_2'}", "trainer.save_freq=1")
+    resumed = train(tmp_path / "b", f"trainer.resume={tmp_path / 'a' / 'global_step_2'}", "trainer.save_freq=1",
+                    *DECODE[decode])
     assert [m["step"] for m in resumed if "actor/pg_loss" in m] == [3, 4]
     for want, got in zip(straight[2:], [m for m in resumed if "actor/pg_loss" in m]):
         # the count of what the save dropped is the one number that differs: the resumed run had nothing in flight
