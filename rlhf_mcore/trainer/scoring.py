@@ -30,26 +30,32 @@ class Scored:
     num_errors: float  # reward calls that failed on this DP rank
     num_timeouts: float
     raw: torch.Tensor | None = None  # [B] the reward functions' score, before shaping (verl's "score")
-    provided: tuple[bool, bool] = (True, True)  # the reward itself gave "acc" / "pred" (else acc, format guessed)
+    provided: tuple[bool, bool] = (True, True)  # the reward gave "acc" / "pred" or "format" (else guessed)
 
     def columns(self) -> dict[str, list[float]]:
         return {"reward": self.scores.cpu().tolist(), "acc": self.acc.tolist(), "format": self.formatted.tolist()}
 
 
 def accuracy_and_format(result, responses: list[str], answer_format: str) -> tuple[list[float], list[float]]:
-    """Per sample: accuracy (the reward's "acc", else score > 0) and format (its "pred" is not None, else the
-    answer_format check on the text).
+    """Per sample: accuracy (the reward's "acc", else score > 0) and format (the reward's own "format", else its
+    "pred" is not None, else the answer_format check on the text).
 
     >>> from rlhf_mcore.rewards.batch import RewardResult
     >>> accuracy_and_format(RewardResult([1.0, 0.1, 0.0], {"acc": [1.0, 0.0, 0.0], "pred": ["4", "5", None]},
     ...                                  0, 0), ["", "", ""], "gsm8k")
     ([1.0, 0.0, 0.0], [1.0, 1.0, 0.0])
+    >>> accuracy_and_format(RewardResult([1.5, 0.5], {"acc": [1.0, 0.0], "format": [1.0, 1.0]}, 0, 0), ["", ""],
+    ...                     "gsm8k")
+    ([1.0, 0.0], [1.0, 1.0])
     """
-    acc, pred = result.extra.get("acc"), result.extra.get("pred")
+    acc, pred, own = result.extra.get("acc"), result.extra.get("pred"), result.extra.get("format")
     acc = [float(a) if a is not None else float(s > 0) for a, s in zip(acc, result.scores)] if acc \
         else [float(s > 0) for s in result.scores]
     check = FORMAT_CHECKS.get(answer_format)
-    fmt = [float(p is not None) for p in pred] if pred else [float(check(r)) for r in responses]
+    if own:
+        fmt = [float(f) if f is not None else float(check(r)) for f, r in zip(own, responses)]
+    else:
+        fmt = [float(p is not None) for p in pred] if pred else [float(check(r)) for r in responses]
     return acc, fmt
 
 
@@ -144,7 +150,8 @@ class Scorer:
         if r.post_answer_penalty > 0:
             scores = scores + torch.tensor(post_answer_penalties(responses, r.answer_format, r.post_answer_penalty))
         counts = torch.tensor([float(result.num_errors), float(result.num_timeouts),
-                               float("acc" in result.extra), float("pred" in result.extra)])
+                               float("acc" in result.extra),
+                               float("pred" in result.extra or "format" in result.extra)])
         return torch.cat([scores, torch.tensor(acc), torch.tensor(fmt), raw, counts])
 
     def score(self, rollout, prompts, n: int, responses: list[str] | None = None) -> Scored:
