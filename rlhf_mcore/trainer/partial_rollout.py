@@ -14,8 +14,14 @@ from __future__ import annotations
 import dataclasses
 import logging
 
-from rlhf_mcore.rollout.partial import (PartialPool, StopRule, auto_round_tokens, max_lag, staleness_metrics,
-                                        to_rollout_batch)
+from rlhf_mcore.rollout.partial import (
+    PartialPool,
+    StopRule,
+    auto_round_tokens,
+    max_lag,
+    staleness_metrics,
+    to_rollout_batch,
+)
 from rlhf_mcore.rollout.types import RolloutBatch, SamplingParams
 
 log = logging.getLogger(__name__)

@@ -187,7 +187,8 @@ def run_variant(spec, args, engine, model, ctx, vocab) -> dict:
         if rollout_s >= args.seconds:
             break
     return {"variant": name, "lag": 0 if kind == "sync" else lag, "steps": steps,
-            "rollout_s_per_step": rollout_s / steps, "trained_tokens_per_step": tokens / steps, "rollout_tok_s": tokens / rollout_s,
+            "rollout_s_per_step": rollout_s / steps, "trained_tokens_per_step": tokens / steps,
+            "rollout_tok_s": tokens / rollout_s,
             "staleness_mean": sum(staleness) / steps, "carried_mean": sum(carried) / steps}, last
 
 

@@ -15,8 +15,9 @@ NEW_TOKENS = 16
 
 
 def write_gguf(path, arch: str) -> None:
-    import gguf
     import numpy as np
+
+    import gguf
 
     writer = gguf.GGUFWriter(str(path), arch)
     writer.add_block_count(1)
