@@ -1,5 +1,5 @@
-r"""A GSM8K reward with partial credit for the intermediate results: a `reward.custom_fn` example, used by
-`make demo` so that a few short CPU steps already carry a learning signal.
+r"""A GSM8K reward with partial credit for the intermediate results: a `reward.custom_fn` example, for short runs
+(a few CPU steps, small budgets) that should already carry a learning signal on GSM8K.
 
     reward.custom_fn=examples/gsm8k_partial_credit.py:compute_score
 

@@ -51,3 +51,36 @@ def test_partial_credit_by_hand():
     right = score("openai/gsm8k", "12, 10\n#### 20", "20", {"answer": ref})
     assert right["score"] == pytest.approx(1.3) and right["acc"] == 1.0
     assert score("openai/gsm8k", "#### 20", "20", None)["score"] == 1.0  # no reference: no partial credit
+
+
+short_answer = load("examples/short_answer.py", "short_answer")
+
+
+@pytest.mark.parametrize("response,acc,fmt", [
+    ("27", 1.0, 1.0), ("13 + 14 = 27", 1.0, 1.0), ("The sum is 27.", 1.0, 1.0),
+    ("13 + 14 = 27\n\nThis is a classic example", 1.0, 0.0), ("13 + 14 = 26", 0.0, 1.0), ("", 0.0, 0.0),
+    ("I think that the answer to this sum is 27", 1.0, 0.0), ("27 is not 28", 0.0, 1.0)])
+def test_short_answer_reward(response, acc, fmt):
+    got = short_answer.compute_score("arith/add", response, "27")
+    assert (got["acc"], got["format"], got["score"]) == (acc, fmt, acc + short_answer.FORMAT_SCORE * fmt)
+
+
+def test_arith_task_holds_out_its_test_pairs_and_loads(tmp_path):
+    """The demo's task: train and test share no pair, every row is in verl's schema (our loader reads it) and its
+    ground truth is the sum, which the reward scores 1.5 when said alone."""
+    from rlhf_mcore.data.dataset import check_row
+    from rlhf_mcore.data.io import read_parquet_rows
+    from tools import make_arith_dataset
+
+    make_arith_dataset.main(["--out", str(tmp_path)])
+    split = {name: read_parquet_rows(tmp_path / f"{name}.parquet") for name in ("train", "test")}
+    for name, rows in split.items():
+        for i, row in enumerate(rows):
+            check_row(row, f"{name}: row {i}", i)
+    assert len(split["train"]) == 512 and len(split["test"]) == 32
+    questions = {name: {r["prompt"][0]["content"] for r in rows} for name, rows in split.items()}
+    assert not questions["train"] & questions["test"]
+    for row in split["test"]:
+        a, b = map(int, row["prompt"][0]["content"].split("?")[0].removeprefix("What is ").split(" + "))
+        assert row["reward_model"]["ground_truth"] == str(a + b)
+        assert short_answer.compute_score(row["data_source"], str(a + b), str(a + b))["score"] == 1.5
