@@ -59,7 +59,8 @@ def report(lines: list[str], rank: int, header: str) -> None:
         print("\n".join([header, *(f"  - {line}" for line in lines)]), file=sys.stderr, flush=True)
 
 
-def main(argv=None) -> int:
+def main(argv=None, body=None) -> int:
+    """The run's start-up and exit codes around `body(cfg)` (default: `train`; `rlhf_mcore.evaluate` passes its own)."""
     args = parse_args(sys.argv[1:] if argv is None else argv)
     from rlhf_mcore.lifetime import die_with_parent, forked_children_die_with_us
 
@@ -92,11 +93,12 @@ def main(argv=None) -> int:
     forked_children_die_with_us()  # megatron's checkpoint writers (and so the resource tracker) die with the rank
     from torch.distributed.elastic.multiprocessing.errors import record
 
-    return record(run_training)(cfg, rank)  # an uncaught error's traceback: in torchrun's summary, naming the rank
+    return record(run_training)(cfg, rank, body)  # an uncaught error's traceback: in torchrun's summary, naming the rank
 
 
-def run_training(cfg, rank: int) -> int:
-    """train(cfg), with each deliberate stop turned into its message and exit code (rlhf_mcore.trainer.guards)."""
+def run_training(cfg, rank: int, body=None) -> int:
+    """train(cfg) (or `body(cfg)`), with each deliberate stop turned into its message and exit code
+    (rlhf_mcore.trainer.guards)."""
     import torch.distributed
 
     from rlhf_mcore.parallel import PortInUse, destroy_distributed
@@ -104,7 +106,7 @@ def run_training(cfg, rank: int) -> int:
 
     owned = not torch.distributed.is_initialized()  # the groups this run creates are its own to tear down
     try:
-        train(cfg)
+        (body or train)(cfg)
     except PortInUse as e:
         report([str(e)], rank, "cannot start:")
         return EXIT_STARTUP

@@ -1,0 +1,36 @@
+"""`python -m rlhf_mcore.evaluate`: validation only, from a training checkpoint (one rank, and resharded to TP2), with
+verl's val_kwargs; its metrics are the training run's validation at that step, and every sample is dumped."""
+import json
+
+from tests.launch import cli, torchrun
+from tests.support.paths import CONFIGS
+
+VAL = ("rollout.val_n=2", "rollout.val_temperature=1.0", "rollout.val_do_sample=true")
+
+
+def test_evaluate_a_checkpoint_reproduces_the_runs_validation(tmp_path):
+    run = tmp_path / "run"
+    cli("rlhf_mcore.train", "--config", CONFIGS / "tiny_grpo.yaml", "trainer.total_steps=2", "trainer.save_freq=2",
+        "trainer.test_freq=2", "trainer.export_hf=false", f"trainer.output_dir={run}", *VAL)
+    rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    want = {k: v for k, v in rows[-1].items() if k.startswith(("val-core/", "val-aux/"))}
+    assert any(k.endswith("/mean@2") for k in want) and any(k.endswith("/best@2/mean") for k in want)
+    layouts = {"tp1": (cli, ()), "tp2": (lambda *a, **kw: torchrun(*a[:1], 2, *a[1:], **kw), ("parallel.tp=2",))}
+    for name, (launch, layout) in layouts.items():
+        out = tmp_path / f"eval_{name}"
+        launch("rlhf_mcore.evaluate", "--config", CONFIGS / "tiny_grpo.yaml", "--checkpoint", run / "global_step_2",
+               "--out", out, *VAL, *layout)
+        got = json.loads((out / "eval.json").read_text())["metrics"]
+        assert got.keys() == want.keys()
+        for key, value in want.items():  # one rank: the same numbers; TP2: the same samples, summed in another order
+            assert abs(got[key] - value) <= (0 if name == "tp1" else 1e-4), (name, key, got[key], value)
+        dumped = [json.loads(line) for line in (out / "generations" / "0.jsonl").read_text().splitlines()]
+        assert dumped and {"input", "output", "ground_truth", "reward"} <= dumped[0].keys()
+        assert len(dumped) % 2 == 0  # val_n=2 samples per prompt
+
+
+def test_a_path_that_is_no_checkpoint_is_one_line_and_exit_2(tmp_path):
+    out = cli("rlhf_mcore.evaluate", "--config", CONFIGS / "tiny_grpo.yaml", "--checkpoint", tmp_path, check=False)
+    assert out.returncode == 2
+    assert "holds no checkpoint.json (a training checkpoint), config.json (an HF model)" in out.stderr
+    assert "Traceback" not in out.stderr
