@@ -4,7 +4,7 @@ r"""Score one batch of completions: reward lookup by data_source, errors and tim
 configuration errors and raise before anything runs; a reward that raises, returns garbage, hangs past
 ``timeout_s`` or crashes its process scores 0 and is counted in ``num_errors`` / ``num_timeouts``.
 
->>> r = score_batch(["openai/gsm8k", "math"], ["#### 72", r"\boxed{0.5}"], ["72", r"\frac12"], num_workers=0)
+>>> r = score_batch(["openai/gsm8k", "lighteval/MATH"], ["#### 72", r"\boxed{0.5}"], ["72", r"\frac12"], num_workers=0)
 >>> r.scores, r.extra["acc"], r.num_errors, r.num_timeouts
 ([1.0, 1.0], [1.0, 1.0], 0, 0)
 """

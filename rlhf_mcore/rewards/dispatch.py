@@ -37,8 +37,36 @@ def register_reward(*data_sources: str) -> Callable[[RewardFn], RewardFn]:
     return add
 
 
+PREFIXES: dict[str, RewardFn] = {}  # verl routes whole families by prefix (every "aime*" to math_dapo)
+
+
+def register_reward_prefix(prefix: str) -> Callable[[RewardFn], RewardFn]:
+    """Register one reward function for every data_source that starts with `prefix` (exact names win)."""
+    def add(fn: RewardFn) -> RewardFn:
+        if prefix in PREFIXES:
+            raise ValueError(f"reward prefix {prefix!r} is registered twice")
+        PREFIXES[prefix] = fn
+        return fn
+
+    return add
+
+
+def has_reward(data_source: str) -> bool:
+    return data_source in REWARDS or any(data_source.startswith(p) for p in PREFIXES)
+
+
+def known_sources() -> list[str]:
+    """The registered names and prefixes (shown as `prefix*`), for error messages."""
+    return REWARDS.names() + [f"{p}*" for p in sorted(PREFIXES)]
+
+
 def get_reward_fn(data_source: str) -> RewardFn:
-    """The reward registered for ``data_source``; unknown names raise ValueError with the valid ones."""
+    """The reward registered for ``data_source`` (an exact name, else a prefix); unknown names raise ValueError
+    with the valid ones."""
+    if data_source not in REWARDS:
+        for prefix, fn in PREFIXES.items():
+            if data_source.startswith(prefix):
+                return fn
     return REWARDS.get(data_source)
 
 

@@ -118,7 +118,7 @@ def is_math_equiv(pred: str | None, truth: str | None) -> bool:
     return a == b or numbers_equal(a, b)
 
 
-@register_reward("lighteval/MATH", "DigitalLearningGmbH/MATH-lighteval", "HuggingFaceH4/MATH-500", "math")
+@register_reward("lighteval/MATH", "DigitalLearningGmbH/MATH-lighteval", "HuggingFaceH4/MATH-500")
 def compute_math_score(
     data_source: str,
     solution_str: str,

@@ -112,17 +112,17 @@ def _rows(key: str, path: str) -> tuple[list, list[str]]:
 
 
 def _source_errors(key: str, path: str, rows: list) -> list[str]:
-    from rlhf_mcore.rewards import REWARDS
+    from rlhf_mcore.rewards.dispatch import has_reward, known_sources
 
     by_source = defaultdict(list)
     for row in rows:
         by_source[row.data_source].append(row.index)
     errs = []
     for source, indices in sorted(by_source.items()):
-        if source not in REWARDS:
+        if not has_reward(source):
             more = f" and {len(indices) - 1} more rows" if len(indices) > 1 else ""
             errs.append(f"data.{key}: {path}: row {indices[0]}{more}: data_source {source!r} has no reward function "
-                        f"(registered: {', '.join(REWARDS.names())}). Register one with @register_reward"
+                        f"(registered: {', '.join(known_sources())}). Register one with @register_reward"
                         f"({source!r}) or set reward.custom_fn.")
     return errs
 

@@ -51,14 +51,14 @@ def _run(spec, solutions, **kw):
 
 def test_builtin_rewards_by_data_source(pool):
     result = score_batch(
-        ["openai/gsm8k", "gsm8k", "lighteval/MATH", "math"],
-        ["#### 72", "#### 5", r"\boxed{\frac{1}{2}}", "no box"],
-        ["72", "6", "0.5", "1"],
+        ["openai/gsm8k", "gsm8k", "lighteval/MATH", "HuggingFaceH4/MATH-500", "aime2024", "math"],
+        ["#### 72", "#### 5", r"\boxed{\frac{1}{2}}", "no box", "so\nAnswer: 7", "no answer"],
+        ["72", "6", "0.5", "1", "7", "1"],
         pool=pool,
-    )
-    assert result.scores == [1.0, 0.0, 1.0, 0.0]
-    assert result.extra["acc"] == [1.0, 0.0, 1.0, 0.0]
-    assert result.extra["pred"] == ["72", "5", r"\frac{1}{2}", None]
+    )  # verl routes "math" and every "aime*" to DAPO's reward: -1 when wrong
+    assert result.scores == [1.0, 0.0, 1.0, 0.0, 1.0, -1.0]
+    assert result.extra["acc"] == [1.0, 0.0, 1.0, 0.0, True, False]
+    assert result.extra["pred"] == ["72", "5", r"\frac{1}{2}", None, "7", "[INVALID]"]
     assert (result.num_errors, result.num_timeouts) == (0, 0)
 
 

@@ -95,5 +95,5 @@ def test_score_and_registry():
     assert compute_math_score("math", r"\boxed{3}", r"the answer is $\boxed{3}$")["score"] == 1.0
     assert compute_math_score("math", r"\boxed{4}", "3", format_score=0.1) == {"score": 0.1, "acc": 0.0, "pred": "4"}
     assert compute_math_score("math", "4", "4", format_score=0.1)["score"] == 0.0
-    for name in ("lighteval/MATH", "DigitalLearningGmbH/MATH-lighteval", "math"):
+    for name in ("lighteval/MATH", "DigitalLearningGmbH/MATH-lighteval", "HuggingFaceH4/MATH-500"):
         assert get_reward_fn(name) is compute_math_score
