@@ -93,7 +93,7 @@ def main(argv=None, body=None) -> int:
     forked_children_die_with_us()  # megatron's checkpoint writers (and so the resource tracker) die with the rank
     from torch.distributed.elastic.multiprocessing.errors import record
 
-    return record(run_training)(cfg, rank, body)  # an uncaught error's traceback: in torchrun's summary, naming the rank
+    return record(run_training)(cfg, rank, body)  # an uncaught error's traceback: in torchrun's summary, by rank
 
 
 def run_training(cfg, rank: int, body=None) -> int:
