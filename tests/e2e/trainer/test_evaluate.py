@@ -34,3 +34,25 @@ def test_a_path_that_is_no_checkpoint_is_one_line_and_exit_2(tmp_path):
     assert out.returncode == 2
     assert "holds no checkpoint.json (a training checkpoint), config.json (an HF model)" in out.stderr
     assert "Traceback" not in out.stderr
+
+
+def test_generate_samples_what_evaluation_decodes(tmp_path):
+    """`python -m rlhf_mcore.generate` on a run's checkpoint and its validation prompts (greedy): the same responses
+    as the evaluation of that checkpoint dumped; prompts from the command line go through the chat template too."""
+    run, config = tmp_path / "run", CONFIGS / "tiny_grpo.yaml"
+    cli("rlhf_mcore.train", "--config", config, "trainer.total_steps=1", "trainer.save_freq=1",
+        "trainer.export_hf=false", f"trainer.output_dir={run}")
+    checkpoint = run / "global_step_1"
+    cli("rlhf_mcore.evaluate", "--config", config, "--checkpoint", checkpoint, "--out", tmp_path / "eval")
+    want = [json.loads(line)["output"] for line in (tmp_path / "eval" / "generations" / "0.jsonl").read_text()
+            .splitlines()]
+    from rlhf_mcore.config.load import load_config
+
+    val_files = load_config(str(config), []).data.val_files
+    out = cli("rlhf_mcore.generate", "--config", config, "--checkpoint", checkpoint, "--prompts", val_files,
+              "--prompt", "abc", "--out", tmp_path / "gen.jsonl")
+    got = [json.loads(line) for line in (tmp_path / "gen.jsonl").read_text().splitlines()]
+    assert [g["response"] for g in got[1:]] == want and got[0]["prompt"] == "abc"
+    assert "----- response -----" in out.stdout
+    bad = cli("rlhf_mcore.generate", "--config", config, "--checkpoint", checkpoint, check=False)
+    assert bad.returncode == 2 and "no prompts" in bad.stderr
