@@ -336,6 +336,7 @@ class TrainerConfig:
     save_freq: int = -1  # -1 = only at the end (verl's -1: never); 0 = never; N = every N steps and at the end
     test_freq: int = -1  # -1 or 0 = never (as verl); N = every N steps and at the end
     val_before_train: bool = False
+    val_only: bool = False  # verl's: validate the starting (or resumed) weights once, then stop: no step, no save
     output_dir: str = "runs/default"
     seed: int = 1
     logger: list[str] = field(default_factory=lambda: ["console", "jsonl", "tensorboard"])  # +wandb; console=step line

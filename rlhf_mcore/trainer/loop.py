@@ -96,8 +96,10 @@ def _train(cfg, signals: ExitSignals) -> Run:
     run.losses = phases.build_loss_fns(cfg, run.ctx, run.roles, update_loss=actor_loss)  # bound once
     t = cfg.trainer
     try:
-        if t.val_before_train and run.val_sampler is not None:
+        if (t.val_before_train or t.val_only) and run.val_sampler is not None:
             run.log_validation(run.start_step)
+        if t.val_only:  # verl's trainer.val_only: nothing is trained or saved
+            return run
         step = run.start_step
         signals.arm()  # from here a signal waits for the end of the step (before, it exits at once)
         while step < run.total_steps:

@@ -56,3 +56,12 @@ def test_generate_samples_what_evaluation_decodes(tmp_path):
     assert "----- response -----" in out.stdout
     bad = cli("rlhf_mcore.generate", "--config", config, "--checkpoint", checkpoint, check=False)
     assert bad.returncode == 2 and "no prompts" in bad.stderr
+
+
+def test_verls_val_only_validates_once_and_trains_nothing(tmp_path):
+    run = tmp_path / "run"
+    cli("rlhf_mcore.train", "--config", CONFIGS / "tiny_grpo.yaml", "trainer.val_only=true", "trainer.total_steps=3",
+        f"trainer.output_dir={run}")
+    rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in rows] == [0] and any(k.startswith("val-core/") for k in rows[0])
+    assert not list(run.glob("global_step_*"))
