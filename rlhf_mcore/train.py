@@ -47,10 +47,20 @@ def parse_args(argv):
                         help="a.b=value overrides of existing keys (verl's keys too: docs/verl.md); "
                              "Hydra's +a.b=value and ~a.b are taken too")
     args = parser.parse_intermixed_args(argv)  # flags may follow overrides (the launch scripts put them last)
+    args.verl_trainer_config = None
     if args.config_name:  # verl's `--config-path=DIR --config-name=NAME`
         name = args.config_name if args.config_name.endswith((".yaml", ".yml")) else f"{args.config_name}.yaml"
-        args.config = args.config or os.path.join(args.config_path or ".", name)
+        path = os.path.join(args.config_path or ".", name)
+        if not args.config and not os.path.exists(path) and name[:-5] in VERL_TRAINER_CONFIGS:
+            args.verl_trainer_config = name[:-5]  # verl's own trainer config, the base of its example scripts
+        else:
+            args.config = args.config or path
     return args
+
+
+# verl's own trainer configs (its scripts start from them with --config-path=config --config-name=NAME): not files
+# here; our defaults are verl's, so a run starts from ours
+VERL_TRAINER_CONFIGS = ("ppo_trainer", "ppo_megatron_trainer")
 
 
 def report(lines: list[str], rank: int, header: str) -> None:
@@ -72,6 +82,9 @@ def main(argv=None, body=None) -> int:
 
     rank, _, world_size = torchrun_env()
     notes: list[str] = []
+    if args.verl_trainer_config:
+        notes.append(f"--config-name={args.verl_trainer_config}: verl's own trainer config (no such file here); the "
+                     "run starts from our defaults, which follow verl's, and the overrides (docs/verl.md)")
     try:
         cfg = load_config(args.config, args.overrides, world_size=None if args.validate_only else world_size,
                           notes=notes)

@@ -203,6 +203,7 @@ def parse_overrides(overrides: list[str], data: dict, errors: list[str], notes: 
     set the key like a.b=value, ~a.b (delete) puts its default back."""
     notes = [] if notes is None else notes
     our_keys = set(all_keys())
+    errors += verl_keys.layout_conflicts(o.lstrip("+").split("=", 1) for o in overrides if "=" in o)
     for item in overrides:
         item = item.lstrip("+")
         if item.startswith("~"):
@@ -231,7 +232,9 @@ HYDRA_HEADERS = ("defaults", "hydra")  # verl's YAML files compose verl's own co
 def _apply_yaml_aliases(data: dict, errors: list[str], notes: list[str]) -> None:
     """A YAML file may use verl's keys too (their overrides file): translate them, and join file lists."""
     our_keys = set(all_keys())
-    for dotted, value in verl_keys.extract_verl(data, our_keys):
+    found = verl_keys.extract_verl(data, our_keys)
+    errors += verl_keys.layout_conflicts(found)
+    for dotted, value in found:
         _set(data, dotted, value, errors, notes, our_keys)
     section = data.get("data")
     if isinstance(section, dict):

@@ -59,6 +59,86 @@ def _mode(value: Any) -> str:
     return "multi_turn" if _truthy(value) else "single_turn"
 
 
+def _dtype(value: Any) -> str:
+    """verl's megatron dtype (bfloat16 | float16 | float32) -> model.dtype."""
+    return {"bfloat16": "bf16", "bf16": "bf16", "float32": "fp32", "fp32": "fp32"}.get(str(value).strip(), str(value))
+
+
+def _recompute_granularity(value: Any) -> str:
+    """verl's override_transformer_config.recompute_granularity (full | selective | null) -> model.recompute."""
+    return {"full": "full", "selective": "selective"}.get(str(value).strip().lower(), "none")
+
+
+# The layout keys of verl's megatron engine config (`engine/megatron.yaml`), which each of verl's roles has: ours
+# run every role on one TP/PP/EP layout (one process group), so a reference's or critic's value must be the actor's
+# (`layout_conflicts` says so when it is not).
+LAYOUT = {"tensor_model_parallel_size": "parallel.tp", "pipeline_model_parallel_size": "parallel.pp",
+          "expert_model_parallel_size": "parallel.ep", "expert_tensor_parallel_size": "parallel.etp",
+          "context_parallel_size": "parallel.cp", "sequence_parallel": "parallel.sequence_parallel"}
+_OFFLOAD = ("trainer.offload_during_rollout=true moves the trained roles' optimizer states to host memory and frees "
+            "their gradient buffers while the rollout runs; weights stay (the native engine decodes with them); "
+            "there is no per-role offload")
+
+
+def megatron_keys(prefix: str, role: str, load_key: str) -> dict[str, VerlKey]:
+    """verl's `<role>.megatron.*` keys (its megatron engine config) for one role."""
+    shared = "" if role == "actor" else f"the {role} shares the actor's layout (one process group for every role)"
+    keys = {f"{prefix}.{name}": alias(ours, note=shared) for name, ours in LAYOUT.items()}
+    keys.update({
+        f"{prefix}.virtual_pipeline_model_parallel_size": ignored(
+            "virtual pipeline stages are not used: each PP rank holds one chunk", only="None"),
+        f"{prefix}.use_distributed_optimizer": alias("parallel.use_distributed_optimizer") if role == "actor" else
+        ignored(f"the {role}'s optimizer follows parallel.use_distributed_optimizer (the actor's)"),
+        f"{prefix}.param_offload": ignored(_OFFLOAD),
+        f"{prefix}.grad_offload": ignored(_OFFLOAD),
+        f"{prefix}.optimizer_offload": ignored(_OFFLOAD),
+        f"{prefix}.use_dist_checkpointing": ignored(f"a megatron checkpoint is loaded when {load_key} names one "
+                                                    f"({prefix}.dist_checkpointing_path sets it)"),
+        f"{prefix}.dist_checkpointing_path": alias(load_key),
+        f"{prefix}.dist_checkpointing_prefix": ignored("our checkpoints' keys carry no prefix", only=""),
+        f"{prefix}.seed": ignored("weights come from the checkpoint; trainer.seed seeds everything random"),
+        f"{prefix}.use_mbridge": ignored("HF weights load directly from model.hf_path (no mbridge needed)"),
+        f"{prefix}.vanilla_mbridge": ignored("HF weights load directly from model.hf_path (no mbridge needed)"),
+        f"{prefix}.forward_only": ignored("whether a role trains follows from the algorithm"),
+        f"{prefix}.dtype": alias("model.dtype", convert=_dtype) if role == "actor" else
+        ignored(f"the {role} computes in model.dtype (the actor's)"),
+        f"{prefix}.override_ddp_config.": ignored("DDP is configured by parallel.* (bucketing, overlap as megatron's "
+                                                  "defaults)"),
+        f"{prefix}.override_mcore_model_config.": ignored("the model's config comes from model.hf_path"),
+        f"{prefix}.override_transformer_config.": ignored(
+            "megatron's TransformerConfig is built from model.* (recompute, attention backend) and the HF config"),
+        f"{prefix}.override_transformer_config.recompute_granularity":
+            alias("model.recompute", convert=_recompute_granularity) if role == "actor" else
+            ignored(f"the {role} recomputes as model.recompute says (the actor's)"),
+        f"{prefix}.override_transformer_config.attention_backend": ignored(
+            "model.attention_backend picks it (auto: TE where importable, else SDPA, which runs flash on a GPU)"),
+    })
+    return keys
+
+
+def layout_conflicts(items) -> list[str]:
+    """One error per layout key of ours that verl keys of different roles set to different values.
+
+    >>> layout_conflicts([("actor_rollout_ref.actor.megatron.tensor_model_parallel_size", "2"),
+    ...                   ("actor_rollout_ref.ref.megatron.tensor_model_parallel_size", "4")])[0][:70]
+    'actor_rollout_ref.ref.megatron.tensor_model_parallel_size: 4, but actor'
+    """
+    first: dict[str, tuple[str, str]] = {}
+    errors = []
+    for dotted, value in items:
+        name = dotted.rsplit(".", 1)[-1]
+        if ".megatron." not in dotted or name not in LAYOUT:
+            continue
+        ours = LAYOUT[name]
+        if ours not in first:
+            first[ours] = (dotted, str(value).strip())
+        elif first[ours][1] != str(value).strip():
+            other, seen = first[ours]
+            errors.append(f"{dotted}: {value}, but {other}={seen}: every role runs on one layout here (one process "
+                          f"group; verl can give each role its own). Set both to one value ({ours}).")
+    return errors
+
+
 def _resume_mode(value: Any) -> str:
     value = str(value).strip()
     return value if value in ("auto", "disable") else "auto"  # resume_path: the path key sets trainer.resume
@@ -108,11 +188,9 @@ VERL_KEYS: dict[str, VerlKey] = {
     f"{_ARR}.actor.policy_loss.loss_mode": alias("actor.policy_loss"),
     f"{_ARR}.actor.policy_loss.ppo_kl_coef": alias("actor.kl_cov_coef"),
     f"{_ARR}.actor.policy_loss.kl_cov_ratio": alias("actor.kl_cov_ratio"),
-    f"{_ARR}.actor.megatron.tensor_model_parallel_size": alias("parallel.tp"),
-    f"{_ARR}.actor.megatron.pipeline_model_parallel_size": alias("parallel.pp"),
-    f"{_ARR}.actor.megatron.use_distributed_optimizer": alias("parallel.use_distributed_optimizer"),
-    f"{_ARR}.actor.megatron.expert_model_parallel_size": alias("parallel.ep"),
-    f"{_ARR}.actor.megatron.expert_tensor_parallel_size": alias("parallel.etp"),
+    **megatron_keys(f"{_ARR}.actor.megatron", "actor", "model.load"),
+    **megatron_keys(f"{_ARR}.ref.megatron", "reference", "ref.load"),
+    **megatron_keys("critic.megatron", "critic", "critic.load"),
     f"{_ARR}.actor.router_replay.mode": alias("actor.router_replay"),
     f"{_ARR}.actor.megatron.router_replay.mode": alias("actor.router_replay"),
     f"{_ARR}.actor.fsdp_config.": ignored(_FSDP),
@@ -270,7 +348,8 @@ parallel.tp/pp split it'
                           "See docs/verl.md for the keys we translate.")
     if entry.rejected:
         return [], None, f"{dotted}: not supported here (got {value!r}). Instead, {entry.note}."
-    if entry.only is not None and str(value).strip() != entry.only:
+    given = "None" if str(value).strip() in ("null", "None", "~") else str(value).strip()  # YAML's and Hydra's null
+    if entry.only is not None and given != entry.only:
         return [], None, f"{dotted}: only {entry.only} is supported here (got {value!r}): {entry.note}. Drop the key."
     if not entry.ours:
         return [], f"verl key {dotted} ignored: {entry.note}", None
