@@ -120,7 +120,7 @@ def layout_conflicts(items) -> list[str]:
     """One error per layout key of ours that verl keys of different roles set to different values.
 
     >>> layout_conflicts([("actor_rollout_ref.actor.megatron.tensor_model_parallel_size", "2"),
-    ...                   ("actor_rollout_ref.ref.megatron.tensor_model_parallel_size", "4")])[0][:70]
+    ...                   ("actor_rollout_ref.ref.megatron.tensor_model_parallel_size", "4")])[0][:71]
     'actor_rollout_ref.ref.megatron.tensor_model_parallel_size: 4, but actor'
     """
     first: dict[str, tuple[str, str]] = {}
@@ -169,6 +169,7 @@ VERL_KEYS: dict[str, VerlKey] = {
     f"{_ARR}.actor.optim.min_lr_ratio": alias("actor.optim.min_lr_ratio"),
     f"{_ARR}.actor.optim.lr_warmup_steps_ratio": rejected("set actor.optim.lr_warmup_steps (a step count)"),
     f"{_ARR}.actor.grad_clip": alias("actor.optim.grad_clip"),
+    f"{_ARR}.actor.optim.clip_grad": alias("actor.optim.grad_clip"),  # verl's newer name
     f"{_ARR}.actor.ppo_mini_batch_size": alias("actor.ppo_mini_batch_size"),
     f"{_ARR}.actor.ppo_micro_batch_size_per_gpu": alias("actor.micro_batch_size_per_gpu"),
     f"{_ARR}.actor.ppo_micro_batch_size": rejected(
@@ -243,7 +244,8 @@ VERL_KEYS: dict[str, VerlKey] = {
     "data.max_response_length": alias("rollout.max_response_length"),
     "data.truncation": ignored("prompts longer than data.max_prompt_length are filtered "
                                "(data.filter_overlong_prompts) or rejected, never cut"),
-    "data.prompt_key": rejected("prompts are read from verl's 'prompt' column; rename the column"),
+    "data.prompt_key": ignored("prompts are read from verl's 'prompt' column; rename another column to it",
+                               only="prompt"),
     "data.return_raw_chat": ignored("prompts are chat-templated by the tokenizer"),
     "data.gen_batch_size": rejected("each generation round of algorithm.filter_groups draws data.train_batch_size "
                                     "prompts; remove it (scale max_num_gen_batches by gen/train for verl's budget)"),
@@ -256,6 +258,7 @@ VERL_KEYS: dict[str, VerlKey] = {
     "critic.ppo_micro_batch_size_per_gpu": alias("critic.micro_batch_size_per_gpu"),
     "critic.ppo_max_token_len_per_gpu": alias("critic.max_tokens_per_gpu"),
     "critic.grad_clip": alias("critic.optim.grad_clip"),
+    "critic.optim.clip_grad": alias("critic.optim.grad_clip"),
     "critic.strategy": ignored("the strategy is megatron-core, always"),
     # algorithm
     "algorithm.kl_ctrl.kl_coef": alias("algorithm.kl_coef"),
@@ -276,6 +279,14 @@ VERL_KEYS: dict[str, VerlKey] = {
     "reward_model.overlong_buffer.len": alias("reward.overlong_buffer"),
     "reward_model.overlong_buffer.penalty_factor": alias("reward.overlong_penalty_factor"),
     "reward_model.overlong_buffer.log": ignored("the overlong penalty shows in the reward metrics"),
+    # the DAPO reward manager's kwargs, as verl's recipe scripts pass them (+reward_model.reward_kwargs.*)
+    "reward_model.reward_kwargs.overlong_buffer_cfg.enable": ignored(
+        "reward_model.reward_kwargs.overlong_buffer_cfg.len sets reward.overlong_buffer; 0 turns it off", only="True"),
+    "reward_model.reward_kwargs.overlong_buffer_cfg.len": alias("reward.overlong_buffer"),
+    "reward_model.reward_kwargs.overlong_buffer_cfg.penalty_factor": alias("reward.overlong_penalty_factor"),
+    "reward_model.reward_kwargs.overlong_buffer_cfg.log": ignored("the overlong penalty shows in the reward metrics"),
+    "reward_model.reward_kwargs.max_resp_len": ignored(
+        "the overlong buffer ends at rollout.max_response_length (data.max_response_length)"),
     # trainer
     "trainer.n_gpus_per_node": ignored(_WORLD),
     "trainer.nnodes": ignored(_WORLD),

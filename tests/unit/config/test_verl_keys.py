@@ -231,3 +231,50 @@ def test_a_reference_on_another_layout_is_one_error_that_explains():
         "actor_rollout_ref.ref.megatron.tensor_model_parallel_size: 4, but "
         "actor_rollout_ref.actor.megatron.tensor_model_parallel_size=2: every role runs on one layout here (one "
         "process group; verl can give each role its own). Set both to one value (parallel.tp)."]
+
+
+# verl's recipe/dapo/test_dapo_megatron_local.sh (DAPO on its megatron backend), shell variables resolved as the
+# script sets them; paths and sizes swapped for the 2-layer model (TP4 x PP4 -> 2 x 2, 2k + 8k tokens -> 1k + 2k),
+# wandb dropped from the logger as above
+DAPO_MEGATRON = [
+    f"data.train_files={TRAIN}", f"data.val_files=['{TEST}']", "data.prompt_key=prompt", "data.truncation='left'",
+    "data.max_prompt_length=1024", "data.max_response_length=2048", "data.train_batch_size=256",
+    "actor_rollout_ref.rollout.n=2", "algorithm.adv_estimator=grpo", "algorithm.use_kl_in_reward=False",
+    "algorithm.kl_ctrl.kl_coef=0.0", "actor_rollout_ref.actor.use_kl_loss=False",
+    "actor_rollout_ref.actor.kl_loss_coef=0.0", "actor_rollout_ref.actor.clip_ratio_low=0.2",
+    "actor_rollout_ref.actor.clip_ratio_high=0.28", "actor_rollout_ref.actor.clip_ratio_c=10.0",
+    "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=2",
+    "actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu=4",
+    "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu=4",
+    "actor_rollout_ref.model.enable_gradient_checkpointing=True", "actor_rollout_ref.actor.optim.lr=1e-6",
+    "actor_rollout_ref.actor.optim.lr_warmup_steps=10", "actor_rollout_ref.actor.optim.weight_decay=0.1",
+    "actor_rollout_ref.actor.ppo_mini_batch_size=16", "actor_rollout_ref.actor.megatron.param_offload=True",
+    "actor_rollout_ref.actor.megatron.optimizer_offload=True", "actor_rollout_ref.actor.megatron.grad_offload=True",
+    "actor_rollout_ref.actor.megatron.pipeline_model_parallel_size=2",
+    "actor_rollout_ref.actor.megatron.tensor_model_parallel_size=2", "actor_rollout_ref.actor.entropy_coeff=0",
+    "actor_rollout_ref.actor.optim.clip_grad=1.0", "actor_rollout_ref.actor.loss_agg_mode=token-mean",
+    "actor_rollout_ref.rollout.gpu_memory_utilization=0.80", "actor_rollout_ref.rollout.tensor_model_parallel_size=4",
+    "actor_rollout_ref.rollout.enable_chunked_prefill=True", "actor_rollout_ref.rollout.max_num_batched_tokens=3072",
+    "actor_rollout_ref.rollout.temperature=1.0", "actor_rollout_ref.rollout.top_p=1.0",
+    "actor_rollout_ref.rollout.top_k=-1", "actor_rollout_ref.rollout.val_kwargs.temperature=1.0",
+    "actor_rollout_ref.rollout.val_kwargs.top_p=0.7", "actor_rollout_ref.rollout.val_kwargs.top_k=-1",
+    "actor_rollout_ref.rollout.val_kwargs.do_sample=True", "actor_rollout_ref.rollout.val_kwargs.n=1",
+    "actor_rollout_ref.ref.megatron.pipeline_model_parallel_size=2",
+    "actor_rollout_ref.ref.megatron.tensor_model_parallel_size=2", "actor_rollout_ref.ref.megatron.param_offload=True",
+    "reward_model.reward_manager=dapo", "+reward_model.reward_kwargs.overlong_buffer_cfg.enable=True",
+    "+reward_model.reward_kwargs.overlong_buffer_cfg.len=1024",
+    "+reward_model.reward_kwargs.overlong_buffer_cfg.penalty_factor=1.0",
+    "+reward_model.reward_kwargs.overlong_buffer_cfg.log=False", "+reward_model.reward_kwargs.max_resp_len=2048",
+    "trainer.logger=['console']", "trainer.project_name=DAPO", "trainer.experiment_name=DAPO-Qwen2.5-7b-MATH-megatron",
+    "trainer.n_gpus_per_node=16", "trainer.nnodes=1", "trainer.val_before_train=False", "trainer.test_freq=10",
+    "trainer.save_freq=10", "trainer.total_epochs=10", "trainer.default_local_dir=/tmp/ckpts/DAPO",
+    "trainer.resume_mode=disable", "trainer.log_val_generations=10"]
+
+
+def test_verls_dapo_megatron_recipe_validates(verl_model_dir):
+    notes: list[str] = []
+    cfg = load_config(None, [*DAPO_MEGATRON, f"actor_rollout_ref.model.path={verl_model_dir}"], world_size=4,
+                      notes=notes)
+    assert (cfg.parallel.tp, cfg.parallel.pp, cfg.rollout.max_response_length, cfg.rollout.n) == (2, 2, 2048, 2)
+    assert (cfg.reward.overlong_buffer, cfg.reward.overlong_penalty_factor) == (1024, 1.0)
+    assert (cfg.rollout.val_top_p, cfg.rollout.val_do_sample, cfg.actor.clip_ratio_high) == (0.7, True, 0.28)
