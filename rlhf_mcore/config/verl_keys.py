@@ -50,8 +50,9 @@ def _recompute(value: Any) -> str:
 
 
 def _engine(value: Any) -> str:
-    """verl's rollout.name -> rollout.engine: sglang stays sglang; vllm/hf decode with our native engine."""
-    return "sglang" if str(value).strip().lower() == "sglang" else "native"
+    """verl's rollout.name -> rollout.engine: sglang (and its sglang_async) is sglang; vllm/hf decode with our native
+    engine."""
+    return "sglang" if str(value).strip().lower().startswith("sglang") else "native"
 
 
 def _mode(value: Any) -> str:
@@ -215,6 +216,8 @@ VERL_KEYS: dict[str, VerlKey] = {
     f"{_ARR}.rollout.log_prob_micro_batch_size": ignored(_LOGPROB_MB),
     f"{_ARR}.rollout.log_prob_use_dynamic_bsz": ignored(_LOGPROB_MB),
     f"{_ARR}.rollout.log_prob_max_token_len_per_gpu": alias("actor.log_prob_max_tokens_per_gpu", note=_LOGPROB_TOK),
+    f"{_ARR}.hybrid_engine": ignored("actor, reference and rollout always share the ranks here (one SPMD program)",
+                                     only="True"),
     f"{_ARR}.rollout.enforce_eager": ignored("the native engine graphs decode per rollout.native.cuda_graphs"),
     f"{_ARR}.rollout.free_cache_engine": ignored("engine memory is always released during training"),
     f"{_ARR}.rollout.enable_chunked_prefill": ignored("vLLM option"),

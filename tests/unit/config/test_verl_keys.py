@@ -278,3 +278,46 @@ def test_verls_dapo_megatron_recipe_validates(verl_model_dir):
     assert (cfg.parallel.tp, cfg.parallel.pp, cfg.rollout.max_response_length, cfg.rollout.n) == (2, 2, 2048, 2)
     assert (cfg.reward.overlong_buffer, cfg.reward.overlong_penalty_factor) == (1024, 1.0)
     assert (cfg.rollout.val_top_p, cfg.rollout.val_do_sample, cfg.actor.clip_ratio_high) == (0.7, True, 0.28)
+
+
+def test_verls_multi_turn_gsm8k_script_and_yaml(tmp_path, verl_model_dir):
+    """examples/sglang_multiturn/run_qwen2.5-3b_gsm8k_multiturn.sh with its config/gsm8k_multiturn_grpo.yaml (Hydra
+    headers and all), paths swapped: every key translates except tool_config_path, refused with what to do here."""
+    from rlhf_mcore.train import parse_args
+
+    (tmp_path / "gsm8k_multiturn_grpo.yaml").write_text(
+        "hydra:\n  searchpath:\n    - file://verl/trainer/config\ndefaults:\n  - ppo_trainer\n  - _self_\n"
+        "data:\n  max_prompt_length: 1024\n  max_response_length: 1024\n  train_batch_size: 256\n"
+        "  return_raw_chat: True\nactor_rollout_ref:\n  hybrid_engine: True\n  rollout:\n    name: sglang\n"
+        "    multi_turn:\n      enable: True\n      max_assistant_turns: 5\n")
+    script = [
+        "algorithm.adv_estimator=grpo", "data.train_batch_size=256", "data.max_prompt_length=1024",
+        "data.max_response_length=1024", "data.filter_overlong_prompts=True", "data.truncation='error'",
+        "data.return_raw_chat=True", f"actor_rollout_ref.model.path={verl_model_dir}",
+        "actor_rollout_ref.actor.optim.lr=1e-6", "actor_rollout_ref.model.use_remove_padding=True",
+        "actor_rollout_ref.actor.ppo_mini_batch_size=256", "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=40",
+        "actor_rollout_ref.actor.use_kl_loss=True", "actor_rollout_ref.actor.kl_loss_coef=0.001",
+        "actor_rollout_ref.actor.kl_loss_type=low_var_kl", "actor_rollout_ref.actor.entropy_coeff=0",
+        "actor_rollout_ref.model.enable_gradient_checkpointing=True",
+        "actor_rollout_ref.actor.fsdp_config.param_offload=False",
+        "actor_rollout_ref.actor.fsdp_config.optimizer_offload=False",
+        "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu=40",
+        "actor_rollout_ref.rollout.tensor_model_parallel_size=2", "actor_rollout_ref.rollout.name=sglang_async",
+        "actor_rollout_ref.rollout.gpu_memory_utilization=0.5", "actor_rollout_ref.rollout.n=16",
+        "actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu=40",
+        "actor_rollout_ref.ref.fsdp_config.param_offload=True",
+        "algorithm.use_kl_in_reward=False", "trainer.critic_warmup=0", "trainer.logger=['console']",
+        "trainer.project_name='gsm8k_async_rl'", "trainer.experiment_name='qwen2.5-3b'", "trainer.n_gpus_per_node=8",
+        "trainer.nnodes=1", "trainer.save_freq=-1", "trainer.test_freq=20", f"data.train_files={TRAIN}",
+        f"data.val_files={TEST}", "trainer.total_epochs=15"]
+    args = parse_args(["--config-path", str(tmp_path), "--config-name", "gsm8k_multiturn_grpo", *script])
+    # ours in place of the refused tool_config_path (below), and the native engine: no sglang package on a CPU
+    here = ["rollout.multi_turn.tools=[calculator]", "rollout.engine=native"]
+    notes: list[str] = []
+    cfg = load_config(args.config, [*args.overrides, *here], world_size=8, notes=notes)
+    assert (cfg.rollout.mode, cfg.rollout.n, cfg.rollout.multi_turn.max_turns) == ("multi_turn", 16, 5)
+    assert any(n.startswith("verl key actor_rollout_ref.rollout.name -> rollout.engine=sglang") for n in notes)
+    with pytest.raises(ConfigError) as err:
+        load_config(args.config, [*args.overrides, *here,
+                                  "actor_rollout_ref.rollout.multi_turn.tool_config_path=tools.yaml"], world_size=8)
+    assert len(err.value.errors) == 1 and "rollout.multi_turn.tools" in err.value.errors[0]
