@@ -22,6 +22,8 @@ then decode one token per step for the whole batch until every row has finished.
   (an extra micro-batch is one padding row, discarded, that counts as ended; a rank whose rows have all ended
   keeps stepping them). `lockstep_group` names that group, so callers with a per-rank number of calls
   (multi-turn) agree on each call and its max_new_tokens; `generate([])` then runs padding forwards only.
+- Continuous batching (`generate_continuous`, partial rollouts): with the static decoder, a finished row's cache
+  slot takes the next queued row mid-decode (`rlhf_mcore.rollout.continuous`).
 - Not supported: sequence parallelism (a 1-token decode step cannot be split over TP ranks) and virtual
   pipeline chunks; the constructor says so.
 """

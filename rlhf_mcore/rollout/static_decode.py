@@ -25,7 +25,8 @@ adapters the projections' merged weights, refreshed before each rollout: `rollou
 - sampling, the log-prob and the stop-token test run inside the step too (`sampling.sample_plain`, one
   pass over the vocabulary, when there is no top-k / top-p; else `sampling.sample`), on fp32 logits never
   rounded to bf16 (`kernels.logits.logits_fp32`, exactly the trainer's), and its results are written into
-  per-row response buffers at a device-resident column.
+  per-row response buffers at each row's next column (its length, device-resident; a row ends at a stop token or
+  at its slot's limit), so rows may start and end at different steps (`rlhf_mcore.rollout.continuous`).
 
 The prefill goes through megatron's own layer modules eagerly, with the layer's own SDPA core attention.
 Where the layout or the model is not supported (TP/PP > 1, a core attention other than ours, a layer the
