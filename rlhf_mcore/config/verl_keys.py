@@ -111,6 +111,10 @@ def megatron_keys(prefix: str, role: str, load_key: str) -> dict[str, VerlKey]:
         f"{prefix}.override_transformer_config.recompute_granularity":
             alias("model.recompute", convert=_recompute_granularity) if role == "actor" else
             ignored(f"the {role} recomputes as model.recompute says (the actor's)"),
+        f"{prefix}.use_remove_padding": alias("data.use_sequence_packing") if role == "actor" else
+        ignored(f"the {role}'s forwards pack as data.use_sequence_packing says (the actor's)"),
+        **{f"{prefix}.{block}": ignored("an empty override block changes nothing here", only="{}")
+           for block in ("override_ddp_config", "override_mcore_model_config", "override_transformer_config")},
         f"{prefix}.override_transformer_config.attention_backend": ignored(
             "model.attention_backend picks it (auto: TE where importable, else SDPA, which runs flash on a GPU)"),
     })

@@ -215,7 +215,8 @@ def test_verls_megatron_grpo_script_validates_from_its_config_name(verl_model_di
                                   "override_transformer_config.recompute_method",
                                   "override_transformer_config.recompute_num_layers",
                                   "override_transformer_config.attention_backend", "use_mbridge", "dtype",
-                                  "expert_model_parallel_size", "expert_tensor_parallel_size"])
+                                  "expert_model_parallel_size", "expert_tensor_parallel_size", "use_remove_padding",
+                                  "override_transformer_config.moe_grouped_gemm"])
 @pytest.mark.parametrize("role", ["actor_rollout_ref.actor", "actor_rollout_ref.ref", "critic"])
 def test_every_megatron_engine_key_of_every_role_is_known(role, name):
     """verl's engine/megatron.yaml, for each role: translated or ignored with a reason, never 'unknown'."""
