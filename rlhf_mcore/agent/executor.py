@@ -28,7 +28,7 @@ import json
 import threading
 import time
 from collections import Counter
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, replace
 from typing import Mapping, Sequence
 
@@ -79,8 +79,12 @@ class ToolExecutor:
         contexts = list(contexts) if contexts is not None else [None] * len(calls)
         if len(contexts) != len(calls):
             raise ValueError(f"ToolExecutor.run: {len(calls)} calls but {len(contexts)} contexts")
-        futures = [self._pool.submit(self.run_one, call, ctx) for call, ctx in zip(calls, contexts)]
+        futures = [self.submit(call, ctx) for call, ctx in zip(calls, contexts)]
         return [f.result() for f in futures]
+
+    def submit(self, call: ToolCall | ParseError, tools_kwargs: Mapping | None = None) -> Future:
+        """`run_one` on the pool, at once: a future of its `ToolResult` (it never raises)."""
+        return self._pool.submit(self.run_one, call, tools_kwargs)
 
     def run_one(self, call: ToolCall | ParseError, tools_kwargs: Mapping | None = None) -> ToolResult:
         start = time.monotonic()

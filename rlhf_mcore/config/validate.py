@@ -356,7 +356,7 @@ def _lora_adapter_rules(cfg: Config) -> list[str]:
 
 
 def _async_rules(cfg: Config) -> list[str]:
-    """async_training: carrying samples needs a staleness bound of at least one version; single-turn, no EP."""
+    """async_training: carrying samples needs a staleness bound of at least one version."""
     a, p = cfg.async_training, "async_training"
     if not a.partial_rollout:
         return [] if a.staleness_threshold == 0 else [
@@ -369,12 +369,6 @@ def _async_rules(cfg: Config) -> list[str]:
     if a.round_tokens and cfg.rollout.max_response_length % a.round_tokens:
         errs.append(f"{p}.round_tokens: must divide rollout.max_response_length={cfg.rollout.max_response_length} "
                     f"(got {a.round_tokens}). Pick a divisor, or 0 for a quarter of it.")
-    if cfg.rollout.mode != "single_turn":
-        errs.append(f"{p}.partial_rollout: single-turn rollouts only for now (got rollout.mode="
-                    f"{cfg.rollout.mode}). Turn it off for multi-turn runs.")
-    if cfg.parallel.ep > 1:
-        errs.append(f"{p}.partial_rollout: not yet with expert parallelism (got parallel.ep={cfg.parallel.ep}): "
-                    "rounds would differ between the ranks that decode in lockstep. Use parallel.ep=1.")
     return errs
 
 

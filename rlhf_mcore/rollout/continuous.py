@@ -11,8 +11,13 @@ response column, so rows start and end at different steps:
 - when `on_finish` returns True the call stops and returns the rows still decoding, cut where they are
   (`finish_reason` "abort"): tokens and behaviour log-probs so far, to be continued later from that exact
   prefix (`rlhf_mcore.trainer.partial_rollout`). Queued rows that never started are not returned;
-- once the queue is empty, the running rows move to the front of the cache and smaller batch buckets decode
-  them, as in the synchronous loop.
+- a `feed` may add rows while the call runs (multi-turn samples back from their tools,
+  `rlhf_mcore.rollout.partial_turns`): it is polled at every look, and waited on when no slot decodes;
+- once the queue is empty (and the feed has nothing more to give), the running rows move to the front of the
+  cache and smaller batch buckets decode them, as in the synchronous loop.
+
+Response buffers are one per slot, not one per row: an ended row's buffer goes to the next row once its response
+is read, and its slot is idled so that it no longer writes there.
 
 A row ends at a stop token, a stop string, or at its limit (the tokens it may still add). Everything runs on the
 decode step the synchronous loop captures as CUDA graphs (one graph per batch-size and length bucket), with no
@@ -21,7 +26,7 @@ change to its arithmetic: a row's tokens and log-probs are those of the synchron
 from __future__ import annotations
 
 import collections
-from typing import Callable
+from typing import Callable, Protocol
 
 import torch
 
@@ -43,25 +48,33 @@ def responses(st, rows: list[int], reason: Callable[[bool], str]) -> list[Respon
 
 
 class Slots:
-    """Which row each cache slot holds, the free slots, and the queue of rows waiting for one."""
+    """Which row each cache slot holds, the free slots, the queue of rows waiting for one, and the response
+    buffer row each running row writes (one per slot: a row's buffer is free again once its response is read)."""
 
     def __init__(self, num_rows: int, num_slots: int):
         self.queue = collections.deque(range(num_rows))
         self.running: dict[int, int] = {}  # slot -> row
         self.free = list(range(num_slots))
+        self.buffer: dict[int, int] = {}  # running row -> its response buffer row
+        self.free_buffers = list(range(num_slots))
 
     def take(self) -> tuple[list[int], list[int]]:
-        """(slots, rows): the next queued rows, one per free slot (lowest slots first)."""
+        """(slots, rows): the next queued rows, one per free slot (lowest slots first), each given a buffer row."""
         self.free.sort()
         rows = [self.queue.popleft() for _ in range(min(len(self.free), len(self.queue)))]
         slots, self.free = self.free[:len(rows)], self.free[len(rows):]
         self.running.update(zip(slots, rows))
+        self.buffer.update((row, self.free_buffers.pop()) for row in rows)
         return slots, rows
 
     def end(self, slots: list[int]) -> list[int]:
-        """The rows of `slots`, which have ended; their slots are free."""
+        """The rows of `slots`, which have ended; their slots are free (their buffers once `release`d)."""
         self.free += slots
         return [self.running.pop(s) for s in slots]
+
+    def release(self, rows: list[int]) -> None:
+        """The responses of `rows` have been read: their buffer rows may take new rows."""
+        self.free_buffers += [self.buffer.pop(r) for r in rows]
 
     def compact(self) -> list[int]:
         """Renumber the running slots 0..k-1 (in slot order); the old slots, in their new order."""
@@ -91,20 +104,36 @@ def prefill_groups(lengths: list[int], waste: float = 0.5) -> list[list[int]]:
 CHECK_EVERY = 4  # decode steps between looks at which rows ended (1 with stop strings: they are checked per step)
 
 
+class Feed(Protocol):
+    """Rows that join a running call (multi-turn: a sample whose tool results came back continues from its new
+    prefix). `bounds`: (the longest prefix + limit, the largest limit) any fed row will have."""
+
+    bounds: tuple[int, int]
+
+    def waiting(self) -> bool:
+        """Whether rows may still come."""
+
+    def poll(self, block: bool) -> tuple[list[tuple[list[int], int]], bool]:
+        """(rows ready now as (prefix, limit), stop the call now); with `block`, waits until one is ready or none
+        can come any more."""
+
+
 def decode(static, rows: list[list[int]], limits: list[int], params, stop_ids: torch.Tensor, on_finish: OnFinish,
            num_slots: int, pad_id: int, device, decode_text=None, refill_min: int = 0,
-           check_every: int = 0) -> dict[int, Response]:
+           check_every: int = 0, feed: Feed | None = None) -> dict[int, Response]:
     """Decode `rows` (prefixes; rows[i] may add limits[i] tokens) through `num_slots` slots; see the module doc.
-    The rows cut when `on_finish` stops the call, by row; {} when every row ended. The host looks at the slots
-    every `check_every` steps (the steps between run back to back on the device; a row that ended meanwhile idles
-    in its slot until then)."""
-    if not rows:
+    The rows cut when `on_finish` (or `feed`) stops the call, by row; {} when every row ended. The host looks at
+    the slots every `check_every` steps (the steps between run back to back on the device; a row that ended
+    meanwhile idles in its slot until then). Rows from `feed` are numbered after `rows`, in the order fed."""
+    rows, limits = list(rows), list(limits)
+    if not rows and feed is None:
         return {}
-    num_slots = min(num_slots, len(rows))
+    num_slots = max(1, min(num_slots, len(rows))) if feed is None else num_slots
     refill_min = refill_min or max(1, num_slots // 16)
     check_every = 1 if params.stop_strings else check_every or CHECK_EVERY
-    length = max(len(r) + m for r, m in zip(rows, limits)) + check_every  # room for an ended row's idle steps
-    st = static.reserve(num_slots, length, max(limits), device, rows=len(rows))
+    longest, widest = feed.bounds if feed is not None else (0, 0)
+    length = max([len(r) + m for r, m in zip(rows, limits)] + [longest]) + check_every  # an ended row idles a bit
+    st = static.reserve(num_slots, length, max(limits + [widest]), device, rows=num_slots)
     bucket = bucket_for(num_slots)
     st.idle(0, bucket)
     slots = Slots(len(rows), num_slots)
@@ -116,8 +145,8 @@ def decode(static, rows: list[list[int]], limits: list[int], params, stop_ids: t
             where, which = [taken_slots[k] for k in group], [taken_rows[k] for k in group]
             prompt, lengths = kv_cache.right_pad([rows[i] for i in which], pad_id, device)
             index = slice(0, len(where)) if where == list(range(len(where))) else torch.tensor(where, device=device)
-            static.refill(index, torch.tensor(which, device=device), prompt, lengths, params, stop_ids,
-                          torch.tensor([limits[i] for i in which], device=device))
+            static.refill(index, torch.tensor([slots.buffer[i] for i in which], device=device), prompt, lengths,
+                          params, stop_ids, torch.tensor([limits[i] for i in which], device=device))
             running[index] = True
 
     def look() -> tuple[int, list[int]]:
@@ -127,25 +156,44 @@ def decode(static, rows: list[list[int]], limits: list[int], params, stop_ids: t
         top, *ended = torch.cat((top, (running[:bucket] & st.done[:bucket]).nonzero().squeeze(1))).tolist()
         return top, ended
 
+    def read(which: list[int], reason: Callable[[bool], str]) -> list[Response]:
+        out = responses(st, [slots.buffer[r] for r in which], reason)
+        slots.release(which)
+        return out
+
+    def fed(block: bool) -> bool:
+        """Queue what the feed has ready; whether it stops the call."""
+        if feed is None:
+            return False
+        new, stop = feed.poll(block)
+        slots.queue.extend(range(len(rows), len(rows) + len(new)))
+        rows.extend(r for r, _ in new)
+        limits.extend(m for _, m in new)
+        return stop
+
     start()
     while True:
         if params.stop_strings:
             static.end_stop_strings(bucket, params, decode_text)
         top, ended = look()
         running[ended] = False
+        if ended:
+            st.idle_slots(torch.tensor(ended, device=device))  # before their buffer rows go to other rows
         stop = False
         ended_rows = slots.end(ended)
-        for row, response in zip(ended_rows, responses(st, ended_rows, finish_reason)):
+        for row, response in zip(ended_rows, read(ended_rows, finish_reason)):
             stop |= bool(on_finish(row, response))
-        if stop:
+        if stop or fed(block=not slots.running and not slots.queue):
             break
         if slots.queue and slots.free and (len(slots.free) >= refill_min or not slots.running):
             start()
             top, _ = look()
         if not slots.running:
+            if feed is not None and feed.waiting():
+                continue  # nothing to decode until the feed has a row: its poll blocks
             break
-        if not slots.queue and bucket_for(len(slots.running)) < bucket:  # decode only the running rows
-            bucket = bucket_for(len(slots.running))
+        if not slots.queue and (feed is None or not feed.waiting()) and bucket_for(len(slots.running)) < bucket:
+            bucket = bucket_for(len(slots.running))  # decode only the running rows
             keep = torch.tensor(slots.compact(), device=device)
             st.compact(keep, bucket)
             running[:bucket] = False
@@ -154,4 +202,4 @@ def decode(static, rows: list[list[int]], limits: list[int], params, stop_ids: t
             static.step(bucket, params, stop_ids, needed=top + 1)
             top += 1
     cut = list(slots.running.values())
-    return dict(zip(cut, responses(st, cut, lambda stopped: "abort")))
+    return dict(zip(cut, read(cut, lambda stopped: "abort")))

@@ -179,14 +179,16 @@ class NativeRolloutEngine:
     @property
     def continuous(self) -> bool:
         """Whether `generate_continuous` can run: with the static decoder, whose slots each have a position
-        and a response column of their own (megatron's eager cache has one offset for all rows)."""
-        return self.static is not None
+        and a response column of their own (megatron's eager cache has one offset for all rows), and no expert
+        group to keep in lockstep (its ranks would stop at different steps)."""
+        return self.static is not None and self.lockstep_group is None
 
     def generate_continuous(self, rows: list[list[int]], limits: list[int], params: SamplingParams,
-                            on_finish, num_slots: int) -> dict[int, Response]:
+                            on_finish, num_slots: int, feed=None) -> dict[int, Response]:
         """Continuous batching over `num_slots` cache slots (`rlhf_mcore.rollout.continuous`): rows[i] (a token
         prefix) may add limits[i] tokens; each ended row goes to on_finish(i, Response) at once, and the call
-        stops when that returns True. The rows cut then, by index (finish_reason "abort"). Seeded like generate."""
+        stops when that returns True. The rows cut then, by index (finish_reason "abort"). Seeded like generate.
+        `feed` (`continuous.Feed`): rows that join the call while it runs (multi-turn samples back from tools)."""
         if not self.continuous:
             raise RuntimeError("native rollout: continuous batching needs the static decoder (tp=pp=1 on a GPU, "
                                "rollout.native.cuda_graphs=true); use generate() in rounds instead.")
@@ -200,7 +202,7 @@ class NativeRolloutEngine:
             self.static.refresh_weights()
             stop_ids = self.static.stop_tensor(params.stop_token_ids, device)
             return continuous.decode(self.static, rows, limits, params, stop_ids, on_finish, num_slots, self.pad_id,
-                                     device, self.decode)
+                                     device, self.decode, feed=feed)
 
     @property
     def lockstep_group(self):

@@ -28,32 +28,63 @@ from typing import Any
 
 import torch
 
-from rlhf_mcore.rollout.types import RolloutBatch
+from rlhf_mcore.rollout.types import RolloutBatch, TurnInfo
 
 
 @dataclasses.dataclass
 class Sample:
     tokens: list[int] = dataclasses.field(default_factory=list)  # response tokens so far
     logprobs: list[float] = dataclasses.field(default_factory=list)  # behaviour log-prob of each token
-    versions: list[int] = dataclasses.field(default_factory=list)  # policy version that sampled each token
+    versions: list[int] = dataclasses.field(default_factory=list)  # policy version of each token (-1: a tool's)
     finish_reason: str = ""  # "" while unfinished, then "stop" | "length"
+    key: int = 0  # the pool's name for it, the same on every rank of the replica (new at each reset)
+    # multi-turn (`rlhf_mcore.rollout.partial_turns`): 0 on tool-turn tokens, the turns, and the tool calls
+    mask: list[int] = dataclasses.field(default_factory=list)
+    spans: list[tuple[int, int]] = dataclasses.field(default_factory=list)  # assistant turns, response offsets
+    turn_start: int = 0  # where the open assistant turn began (response offset)
+    waiting: bool = False  # its turn's tool calls are running
+    tool_calls: int = 0
+    tool_errors: int = 0
+    tool_timeouts: int = 0
 
     @property
     def done(self) -> bool:
         return bool(self.finish_reason)
 
-    def reset(self) -> None:
-        self.tokens, self.logprobs, self.versions, self.finish_reason = [], [], [], ""
+    def reset(self, key: int = 0) -> None:
+        self.__init__(key=key)
 
     def add(self, tokens: list[int], logprobs: list[float], version: int, stopped: bool, max_length: int) -> None:
-        """Append tokens sampled by policy `version`; the sample ends if `stopped` or at `max_length` tokens."""
+        """Append tokens sampled by policy `version` (cut to `max_length` in all); the sample ends if `stopped` or at
+        `max_length` tokens."""
+        room = max_length - len(self.tokens)
+        tokens, logprobs = tokens[:room], logprobs[:room]
         self.tokens += tokens
         self.logprobs += logprobs
         self.versions += [version] * len(tokens)
+        self.mask += [1] * len(tokens)
         if stopped:
             self.finish_reason = "stop"
         elif len(self.tokens) >= max_length:
             self.finish_reason = "length"
+
+    def end_turn(self) -> None:
+        """The open assistant turn ends here (its span is kept)."""
+        self.spans.append((self.turn_start, len(self.tokens)))
+        self.turn_start = len(self.tokens)
+
+    def observe(self, ids: list[int], max_length: int) -> bool:
+        """Append a tool turn's ids (mask 0) when they leave room for one more sampled token; else end the sample
+        at its budget ("length") without them, so that it ends on a policy token. Whether they were appended."""
+        if len(self.tokens) + len(ids) >= max_length:
+            self.finish_reason = "length"
+            return False
+        self.tokens += ids
+        self.logprobs += [0.0] * len(ids)
+        self.versions += [-1] * len(ids)
+        self.mask += [0] * len(ids)
+        self.turn_start = len(self.tokens)
+        return True
 
 
 @dataclasses.dataclass
@@ -95,9 +126,14 @@ class PartialPool:
     def __init__(self, n: int, max_response_length: int, lag: int):
         self.n, self.max_response_length, self.lag = n, max_response_length, lag
         self.groups: list[Group] = []
+        self.keys = 0  # samples named so far
+
+    def new_key(self) -> int:
+        self.keys += 1
+        return self.keys
 
     def admit(self, prompts: list, step: int) -> None:
-        self.groups += [Group(p, [Sample() for _ in range(self.n)], step) for p in prompts]
+        self.groups += [Group(p, [Sample(key=self.new_key()) for _ in range(self.n)], step) for p in prompts]
 
     def drop_stale(self, version: int) -> int:
         """Reset the samples whose oldest token would lag more than `lag` versions behind `version` (the
@@ -106,7 +142,7 @@ class PartialPool:
         for group in self.groups:
             for sample in group.samples:
                 if sample.versions and version - sample.versions[0] > self.lag:
-                    sample.reset()
+                    sample.reset(self.new_key())  # a tool result still due for the old key is ignored
                     dropped += 1
         return dropped
 
@@ -175,24 +211,33 @@ class StopRule:
         return self.complete >= self.need and not self.urgent
 
 
-def to_rollout_batch(groups: list[Group], pad_id: int, device=None) -> tuple[RolloutBatch, torch.Tensor]:
+def to_rollout_batch(groups: list[Group], pad_id: int, device=None,
+                     multi_turn: bool = False) -> tuple[RolloutBatch, torch.Tensor]:
     """The engine contract's batch of complete `groups` (row i = sample i % n of group i // n) on `device` (where
-    the engines put theirs) and the [B, S] long tensor of each token's policy version (-1 outside the response)."""
+    the engines put theirs) and the [B, S] long tensor of each token's policy version (-1 outside the sampled
+    tokens). `multi_turn`: the loss mask is 0 on tool turns, and the batch has the rows' turns (`TurnInfo`)."""
     rows = [(g.prompt, s) for g in groups for s in g.samples]
     width = max(len(p.prompt_ids) + len(s.tokens) for p, s in rows)
     tokens = torch.full((len(rows), width), pad_id, dtype=torch.long)
     logprobs = torch.zeros(len(rows), width, dtype=torch.float32)
     versions = torch.full((len(rows), width), -1, dtype=torch.long)
+    mask = torch.zeros(len(rows), width, dtype=torch.bool)
     for i, (prompt, sample) in enumerate(rows):
         p, r = len(prompt.prompt_ids), len(sample.tokens)
         tokens[i, :p] = torch.tensor(prompt.prompt_ids, dtype=torch.long)
         tokens[i, p:p + r] = torch.tensor(sample.tokens, dtype=torch.long)
         logprobs[i, p:p + r] = torch.tensor(sample.logprobs, dtype=torch.float32)
         versions[i, p:p + r] = torch.tensor(sample.versions, dtype=torch.long)
-    batch = RolloutBatch(tokens=tokens.to(device), prompt_lengths=torch.tensor([len(p.prompt_ids) for p, _ in rows],
-                                                                               device=device),
+        if multi_turn:
+            mask[i, p:p + r] = torch.tensor(sample.mask, dtype=torch.bool)
+    prompt_lengths = [len(p.prompt_ids) for p, _ in rows]
+    turns = TurnInfo(spans=[[(p + a, p + b) for a, b in s.spans] for p, (_, s) in zip(prompt_lengths, rows)],
+                     tool_calls=[s.tool_calls for _, s in rows], tool_errors=[s.tool_errors for _, s in rows],
+                     tool_timeouts=[s.tool_timeouts for _, s in rows]) if multi_turn else None
+    batch = RolloutBatch(tokens=tokens.to(device), prompt_lengths=torch.tensor(prompt_lengths, device=device),
                          response_lengths=torch.tensor([len(s.tokens) for _, s in rows], device=device),
-                         rollout_logprobs=logprobs.to(device), finish_reasons=[s.finish_reason for _, s in rows])
+                         rollout_logprobs=logprobs.to(device), finish_reasons=[s.finish_reason for _, s in rows],
+                         loss_mask=mask.to(device) if multi_turn else None, turns=turns)
     return batch, versions.to(device)
 
 

@@ -25,6 +25,7 @@ What differs from the native engine, by design of SGLang:
 from __future__ import annotations
 
 import atexit
+import dataclasses
 import functools
 import inspect
 import json
@@ -38,6 +39,7 @@ from typing import Callable, Iterable, Optional
 import torch
 
 from rlhf_mcore.models.full_weights import FullWeights, hf_weights, unwrap_model
+from rlhf_mcore.rollout import sglang_continuous
 from rlhf_mcore.rollout.base import ROLLOUT_ENGINES, EngineSetup
 from rlhf_mcore.rollout.replicas import generate_shared
 from rlhf_mcore.rollout.responses import Response, assemble_batch
@@ -190,10 +192,19 @@ def set_compile_cache(directory: str) -> None:
 
 
 def to_response(out: dict) -> Response:
+    """A request's result. An aborted one (partial rollouts) keeps what it decoded so far, read from its log-prob
+    pairs (token, log-prob), which SGLang keeps whole where a non-streamed abort's output_ids may lag.
+
+    >>> to_response({"output_ids": [7], "meta_info": {"finish_reason": {"type": "abort"},
+    ...              "output_token_logprobs": [(-0.5, 7, None), (-0.25, 9, None)]}})
+    Response(tokens=[7, 9], logprobs=[-0.5, -0.25], finish_reason='abort')
+    """
     meta = out["meta_info"]
     reason = (meta.get("finish_reason") or {}).get("type", "length")
-    return Response(list(out["output_ids"]), [float(lp[0]) for lp in meta["output_token_logprobs"]],
-                    "stop" if reason == "stop" else "length")
+    pairs = meta.get("output_token_logprobs") or []
+    tokens = [int(p[1]) for p in pairs] if reason == "abort" else list(out["output_ids"])
+    return Response(tokens, [float(p[0]) for p in pairs][:len(tokens)],
+                    reason if reason in ("stop", "abort") else "length")
 
 
 @ROLLOUT_ENGINES.register("sglang", section="sglang", requires=("sglang",), needs_cuda=True)
@@ -245,6 +256,28 @@ class SGLangRolloutEngine:
 
         responses = generate_shared(rows, generate_rows, self.ctx.pgs.mp)  # every GPU of the replica
         return assemble_batch(rows, responses, self.pad_id, self.ctx.device)
+
+    @property
+    def continuous(self) -> bool:
+        """Whether `generate_continuous` runs: a DP replica of one GPU (its engine alone decides when to stop)."""
+        return self.ctx.dims.tp * self.ctx.dims.pp == 1
+
+    def generate_continuous(self, rows: list[list[int]], limits: list[int], params: SamplingParams,
+                            on_finish, num_slots: int, feed=None) -> dict[int, Response]:
+        """Continuous batching by abort and continue (`rlhf_mcore.rollout.sglang_continuous`): rows[i] may add
+        limits[i] tokens; each ended row goes to on_finish(i, Response) at once, and when that returns True the
+        requests in flight are aborted and returned, cut (finish_reason "abort"). `feed`: rows joining the call."""
+        if not self.continuous:
+            raise RuntimeError("sglang rollout: continuous batching needs a replica of one GPU (tp = pp = 1); "
+                               "use generate() in rounds instead.")
+
+        def sampling(limit: int) -> dict:
+            return sglang_sampling(dataclasses.replace(params, max_new_tokens=limit))
+
+        def response(out: dict) -> Response:
+            return cut_at_stop_string(to_response(out), params.stop_strings, self.decode)
+
+        return sglang_continuous.decode(self.engine, rows, limits, sampling, response, on_finish, num_slots, feed)
 
     def _prefill_shared_prompts(self, rows: list[list[int]]) -> None:
         """A prompt that several rows share (its n samples) is prefilled once, into SGLang's prefix cache,

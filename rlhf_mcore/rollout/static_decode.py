@@ -127,6 +127,13 @@ class DecodeState:
         self.pos[start:stop] = 0
         self.slot_row[start:stop] = self.num_rows + torch.arange(start, stop, device=self.done.device)
 
+    def idle_slots(self, slots: torch.Tensor) -> None:
+        """`idle` for scattered slots ([k] long): their rows ended and were read, so their buffer rows may go to
+        other slots, which these must no longer write."""
+        self.done[slots] = True
+        self.pos[slots] = 0
+        self.slot_row[slots] = self.num_rows + slots
+
     def fits(self, batch: int, length: int, max_new: int, rows: int = 0) -> bool:
         return (self.k.size(1) >= batch and self.k.size(3) >= length and self.out_tokens.size(1) >= max_new
                 and self.num_rows >= rows)

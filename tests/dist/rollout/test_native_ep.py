@@ -8,7 +8,10 @@
   budgets, yet every MoE forward exchanges tokens over the EP group. Each turn the group agrees on
   max_new_tokens (its largest remaining budget) and a rank that is done calls generate([]), so the rollout
   finishes (the launch's time-out catches a hang) and each rank's rows are its rows at EP1: the same tokens and
-  loss masks, log-probs within 1e-5 (fp32)."""
+  loss masks, log-probs within 1e-5 (fp32).
+- Multi-turn partial rollouts (tests/cases/partial_ep.py): the ranks need different numbers of rounds; at EP2 the
+  group agrees on each round and a rank that has its batch joins with no rows, and over two steps (samples
+  carried and continued) each rank trains its EP1 rows."""
 import json
 
 import pytest
@@ -17,7 +20,7 @@ from tests.launch import worker
 from tests.support.tiny_moe import tiny_moe
 
 pytestmark = pytest.mark.dist
-CASES = ("native_ep", "multi_turn_ep")
+CASES = ("native_ep", "multi_turn_ep", "partial_ep")
 
 
 @pytest.fixture(scope="module")
@@ -66,3 +69,19 @@ def test_rows_are_the_ep1_rows_and_well_formed(results):
             policy = {c for start, end in spans for c in range(start, end)}
             assert [c for c in range(length) if mask[c]] == sorted(policy)  # loss mask on policy tokens only
             assert max(policy) == length - 1  # every sample ends on a policy token
+
+
+def test_partial_rollouts_keep_ep_lockstep_and_train_the_ep1_rows(results):
+    result = results["partial_ep"]
+    ep2, ep1 = result["ep2"]["ranks"], result["ep1"]["ranks"]
+    assert len(ep1[0]["calls"]) != len(ep1[1]["calls"])  # at EP1 the ranks run different numbers of rounds
+    assert len(ep2[0]["calls"]) == len(ep2[1]["calls"]) == max(len(r["calls"]) for r in ep1)
+    assert any(rows == 0 for r in ep2 for rows, _ in r["calls"])  # a rank with its batch joined with no rows
+    assert any(s["report"]["async/samples_carried_total"] > 0 for r in ep1 for s in r["steps"])
+    for two, one in zip(ep2, ep1):
+        for a, b in zip(two["steps"], one["steps"]):
+            assert a["prompts"] == b["prompts"] and a["tokens"] == b["tokens"] and a["mask"] == b["mask"]
+            assert a["spans"] == b["spans"] and a["report"] == b["report"]
+            gap = max(abs(x - y) for ra, rb in zip(a["logprobs"], b["logprobs"]) for x, y in zip(ra, rb))
+            assert gap <= 1e-5
+    assert any(len(spans) > 1 for s in ep2[0]["steps"] for spans in s["spans"])  # tool turns were trained

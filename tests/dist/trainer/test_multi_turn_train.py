@@ -76,6 +76,21 @@ def test_multi_turn_resume_from_a_mid_run_checkpoint_is_bitwise(tmp_path, mcore_
         assert {k: resumed[step].get(k) for k in compared} == {k: straight[step][k] for k in compared}, step
 
 
+@pytest.mark.parametrize("decode", ["rounds", "continuous"])
+def test_partial_rollouts_carry_multi_turn_samples_through_the_trainer(tmp_path, mcore_ctx, scripted_calls, decode):
+    """verl's async keys on the tool preset: samples carried across steps with their tool turns, in rounds and in
+    continuous batching (the static decoder on the CPU), train a version late with the tool counts logged."""
+    extra = ("rollout.native.static_on_cpu=true",) if decode == "continuous" else ()
+    train(preset(tmp_path / "run", "trainer.total_steps=3", "trainer.save_freq=0", "async_training.partial_rollout=true",
+                 "async_training.staleness_threshold=1", *extra))
+    rows = records(tmp_path / "run")
+    assert [m["step"] for m in rows] == [1, 2, 3]
+    assert any(m["async/staleness_max"] == 1.0 for m in rows) and all(m["async/staleness_max"] <= 1 for m in rows)
+    for m in rows:
+        assert m["num_turns/mean"] > 1 and m["tool_calls/mean"] > 0 and m["tool/error_rate"] == 0, m
+        assert m["response_length/max"] < 40 and m["async/samples_dropped_total"] == 0, m
+
+
 @pytest.mark.dist
 def test_multi_turn_at_dp2_with_forced_tool_calls(tmp_path):
     """Two DP replicas, each running its own turns (tools.bench.multi_turn_forced: every turn ending at a newline

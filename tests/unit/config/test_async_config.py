@@ -31,13 +31,12 @@ def test_verl_keys_turn_it_on(capsys):
     (ON + ("async_training.round_tokens=5",), "async_training.round_tokens: must divide "
                                               "rollout.max_response_length=16 (got 5)"),
     (ON + ("async_training.staleness_threshold=-1",), "async_training.staleness_threshold: must be >= 0"),
-    (ON + ("parallel.ep=2",), "async_training.partial_rollout: not yet with expert parallelism"),
 ])
 def test_each_impossible_setting_is_one_line(capsys, overrides, phrase):
     found = errors(capsys, *overrides)
     assert any(line.startswith(phrase) for line in found), found
 
 
-def test_multi_turn_is_refused_for_now(capsys):
-    found = errors(capsys, *ON, config=str(ROOT / "configs" / "tiny_tool_grpo.yaml"))
-    assert any(line.startswith("async_training.partial_rollout: single-turn rollouts only for now") for line in found)
+def test_multi_turn_and_expert_parallel_runs_take_it(capsys):
+    assert errors(capsys, *ON, config=str(ROOT / "configs" / "tiny_tool_grpo.yaml")) == []
+    assert errors(capsys, *ON, config=str(ROOT / "configs" / "tiny_moe_grpo.yaml")) == []

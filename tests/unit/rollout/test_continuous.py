@@ -105,6 +105,46 @@ def test_a_stopped_call_cuts_rows_that_continue_from_their_exact_prefix(engine):
         assert cut[i].tokens + again[j].tokens == full[i][0][:limits[i]]
 
 
+class Later:
+    """A feed (`continuous.Feed`): `rows` join one at a time, the next each time a row has ended; a poll that
+    blocks (no slot decoding) gets the next at once. Records which blocked."""
+
+    def __init__(self, rows, limits, ended: dict):
+        self.rows, self.limits, self.ended, self.given, self.blocked = rows, limits, ended, 0, []
+        self.bounds = (max(len(r) + m for r, m in zip(rows, limits)), max(limits))
+
+    def waiting(self) -> bool:
+        return self.given < len(self.rows)
+
+    def poll(self, block: bool):
+        self.blocked.append(block)
+        if self.given < len(self.rows) and (block or len(self.ended) > self.given):
+            self.given += 1
+            return [(self.rows[self.given - 1], self.limits[self.given - 1])], False
+        return [], False
+
+
+def test_rows_fed_mid_call_decode_what_a_synchronous_call_does(engine):
+    """3 rows start in 2 slots; 5 more join from a feed as rows end (multi-turn samples back from their tools),
+    reusing the response buffers of ended rows; one joins while no slot decodes (the poll blocks). Each fed row
+    decodes its synchronous greedy tokens; rows are numbered in the order fed."""
+    rows, more = _prompts(3, seed=4), _prompts(5, seed=5)
+    limits, more_limits = [2, 9, 3], [5, 1, 7, 4, 6]
+    ended = {}
+
+    def on_finish(i, response):
+        ended[i] = response
+        return False
+    feed = Later(more, more_limits, ended)
+    cut = engine.generate_continuous(rows, limits, SamplingParams(n=1, max_new_tokens=9, temperature=0.0), on_finish,
+                                     num_slots=2, feed=feed)
+    assert cut == {} and sorted(ended) == list(range(8)) and feed.given == 5 and True in feed.blocked
+    for i, (tokens, logprobs, _) in enumerate(_sync(engine, rows + more, 9)):
+        want = (limits + more_limits)[i]
+        assert ended[i].tokens == tokens[:want], i
+        torch.testing.assert_close(torch.tensor(ended[i].logprobs), logprobs[:want], atol=1e-5, rtol=0)
+
+
 def test_needs_the_static_decoder(mcore_ctx):
     cfg = tiny_model_config(num_layers=1)
     model = build_model("actor", load_hf_config(cfg.model), cfg.model, cfg.parallel, mcore_ctx)

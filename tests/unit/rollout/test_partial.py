@@ -28,8 +28,10 @@ class ScriptedEngine:
     def __init__(self, lengths: dict, prompt_len: int = 2):
         self.lengths, self.prompt_len, self.version, self.calls = lengths, prompt_len, 0, []
         self.next_sample: dict = {}
+        self.engine = self  # the rollout layer's engine: partial rollouts call it directly
 
     def generate(self, rows, params: SamplingParams, show_progress=False) -> RolloutBatch:
+        rows = [Row(tuple(getattr(r, "prompt_ids", r))) for r in rows]
         self.calls.append([len(r.prompt_ids) for r in rows])
         out_tokens, out_lp, reasons = [], [], []
         for row in rows:
@@ -130,9 +132,9 @@ class ContinuousEngine(ScriptedEngine):
 
     def __init__(self, lengths: dict):
         super().__init__(lengths)
-        self.engine, self.ticks, self.rows_started = self, 0, []
+        self.ticks, self.rows_started = 0, []
 
-    def generate_continuous(self, rows, limits, params, on_finish, num_slots):
+    def generate_continuous(self, rows, limits, params, on_finish, num_slots, feed=None):
         from rlhf_mcore.rollout.responses import Response
 
         queue, running, started = list(range(len(rows))), {}, 0

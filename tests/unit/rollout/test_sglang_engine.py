@@ -198,6 +198,7 @@ def test_sglang_engine_matches_the_trainer_and_follows_weight_updates(mcore_ctx)
 
     before, batch = mismatch()
     assert batch.tokens.shape[0] == 16 and before < 0.02, before
+    check_abort_and_continue(engine, actor, mcore_ctx, prompts)
     with torch.no_grad():
         actor.output_layer.weight.mul_(3.0)  # a sharper policy: log-probs change a lot
     engine.release_memory()
@@ -206,6 +207,40 @@ def test_sglang_engine_matches_the_trainer_and_follows_weight_updates(mcore_ctx)
     after, _ = mismatch()
     assert after < 0.05, after  # the engine now samples from the updated weights
     engine.shutdown()
+
+
+def check_abort_and_continue(engine, actor, ctx, prompts) -> None:
+    """Partial rollouts through SGLang itself: 24 rows through 8 requests in flight, stopped once 6 have ended. The
+    rows in flight come back aborted with what they decoded so far (tokens with their log-probs); continuing them
+    from prompt + prefix finishes them; every token's log-prob agrees with the trainer's as the sync path's do."""
+    from rlhf_mcore.models.logprobs import token_logprobs
+
+    assert engine.continuous
+    rows = [p for p in prompts for _ in range(3)]
+    params = SamplingParams(n=1, max_new_tokens=64, temperature=1.0, stop_token_ids=(256,))
+    ended = {}
+
+    def on_finish(i, response):
+        ended[i] = response
+        return len(ended) >= 6
+    cut = engine.generate_continuous(rows, [64] * 24, params, on_finish, num_slots=8)
+    assert len(ended) >= 6 and cut and not set(cut) & set(ended) and len(ended) + len(cut) <= 24
+    assert all(r.finish_reason == "abort" and len(r.tokens) == len(r.logprobs) < 64 for r in cut.values())
+    assert any(r.tokens for r in cut.values()), "requests in flight kept what they had decoded"
+    rest = {}
+    engine.generate_continuous([rows[i] + cut[i].tokens for i in cut], [64 - len(cut[i].tokens) for i in cut], params,
+                               lambda j, r: rest.setdefault(j, r) and False, num_slots=8)
+    whole = {i: (cut[i].tokens + rest[j].tokens, cut[i].logprobs + rest[j].logprobs) for j, i in enumerate(cut)}
+    whole.update({i: (r.tokens, r.logprobs) for i, r in ended.items()})
+    assert all(rest[j].finish_reason in ("stop", "length") for j in range(len(cut)))
+    gaps = []
+    with torch.no_grad():
+        for i, (tokens, logprobs) in whole.items():
+            ids = torch.tensor([rows[i] + tokens], device=ctx.device)
+            pos = torch.arange(ids.size(1), device=ctx.device).unsqueeze(0)
+            logp, _ = token_logprobs(actor, actor(ids, pos, None), ids, ctx.pgs.tp)
+            gaps += (logp[0, len(rows[i]):] - torch.tensor(logprobs, device=ctx.device)).abs().tolist()
+    assert sum(gaps) / len(gaps) < 0.02, sum(gaps) / len(gaps)
 
 
 def test_start_up_check_asks_the_engine_whether_the_model_fits(monkeypatch):
