@@ -83,7 +83,7 @@ class TailEngine:
             return self.draw_length(), len(row)
         return self.targets.pop(key)
 
-    def generate_continuous(self, rows, limits, params, on_finish, num_slots):
+    def generate_continuous(self, rows, limits, params, on_finish, num_slots, feed=None):
         meta = [self._target(r) for r in rows]
         lims = [min(lim, total - (len(r) - plen)) for r, lim, (total, plen) in zip(rows, limits, meta)]
 
@@ -94,14 +94,14 @@ class TailEngine:
                 self.targets[tuple(rows[i] + response.tokens)] = meta[i]
             return on_finish(i, Response(response.tokens, response.logprobs,
                                          "stop" if reached else response.finish_reason))
-        cut = self.inner.generate_continuous(rows, lims, params, finished, num_slots)
+        cut = self.inner.generate_continuous(rows, lims, params, finished, num_slots, feed=feed)
         for i, response in cut.items():
             self.targets[tuple(rows[i] + response.tokens)] = meta[i]
         return cut
 
     def generate(self, rows, params, show_progress=False):
         """A round (or the synchronous step): every row in a slot at once, to its target or max_new_tokens."""
-        prompts = [list(r.prompt_ids) for r in rows]
+        prompts = [list(r) for r in rows]
         ended: dict = {}
 
         def keep(i, response):
@@ -166,7 +166,7 @@ def run_variant(spec, args, engine, model, ctx, vocab) -> dict:
     def step(version: int):
         if partial is None:
             prompts = draw()
-            return tail.generate([p for p in prompts for _ in range(args.n)], params), {}
+            return tail.generate([list(p.prompt_ids) for p in prompts for _ in range(args.n)], params), {}
         _, batch, report = partial.generate(tail, draw, params, version)
         return batch, {k: v[0] for k, v in report.items()}
     steps, rollout_s, tokens, staleness, carried, last = 0, 0.0, 0, [], [], None

@@ -12,6 +12,8 @@
 # MINUTES, then greedy validation on the first VAL test prompts; GPU utilization sampled every 0.5 s by nvidia-smi.
 # Then tools/bench/async_summary.py: $OUT/async.json and $OUT/summary.md.
 # CPU dry run (tiny sizes, the local venv): DRY=1 OUT=/tmp/dry_async PY=.venv/bin/python bash tools/gpu/gpu_async.sh part2
+# Tool latency (part2): ENTRY=tools.bench.multi_turn_forced CONFIG=configs/gsm8k_tool_grpo_smollm2.yaml
+#   RESPONSE=rollout.max_response_length=256 ARGS="--tool-sleep-ms 50-500" SET=rollout.multi_turn.workers=256
 set -uo pipefail
 PART=${1:?part1|part2}
 PY=${PY:-python3}
@@ -59,8 +61,10 @@ else
   GGUF=/tmp/smollm2.gguf
   [[ -f $GGUF ]] || cat /tmp/smollm2.gguf.part1 gguf/smollm2.gguf.part2 > $GGUF || exit 4
   SIZES=()
-  EXTRA=(rollout.max_response_length=1024)
+  EXTRA=(${RESPONSE:-rollout.max_response_length=1024})
 fi
+read -r -a SETS <<< "${SET:-}"  # more overrides for every variant (e.g. rollout.multi_turn.workers=256)
+read -r -a ARGS <<< "${ARGS:-}"  # more arguments of the entry point (e.g. --tool-sleep-ms 50-500)
 if [[ ! -d $W/mcore ]]; then
   log "SmolLM2-135M-Instruct: GGUF -> HF -> megatron; GSM8K"
   $PY -m tools.gguf_to_hf --gguf $GGUF --out $W/hf --dtype bf16 --overwrite 2>&1 | tail -1
@@ -78,10 +82,11 @@ for variant in "${VARIANTS[@]}"; do
     nvidia-smi --query-gpu=utilization.gpu --format=csv,noheader,nounits -lms 500 > $OUT/${name}_util.csv &
     SMI=$!
   fi
-  $PY -m rlhf_mcore.train --config configs/gsm8k_grpo_smollm2.yaml model.hf_path=$W/hf model.load=$W/mcore \
+  $PY -m ${ENTRY:-rlhf_mcore.train} --config ${CONFIG:-configs/gsm8k_grpo_smollm2.yaml} model.hf_path=$W/hf model.load=$W/mcore \
       data.train_files=$W/gsm8k/train.parquet data.val_files=$W/gsm8k/val.parquet trainer.output_dir=$W/run_$name \
       trainer.time_limit_min=$MINUTES trainer.total_steps=1000 trainer.test_freq=1000 trainer.save_freq=0 \
-      trainer.export_hf=false trainer.resume=disable trainer.logger=[console,jsonl] "${EXTRA[@]}" "${overrides[@]}" \
+      trainer.export_hf=false trainer.resume=disable trainer.logger=[console,jsonl] "${EXTRA[@]}" "${SETS[@]}" \
+      "${overrides[@]}" "${ARGS[@]}" \
       2>&1 | grep -v "Warning\|warnings.warn" > $OUT/$name.log
   echo "rc ${PIPESTATUS[0]}"
   [[ -z "${DRY:-}" ]] && kill $SMI
