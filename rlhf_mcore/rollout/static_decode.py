@@ -386,9 +386,11 @@ class StaticDecoder:
         rows = st.slot_row[slots]
         ends = st.out_lengths[rows]
         window = tail_window(params.stop_strings)
-        ends_list, low = ends.tolist(), max(0, int(ends.min()) - window)
-        block = st.out_tokens[rows, low:int(ends.max())].tolist()
-        tails = [row[max(0, e - window) - low:e - low] for row, e in zip(block, ends_list)]
+        # each row's last `window` columns, gathered on the device: rows at very different lengths (continuous
+        # batching, later turns) read window tokens each, not the span from the shortest to the longest
+        cols = (ends.unsqueeze(1) - window + torch.arange(window, device=ends.device)).clamp(min=0)
+        block = st.out_tokens[rows.unsqueeze(1), cols].tolist()
+        tails = [row[max(0, window - e):] for row, e in zip(block, ends.tolist())]
         hits = torch.tensor(stop_string_hits(tails, params.stop_strings, decode), dtype=torch.bool,
                             device=slots.device)
         st.done[slots[hits]] = True
