@@ -157,13 +157,39 @@ def convert(ckpt: str, out: str, model_cfg) -> Path:
         full = FullWeights(model, ctx) if lora else full_state_dict(model)  # LoRA: merged weights
         hf_sd = mcore_to_hf(full, hf_cfg, role="actor", source=ckpt)
         check_finite(hf_sd, ckpt)
-        aux = model_cfg.tokenizer if os.path.isdir(model_cfg.tokenizer or "") else model_cfg.hf_path or None
-        saved = save_hf_checkpoint(out, hf_sd, hf_export_config(hf_cfg, model_cfg.dtype), aux, overwrite=True)
+        saved = save_hf_checkpoint(out, hf_sd, hf_export_config(hf_cfg, model_cfg.dtype), aux_dirs(model_cfg),
+                                   overwrite=True, generation=generation_config(model_cfg))
         if lora:
             save_lora_adapter(model, Path(out) / ADAPTER_DIR, model_cfg, hf_cfg, ctx)
         return saved
     finally:
         destroy_distributed()
+
+
+def aux_dirs(model_cfg) -> list[str]:
+    """Where the export's tokenizer and generation files come from: model.hf_path, then model.tokenizer's
+    directory (its tokenizer files win)."""
+    dirs = [d for d in (model_cfg.hf_path, model_cfg.tokenizer) if d and os.path.isdir(d)]
+    return list(dict.fromkeys(dirs))
+
+
+def generation_config(model_cfg) -> dict:
+    """generation_config.json's fields that the export sets: the run's stop set (`rlhf_mcore.stop_tokens`) as
+    `eos_token_id`, so transformers stops where the rollout engines did, whichever directory the tokenizer came
+    from. {} without a tokenizer (nothing is changed then)."""
+    from rlhf_mcore.stop_tokens import stop_set, stop_sources
+    from rlhf_mcore.tokenizer import load_tokenizer
+    from rlhf_mcore.tokenizer_bytes import ByteTokenizer
+
+    path = model_cfg.tokenizer or model_cfg.hf_path
+    if not path:
+        return {}
+    try:
+        tokenizer = ByteTokenizer() if path == "bytes" else load_tokenizer(path)
+    except ValueError:  # a model directory without a tokenizer: its own generation_config.json stays as it is
+        return {}
+    ids = stop_set(stop_sources(tokenizer, model_cfg.hf_path))
+    return {"eos_token_id": list(ids) if len(ids) > 1 else ids[0]} if ids else {}
 
 
 def load_lora_actor(model, ckpt: str, model_cfg, hf_cfg: dict, ctx) -> None:

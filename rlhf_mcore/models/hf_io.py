@@ -189,6 +189,14 @@ def copy_aux_files(src_dir: str | os.PathLike, dst_dir: str | os.PathLike) -> li
     return copied
 
 
+def update_generation_config(out_dir: str | os.PathLike, fields: dict) -> None:
+    """Set `fields` in out_dir's generation_config.json, keeping its other fields (a new file when missing)."""
+    path = Path(out_dir) / "generation_config.json"
+    config = json.loads(path.read_text()) if path.is_file() else {}
+    path.unlink(missing_ok=True)  # a copy keeps its source's mode, which may be read-only
+    path.write_text(json.dumps({**config, **fields}, indent=2, sort_keys=True) + "\n")
+
+
 def write_config(out_dir: str | os.PathLike, hf_config: dict) -> None:
     (Path(out_dir) / CONFIG_FILE).write_text(json.dumps(hf_config, indent=2, sort_keys=True) + "\n")
 
@@ -221,15 +229,21 @@ def save_hf_checkpoint(
     out_dir: str | os.PathLike,
     state_dict: dict[str, torch.Tensor],
     hf_config: dict,
-    aux_src_dir: str | os.PathLike | None = None,
+    aux_src_dir: str | os.PathLike | list | None = None,
     *,
     max_shard_bytes: int = MAX_SHARD_BYTES,
     overwrite: bool = False,
+    generation: dict | None = None,
 ) -> Path:
-    """Write a complete HF checkpoint directory atomically: config, weights, and aux files copied over."""
+    """Write a complete HF checkpoint directory atomically: config, weights, and aux files copied over (from each
+    of `aux_src_dir`'s directories in turn: a later one's files win). `generation`: fields set in
+    generation_config.json (written when missing)."""
+    sources = aux_src_dir if isinstance(aux_src_dir, list) else [aux_src_dir] if aux_src_dir is not None else []
     with atomic_dir(out_dir, overwrite=overwrite) as tmp:
-        if aux_src_dir is not None:
-            copy_aux_files(aux_src_dir, tmp)
+        for src in sources:
+            copy_aux_files(src, tmp)
+        if generation:
+            update_generation_config(tmp, generation)
         write_config(tmp, hf_config)
         save_safetensors(tmp, state_dict, max_shard_bytes)
     return Path(out_dir)

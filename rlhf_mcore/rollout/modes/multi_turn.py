@@ -111,14 +111,23 @@ def run_calls(env: ModeEnv, calls: dict[int, list], max_calls: int,
     for (row, _), r in zip(flat, results):
         out[row].append((r.text, r.error, bool(r.timed_out)))
     for row, cs in calls.items():
-        out[row] += [too_many_calls(max_calls)] * max(0, len(cs) - max_calls)
+        out[row] += [too_many_calls(max_calls, env.options.max_tool_response_chars)] * max(0, len(cs) - max_calls)
     return out
 
 
-def too_many_calls(max_calls: int) -> tuple[str, str, bool]:
-    """The result of a call past a turn's first `max_calls` (it is not run)."""
-    return (f"Error: too many tool calls in one turn (at most {max_calls}); this call was not run.",
-            "too_many_calls", False)
+def too_many_calls(max_calls: int, max_chars: int) -> tuple[str, str, bool]:
+    """The result of a call past a turn's first `max_calls` (it is not run), cut to `max_chars` like every result
+    the model reads (the cut marker included).
+
+    >>> too_many_calls(1, 10_000)[0]
+    'Error: too many tool calls in one turn (at most 1); this call was not run.'
+    >>> len(too_many_calls(1, 40)[0])
+    40
+    """
+    from rlhf_mcore.agent.launch import cut_text
+
+    text = f"Error: too many tool calls in one turn (at most {max_calls}); this call was not run."
+    return cut_text(text, max_chars)[0], "too_many_calls", False
 
 
 def tool_turns(env: ModeEnv, calls: dict[int, list], contexts: dict[int, dict]) -> dict[int, tuple[list[int], list]]:

@@ -82,3 +82,32 @@ def test_contexts_must_match_calls():
         assert ex.run([]) == []
         with pytest.raises(ValueError, match="2 calls but 1 contexts"):
             ex.run([SLEEP, SLEEP], [None])
+
+
+def test_every_result_of_every_kind_fits_a_small_budget():
+    """At max_output_chars=40 every error kind (parse, unknown tool, bad arguments, the tool's exception, a time-out,
+    a crash), a long output, and the too-many-calls result of a multi-turn turn are at most 40 characters, the cut
+    marker included; each still says what it is where it can."""
+    from types import SimpleNamespace
+
+    from rlhf_mcore.rollout.modes.multi_turn import run_calls
+
+    def slow(arguments, context):
+        time.sleep(2)
+        return "late"
+
+    tools = {"slow": Tool("slow", "d", {"type": "object", "properties": {}}, slow, sandboxed=False),
+             **load_tools(["python", "calculator"], None)}
+    calls = [ParseError("the <tool_call> block is not valid JSON " * 3), ToolCall("search" * 20, {}),
+             ToolCall("python", {"code": 3}), ToolCall("calculator", {"expression": "x" * 80}), ToolCall("slow", {}),
+             ToolCall("python", {"code": "import os\nos._exit(1)"}), ToolCall("python", {"code": "print('y' * 1000)"})]
+    with ToolExecutor(tools, timeout_s=0.5, max_output_chars=40, memory_mb=512, workers=4) as ex:
+        results = ex.run(calls)
+        env = SimpleNamespace(executor=ex, options=SimpleNamespace(max_tool_response_chars=40))
+        per_row = run_calls(env, {0: [ToolCall("calculator", {"expression": "1+1"})] * 3}, 1, {})
+    assert [r.error for r in results] == ["parse", "unknown_tool", "invalid_arguments", "exception", "timeout",
+                                          "crash", None]
+    assert all(len(r.text) <= 40 for r in results), [(r.error, len(r.text)) for r in results]
+    assert [error for _, error, _ in per_row[0]] == [None, "too_many_calls", "too_many_calls"]
+    assert all(len(text) <= 40 for text, _, _ in per_row[0]), per_row
+    assert all(r.text.startswith("Error") for r in results[:6])

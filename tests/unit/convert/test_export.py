@@ -28,3 +28,38 @@ def test_export_writes_the_actor_through_the_weight_table(mcore_ctx, tmp_path):
     assert got.keys() == want.keys() and all(torch.equal(got[k], want[k]) for k in want)
     config = json.loads((out / "config.json").read_text())
     assert config["dtype"] == "float32" and config["num_hidden_layers"] == 2 and config["vocab_size"] == 250
+
+
+def test_the_export_keeps_the_stop_set_when_the_tokenizer_is_elsewhere(tmp_path):
+    """model.tokenizer in a directory of its own (no generation_config.json) and model.hf_path whose
+    generation_config.json lists two eos ids (as Llama-3-Instruct's does): the export has the tokenizer's files and
+    a generation_config.json with the whole stop set and the model's other generation fields, as transformers
+    reads it."""
+    import shutil
+
+    from transformers import GenerationConfig
+
+    from rlhf_mcore.config.schema import ModelConfig
+    from rlhf_mcore.convert.export import aux_dirs, generation_config
+    from rlhf_mcore.models.hf_io import save_hf_checkpoint
+    from tests.support.multi_turn import smollm2_dir
+    from tests.support.tiny_hf import save_tiny
+
+    hf = save_tiny(tmp_path / "hf", "llama_tied")
+    (hf / "generation_config.json").write_text(json.dumps({"eos_token_id": [2, 7], "temperature": 0.6}))
+    tok = tmp_path / "tok"
+    tok.mkdir()
+    for name in ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json"):
+        src = Path(smollm2_dir()) / name
+        if src.is_file():
+            shutil.copy(src, tok / name)
+    model = ModelConfig(hf_path=str(hf), tokenizer=str(tok))
+    assert aux_dirs(model) == [str(hf), str(tok)]
+    generation = generation_config(model)
+    assert generation == {"eos_token_id": [2, 7]}  # SmolLM2's eos and end of turn are id 2: the union is 2, 7
+    out = save_hf_checkpoint(tmp_path / "out", {"w": torch.zeros(2)}, {"model_type": "llama"}, aux_dirs(model),
+                             generation=generation)
+    assert (out / "tokenizer.json").is_file() and (out / "tokenizer.json").read_bytes() == (
+        tok / "tokenizer.json").read_bytes()
+    loaded = GenerationConfig.from_pretrained(out)
+    assert loaded.eos_token_id == [2, 7] and loaded.temperature == 0.6
