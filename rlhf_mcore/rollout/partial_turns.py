@@ -60,7 +60,8 @@ class ToolTurns:
         if self.leader:
             context = tools_kwargs(extra_info) or None
             futures = [self.env.executor.submit(c, context) for c in calls[:self.max_calls]]
-            futures += [too_many_calls(self.max_calls, self.env.options.max_tool_response_chars)] * max(0, len(calls) - self.max_calls)
+            unrun = too_many_calls(self.max_calls, self.env.options.max_tool_response_chars)
+            futures += [unrun] * max(0, len(calls) - self.max_calls)
         sample.waiting = True
         self.pending[sample.key] = (sample, futures)
 
