@@ -53,16 +53,17 @@ def _model_shape(cfg: Config) -> tuple[dict | None, list[str]]:
             return None, [f"model.hf_path: cannot read {path} (got {m.hf_path!r}): {e}. "
                           "Point it at an HF model directory."]
         from rlhf_mcore.models.registry import spec_for_hf_config
+        from rlhf_mcore.models.transformer_config import architecture_errors, sliding_window
 
-        try:
-            windowed = spec_for_hf_config(hf, f"model.hf_path: {path}").has_sliding_window
-        except ValueError as e:  # an architecture the model registry lacks: the message names the supported ones
-            return None, [str(e)]
+        refused = architecture_errors(hf, f"model.hf_path: {path}")  # what the builder would refuse, before it
+        if refused:
+            return None, refused
+        window = sliding_window(hf, spec_for_hf_config(hf, path))
         return {"layers": hf.get("num_hidden_layers"), "heads": hf.get("num_attention_heads"),
                 "groups": hf.get("num_key_value_heads") or hf.get("num_attention_heads"),
                 "ffn": hf.get("intermediate_size"), "ffn_key": f"{path}: intermediate_size",
                 "positions": hf.get("max_position_embeddings"), "positions_key": f"{path}: max_position_embeddings",
-                "window": hf.get("sliding_window") if windowed else None, "window_key": f"{path}: sliding_window",
+                "window": window, "window_key": f"{path}: sliding_window",
                 "experts": hf.get("num_experts") or hf.get("num_local_experts") or 0}, []
     missing = [k for k in REQUIRED_INLINE if getattr(m, k) is None]
     if missing:

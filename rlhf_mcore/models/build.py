@@ -17,6 +17,7 @@ import torch
 from megatron.core.transformer.transformer_block import TransformerBlockSubmodules, get_num_layers_to_build
 
 from rlhf_mcore.logs import log_once
+from rlhf_mcore.models import rope
 from rlhf_mcore.models.heads import HiddenStatesHead, ScalarHead
 from rlhf_mcore.models.init import init_output_weight, seeded_layer_spec
 from rlhf_mcore.models.layer_specs import LAYER_SPECS, resolve_backend
@@ -112,6 +113,7 @@ def _build_model(role: str, hf: dict, model_cfg, parallel_cfg, ctx, source: str)
         rotary_base=rope_theta(hf, source),
         parallel_output=True,
     )
+    rope.apply_to(model.rotary_pos_emb, hf)  # config.json's RoPE type (llama3, linear, ...): HF's frequencies
     if ctx.is_last_stage:
         tp_group = ctx.pgs.tp
         if lm_head:

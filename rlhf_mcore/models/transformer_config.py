@@ -29,25 +29,61 @@ def load_hf_config(model_cfg) -> dict:
 
 
 def rope_theta(hf: dict, source: str) -> float:
-    """RoPE base from either `rope_theta` (transformers < 5) or `rope_parameters` (>= 5)."""
-    params = hf.get("rope_parameters") or hf.get("rope_scaling") or {}
-    rope_type = params.get("rope_type", params.get("type", "default"))
-    if rope_type not in ("default", None):
-        raise ValueError(f"{source}: rope scaling type {rope_type!r} is not supported (field rope_parameters). "
-                         "Only plain RoPE ('default') converts today.")
-    return float(params.get("rope_theta", hf.get("rope_theta", 10000.0)))
+    """RoPE base from either `rope_theta` (transformers < 5) or `rope_parameters` (>= 5); a RoPE type outside
+    `models.rope.ROPE_TYPES` is refused (`rope_parameters` or the older `rope_scaling`: a config may carry both)."""
+    from rlhf_mcore.models.rope import rope_base, rope_errors
+
+    errs = rope_errors(hf, source)
+    if errs:
+        raise ValueError("\n".join(errs))
+    return rope_base(hf)
 
 
-def _check_supported(hf: dict, spec: ModelSpec, source: str) -> None:
+def architecture_errors(hf: dict, source: str) -> list[str]:
+    """One line per config.json field the builder cannot honour, each naming the field and what to do; [] when
+    the model builds. `--validate-only` reports these before any model is built, and the builder raises them."""
+    from rlhf_mcore.models.registry import spec_for_hf_config  # here: keeps the build's import chain short
+
+    try:
+        spec = spec_for_hf_config(hf, source)
+    except ValueError as e:
+        return [str(e)]
+    errs = []
     if hf.get("hidden_act", "silu") != "silu":
-        raise ValueError(f"{source}: hidden_act {hf['hidden_act']!r} is not supported. Only 'silu' (SwiGLU) is.")
+        errs.append(f"{source}: hidden_act {hf['hidden_act']!r} is not supported (field hidden_act). Only 'silu' "
+                    "(SwiGLU) is: use a model with a SwiGLU MLP.")
     if hf.get("mlp_bias"):
-        raise ValueError(f"{source}: mlp_bias=true is not supported (field mlp_bias). Use a model without MLP biases.")
-    spec.check(hf, source)
-    rope_theta(hf, source)
-    for key in ("num_hidden_layers", "hidden_size", "intermediate_size", "num_attention_heads", "vocab_size"):
-        if not hf.get(key):
-            raise ValueError(f"{source}: missing required field {key!r}.")
+        errs.append(f"{source}: mlp_bias=true is not supported (field mlp_bias). Use a model without MLP biases.")
+    for check in (lambda: spec.check(hf, source), lambda: rope_theta(hf, source)):
+        try:
+            check()
+        except ValueError as e:
+            errs.append(str(e))
+    errs += [f"{source}: missing required field {key!r}. Add it to config.json (an HF model directory has it)."
+             for key in ("num_hidden_layers", "hidden_size", "intermediate_size", "num_attention_heads", "vocab_size")
+             if not hf.get(key)]
+    return errs
+
+
+def sliding_window(hf: dict, spec: ModelSpec) -> int | None:
+    """The window the model attends within, or None: config.json's `sliding_window` where the family always uses
+    it (Mistral), or where `use_sliding_window` turns it on (Qwen2, Qwen3). This trainer attends over the whole
+    sequence, so a run's sequence must fit the window (`config.validate`).
+
+    >>> from rlhf_mcore.models.spec import ModelSpec
+    >>> qwen = ModelSpec("q", ("qwen3",), (), ())
+    >>> sliding_window({"sliding_window": 8, "use_sliding_window": False}, qwen), sliding_window(
+    ...     {"sliding_window": 8, "use_sliding_window": True}, qwen)
+    (None, 8)
+    """
+    window = hf.get("sliding_window")
+    return window if window and (spec.has_sliding_window or hf.get("use_sliding_window")) else None
+
+
+def _check_supported(hf: dict, source: str) -> None:
+    errs = architecture_errors(hf, source)
+    if errs:
+        raise ValueError("\n".join(errs))
 
 
 def padded_vocab_size(vocab_size: int, divisible_by: int) -> int:
@@ -65,8 +101,8 @@ def to_transformer_config(hf: dict, model_cfg, parallel_cfg, source: str = "conf
 
     from rlhf_mcore.models.registry import spec_for_hf_config  # here: keeps the build's import chain short
 
+    _check_supported(hf, source)
     spec = spec_for_hf_config(hf, source)
-    _check_supported(hf, spec, source)
     heads = hf["num_attention_heads"]
     bf16 = model_cfg.dtype == "bf16"
     dtype = torch.bfloat16 if bf16 else torch.float32

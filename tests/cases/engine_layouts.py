@@ -30,7 +30,7 @@ from rlhf_mcore.rollout.base import EngineSetup
 from rlhf_mcore.rollout.replicas import share
 from rlhf_mcore.rollout.sglang_engine import SGLangRolloutEngine
 from rlhf_mcore.rollout.types import SamplingParams
-from tests.support.tiny_hf import CASES, tiny_model
+from tests.support.tiny_hf import case_model
 
 N_SAMPLES = 2
 
@@ -59,8 +59,7 @@ class StandIn:
 
 def actor_at_layout(case: str, ctx):
     """(actor shard at this layout, HF config, the converter's HF state dict of the full actor)."""
-    family, tied = CASES[case]
-    hf_model = tiny_model(family, tied)
+    hf_model = case_model(case)
     hf_cfg = json.loads(hf_model.config.to_json_string())
     full = hf_to_mcore(hf_model.state_dict(), hf_cfg, role="actor")
     model = build_for_conversion(hf_cfg, "actor", ctx, "fp32")

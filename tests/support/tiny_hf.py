@@ -15,9 +15,27 @@ import torch
 VOCAB = 250
 # case name -> (family, tie_word_embeddings)
 CASES = {"llama_tied": ("llama", True), "qwen2": ("qwen2", False), "mistral": ("mistral", False),
-         "qwen2_tied": ("qwen2", True), "qwen3": ("qwen3", False)}
+         "qwen2_tied": ("qwen2", True), "qwen3": ("qwen3", False), "llama31": ("llama", False),
+         "llama32_tied": ("llama", True), "qwen2_linear": ("qwen2", False)}
 FAMILY_FIELDS = {"qwen3": {"head_dim": 24}}  # Qwen3: head_dim differs from hidden / heads (16)
-DIST_CASES = ("qwen2", "mistral", "llama_tied")  # llama_tied last: tied embeddings + PP need cpu_compat
+
+
+def llama3_rope(factor: float) -> dict:
+    """Llama 3.1 / 3.2's RoPE scaling, its original context shrunk to 32 so that a 12-token test sequence sees
+    every regime (head_dim 16: a kept, a blended and six scaled frequencies)."""
+    return {"rope_type": "llama3", "factor": factor, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+            "original_max_position_embeddings": 32, "rope_theta": 500000.0}
+
+
+CASE_FIELDS = {"llama31": {"rope_scaling": llama3_rope(8.0)}, "llama32_tied": {"rope_scaling": llama3_rope(32.0)},
+               "qwen2_linear": {"rope_scaling": {"rope_type": "linear", "factor": 4.0, "rope_theta": 10000.0}}}
+DIST_CASES = ("qwen2", "mistral", "llama31", "llama_tied")  # llama_tied last: tied embeddings + PP need cpu_compat
+
+
+def case_model(case: str, **kw):
+    """The random HF model of `case` (one of CASES)."""
+    family, tied = CASES[case]
+    return tiny_model(family, tied, **{**CASE_FIELDS.get(case, {}), **kw})
 
 
 def tiny_config(family: str, tied: bool, **overrides):
@@ -57,8 +75,7 @@ def tiny_model(family: str, tied: bool, seq_cls: bool = False, seed: int = 0, **
 
 def save_tiny(out_dir: Path, case: str, seq_cls: bool = False, dtype=torch.float32) -> Path:
     """Write a tiny HF checkpoint directory for `case` (one of CASES) and return it."""
-    family, tied = CASES[case]
-    model = tiny_model(family, tied, seq_cls=seq_cls).to(dtype)
+    model = case_model(case, seq_cls=seq_cls).to(dtype)
     model.save_pretrained(str(out_dir))
     return Path(out_dir)
 

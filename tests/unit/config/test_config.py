@@ -108,7 +108,8 @@ def test_all_errors_are_reported_together():
 
 def test_hf_path_without_inline_fields(tmp_path):
     (tmp_path / "config.json").write_text('{"architectures": ["LlamaForCausalLM"], "num_hidden_layers": 6, '
-                                          '"num_attention_heads": 6, "num_key_value_heads": 3}')
+                                          '"num_attention_heads": 6, "num_key_value_heads": 3, "hidden_size": 48, '
+                                          '"intermediate_size": 96, "vocab_size": 256}')
     blank = ["model.num_layers=null", "model.hidden_size=null", "model.ffn_hidden_size=null",
              "model.num_attention_heads=null", "model.num_query_groups=null", "model.vocab_size=null"]
     cfg = load_config(TINY, blank + [f"model.hf_path={tmp_path}", "parallel.tp=3", "parallel.pp=2",
@@ -119,12 +120,17 @@ def test_hf_path_without_inline_fields(tmp_path):
                     "num_key_value_heads."]
 
 
-@pytest.mark.parametrize("arch, flagged", [("MistralForCausalLM", True), ("Qwen2ForCausalLM", False)])
-def test_sliding_window_must_cover_the_sequence(tmp_path, arch, flagged):
-    """Mistral honours config.json's sliding_window, Qwen2 leaves it off: a window shorter than prompt +
+@pytest.mark.parametrize("arch, extra, flagged", [
+    ("MistralForCausalLM", {}, True), ("Qwen2ForCausalLM", {}, False),
+    ("Qwen2ForCausalLM", {"use_sliding_window": True}, True), ("Qwen3ForCausalLM", {"use_sliding_window": True}, True),
+    ("Qwen3ForCausalLM", {"use_sliding_window": False}, False)])
+def test_sliding_window_must_cover_the_sequence(tmp_path, arch, extra, flagged):
+    """Mistral honours config.json's sliding_window; Qwen2 and Qwen3 do where use_sliding_window is true (they
+    loaded before with wrong logits: max error 1.41 at window 8, sequence 32). A window shorter than prompt +
     response would make full attention differ from the model's."""
     (tmp_path / "config.json").write_text(json.dumps({"architectures": [arch], "num_hidden_layers": 2,
-                                                      "num_attention_heads": 4, "sliding_window": 48}))
+                                                      "num_attention_heads": 4, "sliding_window": 48, "hidden_size": 32,
+                                                      "intermediate_size": 64, "vocab_size": 256, **extra}))
     blank = ["model.num_layers=null", "model.hidden_size=null", "model.ffn_hidden_size=null",
              "model.num_attention_heads=null", "model.num_query_groups=null", "model.vocab_size=null",
              f"model.hf_path={tmp_path}", "data.max_prompt_length=16"]
@@ -144,8 +150,17 @@ def test_sliding_window_must_cover_the_sequence(tmp_path, arch, flagged):
 
 
 # Architectures of the models the shipped configs name (their weights are not in the repo).
-HF_SHAPES = {"smollm2": dict(num_hidden_layers=30, num_attention_heads=9, num_key_value_heads=3),
-             "qwen2.5-0.5b": dict(num_hidden_layers=24, num_attention_heads=14, num_key_value_heads=2),
+HF_SHAPES = {"smollm2": dict(num_hidden_layers=30, hidden_size=576, intermediate_size=1536, num_attention_heads=9,
+                              num_key_value_heads=3, vocab_size=49152),
+             "qwen2.5-0.5b": dict(num_hidden_layers=24, hidden_size=896, intermediate_size=4864, num_attention_heads=14,
+                                  num_key_value_heads=2, vocab_size=151936),
+             "llama3.2-1b": dict(architectures=["LlamaForCausalLM"], model_type="llama", num_hidden_layers=16,
+                                 hidden_size=2048, intermediate_size=8192, num_attention_heads=32,
+                                 num_key_value_heads=8, head_dim=64, vocab_size=128256, tie_word_embeddings=True,
+                                 max_position_embeddings=131072, rope_scaling={
+                                     "rope_type": "llama3", "factor": 32.0, "low_freq_factor": 1.0,
+                                     "high_freq_factor": 4.0, "original_max_position_embeddings": 8192},
+                                 rope_theta=500000.0),
              "qwen3-0.6b": dict(architectures=["Qwen3ForCausalLM"], model_type="qwen3", num_hidden_layers=28,
                                 hidden_size=1024, intermediate_size=3072, num_attention_heads=16,
                                 num_key_value_heads=8, head_dim=128, vocab_size=151936, tie_word_embeddings=True,

@@ -9,7 +9,7 @@ import torch
 
 from rlhf_mcore.models.heads import lm_output_weight
 from rlhf_mcore.models.weights import hf_to_mcore, mcore_to_hf, model_dims
-from tests.support.tiny_hf import CASES, VOCAB, diff_state_dicts, tiny_model
+from tests.support.tiny_hf import CASES, VOCAB, case_model, diff_state_dicts, tiny_model
 
 
 def hf_dict(model) -> dict:
@@ -62,8 +62,8 @@ def test_vocab_rows_are_padded_with_zeros_and_dropped_on_export():
 
 @pytest.mark.parametrize("case", sorted(CASES))
 def test_round_trip_through_a_megatron_model(case, mcore_ctx):
-    family, tied = CASES[case]
-    model = tiny_model(family, tied)
+    tied = CASES[case][1]
+    model = case_model(case)
     cfg, sd = hf_dict(model), hf_tensors(model)
     ours, state = build("actor", cfg, mcore_ctx, hf_to_mcore(sd, cfg, source=case))
     assert ("output_layer.weight" in state) != tied

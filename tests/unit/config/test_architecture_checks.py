@@ -1,0 +1,53 @@
+"""Every architecture the model builder refuses, `--validate-only` refuses first: exit 2, one line per config.json
+field, naming the field and what to do, and no traceback. The table below walks the builder's refusals
+(`models.transformer_config.architecture_errors`, the families' checks, RoPE scaling); for each row the builder
+raises the very lines that validation printed."""
+import json
+from types import SimpleNamespace
+
+import pytest
+
+from rlhf_mcore.models.transformer_config import to_transformer_config
+from tests.support.paths import ROOT
+from tests.support.tiny_hf import save_tiny
+from tests.support.validate_only import validate_only_errors
+
+TINY = str(ROOT / "configs" / "tiny_grpo.yaml")
+BLANK = ["model.num_layers=null", "model.hidden_size=null", "model.ffn_hidden_size=null",
+         "model.num_attention_heads=null", "model.num_query_groups=null", "model.vocab_size=null"]
+
+# (case of tests/support/tiny_hf.py, config.json changes, the start of each expected line after the source)
+REFUSALS = {
+    "gelu": ("llama_tied", {"hidden_act": "gelu"}, ["hidden_act 'gelu' is not supported (field hidden_act)"]),
+    "mlp_bias": ("llama_tied", {"mlp_bias": True}, ["mlp_bias=true is not supported (field mlp_bias)"]),
+    "o_proj_bias": ("llama_tied", {"attention_bias": True}, ["config field 'attention_bias'=true is not supported"]),
+    "rope_scaling": ("qwen2", {"rope_scaling": {"rope_type": "yarn", "factor": 4.0}},
+                     ["rope scaling type 'yarn' is not supported (field rope_scaling)"]),
+    "missing_field": ("qwen3", {"intermediate_size": None}, ["missing required field 'intermediate_size'"]),
+    "architecture": ("llama_tied", {"architectures": ["GPT2LMHeadModel"], "model_type": "gpt2"},
+                     ["unsupported architecture (architectures=['GPT2LMHeadModel'], model_type='gpt2')"]),
+    "two_at_once": ("mistral", {"hidden_act": "relu", "mlp_bias": True},
+                    ["hidden_act 'relu' is not supported", "mlp_bias=true is not supported"]),
+}
+
+
+@pytest.mark.parametrize("name", sorted(REFUSALS))
+def test_validation_refuses_what_the_builder_refuses(name, tmp_path, capsys):
+    case, changes, starts = REFUSALS[name]
+    hf_dir = save_tiny(tmp_path / "hf", case)
+    config = json.loads((hf_dir / "config.json").read_text())
+    config.update(changes)
+    config = {k: v for k, v in config.items() if v is not None}
+    (hf_dir / "config.json").write_text(json.dumps(config))
+    lines = validate_only_errors(capsys, TINY, *BLANK, f"model.hf_path={hf_dir}")
+    source = f"model.hf_path: {hf_dir}/config.json: "
+    assert [line[:len(source)] for line in lines] == [source] * len(starts), lines
+    assert [line[len(source):len(source) + len(s)] for line, s in zip(lines, starts)] == starts, lines
+    with pytest.raises(ValueError) as built:
+        to_transformer_config(config, SimpleNamespace(dtype="fp32", recompute="none", init_std=0.02),
+                              SimpleNamespace(tp=1, pp=1, ep=1, sequence_parallel=False), f"{source[:-2]}")
+    assert str(built.value).splitlines() == lines  # the builder's refusal is what validation printed
+
+
+def test_a_supported_model_validates(tmp_path, capsys):
+    assert validate_only_errors(capsys, TINY, *BLANK, f"model.hf_path={save_tiny(tmp_path / 'hf', 'qwen3')}") == []
