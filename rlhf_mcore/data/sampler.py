@@ -1,7 +1,8 @@
-"""Training prompt order: a seeded shuffle per epoch, global batches, one contiguous shard per DP rank.
+"""Training prompt order: a seeded shuffle per epoch, global batches, each DP rank's share of every mini-batch.
 
 The order is a pure function of ``(seed, epoch, position)``: every rank computes the same global batch of
-``train_batch_size`` row indices and keeps rows ``[dp_rank * B/dp, (dp_rank + 1) * B/dp)``. ``state_dict``
+``train_batch_size`` row indices and keeps its slice of every mini-batch (``rank_shard``), so an optimizer step
+trains the same prompts at any DP size. ``state_dict``
 stores ``epoch`` and ``position`` (batches already taken in that epoch), so a resumed run continues with
 exactly the next batch, even under a different ``dp_size``.
 
@@ -44,16 +45,23 @@ def global_batch(order: Sequence[int], position: int, batch_size: int) -> list[i
     return [order[(start + k) % len(order)] for k in range(batch_size)]
 
 
-def rank_shard(batch: Sequence, dp_rank: int, dp_size: int) -> list:
-    """This DP rank's contiguous slice of a global batch (its length must divide evenly).
+def rank_shard(batch: Sequence, dp_rank: int, dp_size: int, chunk: int = 0) -> list:
+    """This DP rank's share of a global batch: its slice of every `chunk` rows (a mini-batch), so that mini-batch k
+    of every rank together is the global batch's mini-batch k at any DP size; one contiguous slice when `chunk` is
+    0 or does not split evenly over the ranks.
 
     >>> rank_shard([0, 1, 2, 3, 4, 5], 1, 3)
     [2, 3]
+    >>> rank_shard([0, 1, 2, 3, 4, 5, 6, 7], 1, 2, chunk=4)  # mini-batches [0..3] and [4..7], half of each
+    [2, 3, 6, 7]
     """
     if len(batch) % dp_size:
         raise ValueError(f"batch of {len(batch)} cannot be split evenly over dp_size={dp_size}")
-    per_rank = len(batch) // dp_size
-    return list(batch[dp_rank * per_rank:(dp_rank + 1) * per_rank])
+    if not chunk or chunk % dp_size or len(batch) % chunk:
+        chunk = len(batch)
+    part = chunk // dp_size
+    return [x for start in range(0, len(batch), chunk)
+            for x in batch[start + dp_rank * part:start + (dp_rank + 1) * part]]
 
 
 class PromptSampler:
@@ -69,10 +77,13 @@ class PromptSampler:
         seed: int = 0,
         shuffle: bool = True,
         drop_last: bool = True,
+        mini_batch_size: int = 0,
     ):
+        """`mini_batch_size`: prompts per optimizer step (global); each rank takes its share of every one
+        (`rank_shard`), so a mini-batch holds the same prompts at any DP size."""
         _check_layout(train_batch_size, dp_rank, dp_size)
         self.dataset, self.train_batch_size = dataset, train_batch_size
-        self.dp_rank, self.dp_size = dp_rank, dp_size
+        self.dp_rank, self.dp_size, self.mini_batch_size = dp_rank, dp_size, mini_batch_size
         self.seed, self.shuffle, self.drop_last = seed, shuffle, drop_last
         self.steps_per_epoch = batches_per_epoch(len(dataset), train_batch_size, drop_last)
         if self.steps_per_epoch == 0:
@@ -91,7 +102,7 @@ class PromptSampler:
         self.position += 1
         if self.position == self.steps_per_epoch:
             self.epoch, self.position, self._order = self.epoch + 1, 0, None
-        return rank_shard(batch, self.dp_rank, self.dp_size)
+        return rank_shard(batch, self.dp_rank, self.dp_size, self.mini_batch_size)
 
     def next_batch(self) -> list[Any]:
         """This rank's ``train_batch_size / dp_size`` rows of the next global batch."""

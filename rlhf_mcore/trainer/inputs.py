@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import logging
+import math
 
 from rlhf_mcore.tokenizer_bytes import ByteTokenizer
 
@@ -70,7 +71,8 @@ def build_samplers(cfg, tokenizer, ctx):
     from rlhf_mcore.data import PromptSampler, ValidationSampler
 
     sampler = PromptSampler(_load(cfg.data.train_files, tokenizer, cfg), cfg.data.train_batch_size,
-                            dp_rank=ctx.dp_rank, dp_size=ctx.dims.dp, seed=cfg.trainer.seed, shuffle=cfg.data.shuffle)
+                            dp_rank=ctx.dp_rank, dp_size=ctx.dims.dp, seed=cfg.trainer.seed, shuffle=cfg.data.shuffle,
+                            mini_batch_size=math.gcd(cfg.actor.ppo_mini_batch_size, cfg.critic.ppo_mini_batch_size))
     val = ValidationSampler(_load(cfg.data.val_files, tokenizer, cfg), dp_rank=ctx.dp_rank, dp_size=ctx.dims.dp) \
         if cfg.data.val_files else None
     return sampler, val

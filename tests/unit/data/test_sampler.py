@@ -1,6 +1,6 @@
 import pytest
 
-from rlhf_mcore.data.sampler import PromptSampler, epoch_order
+from rlhf_mcore.data.sampler import PromptSampler, epoch_order, rank_shard
 
 ROWS = list(range(10))
 
@@ -86,3 +86,23 @@ def test_layout_errors():
     assert PromptSampler(ROWS, 12, drop_last=False, shuffle=False).next_batch() == ROWS + [0, 1]
     with pytest.raises(ValueError, match="dp_rank < dp_size"):
         PromptSampler(ROWS, 4, dp_rank=2, dp_size=2)
+
+
+@pytest.mark.parametrize("dp", [2, 4])
+def test_every_mini_batch_holds_the_same_prompts_at_any_dp_size(dp):
+    """Three steps of 8 prompts in mini-batches of 4: rank r's k-th mini-batch (its k-th run of 4 / dp prompts) over
+    all ranks is the 1-rank run's k-th mini-batch, so an optimizer step trains the same prompts at DP1 and DP2/4
+    (before, DP2's first optimizer step trained prompts 0, 1 and 4, 5)."""
+    one = PromptSampler(ROWS, 8, seed=3, mini_batch_size=4)
+    ranks = [PromptSampler(ROWS, 8, seed=3, dp_rank=r, dp_size=dp, mini_batch_size=4) for r in range(dp)]
+    part = 4 // dp
+    for _ in range(3):
+        whole, shares = one.next_batch(), [s.next_batch() for s in ranks]
+        for k in range(2):
+            mine = [x for share in shares for x in share[k * part:(k + 1) * part]]
+            assert sorted(mine) == sorted(whole[k * 4:k * 4 + 4])
+        assert [x for s in shares for x in s[:part]] == whole[:4]  # rank order within the mini-batch too
+
+
+def test_a_mini_batch_that_does_not_split_over_the_ranks_keeps_contiguous_shards():
+    assert rank_shard(list(range(8)), 1, 4, chunk=2) == [2, 3]  # 2 prompts cannot go to 4 ranks: contiguous
