@@ -64,18 +64,26 @@ def render_prompt(tokenizer, messages: Sequence[dict], schemas: Sequence[dict] =
     return tokenizer.apply_chat_template(with_tools(messages, schemas), add_generation_prompt=True)
 
 
-def tool_delta_text(tokenizer, results: Sequence[str]) -> str:
+def tool_delta_text(tokenizer, results: Sequence[str], sampled_end: str = "") -> str:
     """The text between the end of an assistant message's content and the next assistant turn's first
-    token: the template's end of the assistant message, one tool message per result, the generation prompt."""
+    token: the template's end of the assistant message, one tool message per result, the generation prompt.
+    `sampled_end`: the end-of-turn token's text when the policy sampled it (rollout.multi_turn.turn_end=sampled):
+    the text after it."""
     tool_msgs = [{"role": "tool", "content": r} for r in results]
     full = tokenizer.apply_chat_template([*_BASE, *tool_msgs], add_generation_prompt=True)
     at = full.find(PLACEHOLDER)
     if at < 0:
         raise ValueError("chat template: the assistant message's content does not appear in the rendered "
                          "conversation; multi-turn rollouts need a template that writes assistant messages verbatim")
-    return full[at + len(PLACEHOLDER):]
+    delta = full[at + len(PLACEHOLDER):]
+    if not sampled_end:
+        return delta
+    if not delta.startswith(sampled_end):
+        raise ValueError(f"chat template: an assistant message does not end with {sampled_end!r} right after its "
+                         "content; rollout.multi_turn.turn_end=sampled needs one. Use turn_end=template.")
+    return delta[len(sampled_end):]
 
 
-def tool_delta_ids(tokenizer, results: Sequence[str]) -> list[int]:
+def tool_delta_ids(tokenizer, results: Sequence[str], sampled_end: str = "") -> list[int]:
     """`tool_delta_text` encoded once (the appended tokens; the loss mask is 0 on them)."""
-    return list(tokenizer.encode(tool_delta_text(tokenizer, results)))
+    return list(tokenizer.encode(tool_delta_text(tokenizer, results, sampled_end)))

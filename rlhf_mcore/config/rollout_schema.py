@@ -72,6 +72,10 @@ class MultiTurnConfig:
     max_tool_response_chars: int = 1024  # tool output cut to this many characters (verl max_tool_response_length)
     parser: str = "hermes"  # tool-call format of the model's text (rlhf_mcore.agent.parsers; verl format)
     workers: int = 4  # tool calls run concurrently
+    # how an assistant turn with tool calls ends: "template" (it stops at the parser's end of a call, e.g.
+    # </tool_call>, and the chat template's end-of-turn token follows with loss mask 0) or "sampled" (verl's: it runs
+    # to the end-of-turn token, which the policy samples and is trained on)
+    turn_end: str = "template"
 
     def _checks(self, p: str) -> list[str]:
         errs = positive(f"{p}.max_turns", self.max_turns) + positive(f"{p}.max_tool_calls", self.max_tool_calls)
@@ -79,7 +83,13 @@ class MultiTurnConfig:
                                                                                self.tool_memory_mb)
         errs += positive(f"{p}.max_tool_response_chars", self.max_tool_response_chars)
         errs += positive(f"{p}.tool_disk_mb", self.tool_disk_mb)
+        if self.turn_end not in TURN_ENDS:
+            errs.append(f"{p}.turn_end: must be one of {', '.join(TURN_ENDS)} (got {self.turn_end!r}). 'template' stops "
+                        "a turn at the end of its tool call; 'sampled' lets the policy write the end of its turn.")
         return errs + positive(f"{p}.workers", self.workers)
+
+
+TURN_ENDS = ("template", "sampled")
 
 
 @dataclass(**DC)

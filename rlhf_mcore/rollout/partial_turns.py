@@ -46,10 +46,11 @@ class ToolTurns:
         sample.end_turn()
         if sample.done:  # its budget
             return
-        if turn and turn[-1] in stop_ids:
+        stopped, last = bool(turn) and turn[-1] in stop_ids, len(sample.spans) >= self.max_turns
+        if stopped and (not self.env.sampled_end or last):  # turn_end=sampled: a call's turn ends at a stop token
             sample.finish_reason = "stop"
             return
-        if len(sample.spans) >= self.max_turns:
+        if last:
             sample.finish_reason = "length"
             return
         calls = self.env.parse(self.env.tokenizer.decode(turn))
@@ -105,7 +106,8 @@ class ToolTurns:
         out = {}
         for k in keys:
             results = [outcome(f) for f in self.pending[k][1]]
-            out[k] = (tool_delta_ids(self.env.tokenizer, [text for text, _, _ in results]), results)
+            out[k] = (tool_delta_ids(self.env.tokenizer, [text for text, _, _ in results], self.env.sampled_end),
+                      results)
         return out
 
 

@@ -39,6 +39,7 @@ class ModeEnv:
     parse: Optional[Callable[[str], list]] = None  # the tool-call parser (text -> [ToolCall | ParseError])
     stop_strings: tuple[str, ...] = ()  # added to the step's stop strings (the end of a tool call)
     pad_id: int = 0
+    sampled_end: str = ""  # turn_end=sampled: the end-of-turn token's text, which the policy writes itself
 
     def close(self) -> None:
         if self.executor is not None:

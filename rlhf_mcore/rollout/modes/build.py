@@ -33,8 +33,22 @@ def tool_env(options, tokenizer, ctx, pad_id: int) -> ModeEnv:
         executor = ToolExecutor(tools, timeout_s=options.tool_timeout_s,
                                 max_output_chars=options.max_tool_response_chars, memory_mb=options.tool_memory_mb,
                                 workers=options.workers, disk_mb=options.tool_disk_mb)
+    sampled = options.turn_end == "sampled"
     return ModeEnv(tokenizer=tokenizer, ctx=ctx, options=options, tools=tools, executor=executor, parse=parse,
-                   stop_strings=stops, pad_id=pad_id)
+                   stop_strings=() if sampled else stops, pad_id=pad_id,
+                   sampled_end=end_of_turn_text(tokenizer) if sampled else "")
+
+
+def end_of_turn_text(tokenizer) -> str:
+    """The text of the token the chat template writes after every assistant message (`stop_tokens`)."""
+    from rlhf_mcore.stop_tokens import end_of_turn_token
+
+    special = getattr(tokenizer, "special_tokens", None) or {}
+    token = end_of_turn_token(lambda m: tokenizer.apply_chat_template(m, add_generation_prompt=False), special)
+    if token is None:
+        raise ValueError("rollout.multi_turn.turn_end: 'sampled' needs a chat template that ends every assistant "
+                         "message with one special token (got none). Use rollout.multi_turn.turn_end=template.")
+    return tokenizer.decode([token], skip_special_tokens=False)
 
 
 def sandbox_check(tools: dict, options) -> None:

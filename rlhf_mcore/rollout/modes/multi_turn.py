@@ -91,12 +91,15 @@ def generate_turn(engine, prompts, trajs: list[Trajectory], active: list[int], p
         params, n=1, max_new_tokens=budget, seed=turn_seed(params.seed, turn)), show_progress=show_progress)
 
 
-def end_of_turn(t: Trajectory, ids: list[int], kept: list[int], stop_ids, last_turn: bool) -> str:
+def end_of_turn(t: Trajectory, ids: list[int], kept: list[int], stop_ids, last_turn: bool,
+                sampled_end: bool = False) -> str:
     """Why the sample ends after this turn ("" when it may call tools): cut at or reaching its budget, a stop
-    token, or the last allowed turn."""
+    token, or the last allowed turn. `sampled_end` (turn_end=sampled): a turn that calls tools ends at a stop token
+    (the end of turn, which the policy wrote), so a stop token ends the sample only at the last turn."""
     if len(kept) < len(ids) or t.remaining <= 0:
         return "length"
-    if kept and kept[-1] in stop_ids:
+    stopped = bool(kept) and kept[-1] in stop_ids
+    if stopped and (not sampled_end or last_turn):
         return "stop"
     return "length" if last_turn else ""
 
@@ -137,7 +140,7 @@ def tool_turns(env: ModeEnv, calls: dict[int, list], contexts: dict[int, dict]) 
     payload = [None]
     if not shared or group.rank() == 0:
         results = run_calls(env, calls, env.options.max_tool_calls, contexts)
-        payload = [{row: (tool_delta_ids(env.tokenizer, [text for text, _, _ in rs]), rs)
+        payload = [{row: (tool_delta_ids(env.tokenizer, [text for text, _, _ in rs], env.sampled_end), rs)
                     for row, rs in results.items()}]
     if shared:
         dist.broadcast_object_list(payload, src=dist.get_process_group_ranks(group)[0], group=group)
@@ -169,7 +172,8 @@ def multi_turn(engine, prompts, params: SamplingParams, env: ModeEnv, show_progr
         for i, (ids, logprobs, _) in zip(active, sampled_turns(batch)):
             t = trajs[i]
             kept = t.add_turn(ids, logprobs)
-            t.finish_reason = end_of_turn(t, ids, kept, stop_ids, last_turn=turn == opts.max_turns - 1)
+            t.finish_reason = end_of_turn(t, ids, kept, stop_ids, last_turn=turn == opts.max_turns - 1,
+                                          sampled_end=bool(env.sampled_end))
             if t.done:
                 continue
             found = env.parse(env.tokenizer.decode(kept))

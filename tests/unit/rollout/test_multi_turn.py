@@ -212,3 +212,43 @@ def test_stop_string_prefilter_finds_every_stop_the_full_check_finds(tok, stops)
     tails = [ids[max(0, k - tail_window(stops)):k] for ids in map(tok.encode, texts) for k in range(1, len(ids) + 1)]
     want = [ends_with_stop_string(t, stops, tok.decode) for t in tails]
     assert stop_string_hits(tails, stops, tok.decode) == want and sum(want) >= 2
+
+
+def test_turn_end_sampled_trains_the_policys_own_end_of_turn_after_a_call(tok, executor):
+    """rollout.multi_turn.turn_end=sampled (verl's agent loop): a turn runs past </tool_call> to the end-of-turn
+    token, which the policy samples (loss mask 1); the tool turn then starts after it, so the row holds one
+    <|im_end|> there, the policy's, not the template's. No </tool_call> stop string is sent to the engine."""
+    import dataclasses
+
+    from rlhf_mcore.rollout.modes.build import end_of_turn_text
+
+    end = tok.encode("<|im_end|>")
+    assert end == [2] and end_of_turn_text(tok) == "<|im_end|>"
+    first, second = char_ids(tok, "let me add") + tok.encode(CALL) + end, char_ids(tok, "#### 12345") + end
+    engine = ScriptedEngine([lambda row, k: first, lambda row, k: second], pad_id=tok.pad_id)
+    env = dataclasses.replace(tool_env(tok, executor, max_turns=3, turn_end="sampled"), stop_strings=(),
+                              sampled_end=end_of_turn_text(tok))
+    prompts = prompt_rows(tok)
+    rollout = Rollout(engine, "multi_turn", env).generate(prompts, PARAMS)
+    delta = tool_delta_ids(tok, ["12345"], "<|im_end|>")
+    assert tok.decode(delta, skip_special_tokens=False) == "\n<|im_start|>tool\n12345<|im_end|>\n<|im_start|>assistant\n"
+    for i in range(4):
+        p = len(prompts[i // 2].prompt_ids)
+        want = first + delta + second
+        assert rollout.tokens[i, p:p + len(want)].tolist() == want
+        mask = [1] * len(first) + [0] * len(delta) + [1] * len(second)
+        assert rollout.loss_mask[i, p:p + len(want)].int().tolist() == mask  # the sampled <|im_end|> is trained
+    assert all("</tool_call>" not in params.stop_strings for _, params in engine.calls)
+    assert rollout.turns.num_turns == [2] * 4 and rollout.turns.tool_calls == [1] * 4
+    assert rollout.finish_reasons == ["stop"] * 4
+
+
+def test_turn_end_is_checked(capsys):
+    from rlhf_mcore.config.load import ConfigError, load_config
+    from tests.support.paths import CONFIGS
+
+    with pytest.raises(ConfigError) as info:
+        load_config(str(CONFIGS / "tiny_tool_grpo.yaml"), ["rollout.multi_turn.turn_end=model"])
+    assert info.value.errors == ["rollout.multi_turn.turn_end: must be one of template, sampled (got 'model'). "
+                                 "'template' stops a turn at the end of its tool call; 'sampled' lets the policy "
+                                 "write the end of its turn."]

@@ -67,14 +67,17 @@ class Script:
     to the end of the current turn (finish "stop") or the call's budget ("length"). Log-probs encode (position,
     version): -(position + 1) / 100 - version / 1000."""
 
-    def __init__(self, tok):
-        self.tok, self.version, self.prompt_len = tok, 0, 3
+    def __init__(self, tok, sampled_end: str = ""):
+        """`sampled_end` (turn_end=sampled): turn 1 ends with the policy's own <|im_end|> after the call."""
+        self.tok, self.version, self.prompt_len, self.sampled_end = tok, 0, 3, sampled_end
         self.cache: dict = {}
 
     def turns(self, p: int) -> tuple[list[int], list[int], list[int]]:
         if p not in self.cache:
-            self.cache[p] = (char_ids(self.tok, f"n{p}") + self.tok.encode(call_text(p)),
-                             tool_delta_ids(self.tok, [str(p + 1)]), char_ids(self.tok, f"#### {p + 1}") + [EOS])
+            end = [EOS] if self.sampled_end else []
+            self.cache[p] = (char_ids(self.tok, f"n{p}") + self.tok.encode(call_text(p)) + end,
+                             tool_delta_ids(self.tok, [str(p + 1)], self.sampled_end),
+                             char_ids(self.tok, f"#### {p + 1}") + [EOS])
         return self.cache[p]
 
     def full(self, p: int) -> list[int]:
@@ -97,8 +100,8 @@ class Script:
 
 
 class RoundsEngine(Script):
-    def __init__(self, tok):
-        super().__init__(tok)
+    def __init__(self, tok, sampled_end: str = ""):
+        super().__init__(tok, sampled_end)
         self.engine, self.calls = self, []
 
     def generate(self, rows, params, show_progress=False):
@@ -115,8 +118,8 @@ class ContinuousEngine(Script):
 
     continuous = True
 
-    def __init__(self, tok):
-        super().__init__(tok)
+    def __init__(self, tok, sampled_end: str = ""):
+        super().__init__(tok, sampled_end)
         self.engine, self.fed = self, 0
 
     def generate_continuous(self, rows, limits, params, on_finish, num_slots, feed=None):
@@ -164,10 +167,15 @@ class Prompts:
         return rows
 
 
+@pytest.mark.parametrize("turn_end", ["template", "sampled"])
 @pytest.mark.parametrize("engine_cls", [RoundsEngine, ContinuousEngine])
-def test_a_sample_waiting_on_a_slow_tool_blocks_nobody_and_trains_as_the_synchronous_mode_would(tok, engine_cls):
-    engine, executor = engine_cls(tok), GatedExecutor({f"{SLOW}+1"})
-    env = dataclasses.replace(tool_env(tok, executor, max_turns=3), stop_strings=("</tool_call>",))
+def test_a_sample_waiting_on_a_slow_tool_blocks_nobody_and_trains_as_the_synchronous_mode_would(tok, engine_cls,
+                                                                                               turn_end):
+    """turn_end=sampled: turn 1 runs to the policy's own <|im_end|> (a stop token that does not end the sample)."""
+    sampled_end = "<|im_end|>" if turn_end == "sampled" else ""
+    engine, executor = engine_cls(tok, sampled_end), GatedExecutor({f"{SLOW}+1"})
+    env = dataclasses.replace(tool_env(tok, executor, max_turns=3), sampled_end=sampled_end,
+                              stop_strings=() if sampled_end else ("</tool_call>",))
     partial = PartialRollouts(config(), pad_id=tok.pad_id, engine=engine, env=env)
     assert partial.continuous == (engine_cls is ContinuousEngine)
     prompts = Prompts()
