@@ -231,7 +231,8 @@ def test_turn_end_sampled_trains_the_policys_own_end_of_turn_after_a_call(tok, e
     prompts = prompt_rows(tok)
     rollout = Rollout(engine, "multi_turn", env).generate(prompts, PARAMS)
     delta = tool_delta_ids(tok, ["12345"], "<|im_end|>")
-    assert tok.decode(delta, skip_special_tokens=False) == "\n<|im_start|>tool\n12345<|im_end|>\n<|im_start|>assistant\n"
+    text = tok.decode(delta, skip_special_tokens=False)
+    assert text == "\n<|im_start|>tool\n12345<|im_end|>\n<|im_start|>assistant\n"
     for i in range(4):
         p = len(prompts[i // 2].prompt_ids)
         want = first + delta + second
