@@ -84,8 +84,9 @@ class MultiTurnConfig:
         errs += positive(f"{p}.max_tool_response_chars", self.max_tool_response_chars)
         errs += positive(f"{p}.tool_disk_mb", self.tool_disk_mb)
         if self.turn_end not in TURN_ENDS:
-            errs.append(f"{p}.turn_end: must be one of {', '.join(TURN_ENDS)} (got {self.turn_end!r}). 'template' "
-                        "stops a turn at the end of its tool call; 'sampled' lets the policy write the end of its turn.")
+            errs.append(f"{p}.turn_end: must be one of {', '.join(TURN_ENDS)} (got {self.turn_end!r}). "
+                        "'template' stops a turn at the end of its tool call; 'sampled' lets the policy write the "
+                        "end of its turn.")
         return errs + positive(f"{p}.workers", self.workers)
 
 
