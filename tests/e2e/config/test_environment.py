@@ -79,7 +79,8 @@ def test_tp_must_divide_the_mlp_size(tmp_path):
     assert errors_of(["model.ffn_hidden_size=130", "model.num_query_groups=4", "parallel.tp=4"]) == [
         "parallel.tp: must divide model.ffn_hidden_size=130 (got 4). Pick a divisor of the MLP size."]
     (tmp_path / "config.json").write_text(json.dumps({"architectures": ["LlamaForCausalLM"], "num_hidden_layers": 2,
-                                                      "num_attention_heads": 4, "intermediate_size": 130}))
+                                                      "num_attention_heads": 4, "intermediate_size": 130,
+                                                      "hidden_size": 32, "vocab_size": 256}))
     assert errors_of([*BLANK, f"model.hf_path={tmp_path}", "parallel.tp=4"]) == [
         f"parallel.tp: must divide {tmp_path}/config.json: intermediate_size=130 (got 4). Pick a divisor of the "
         "MLP size."]

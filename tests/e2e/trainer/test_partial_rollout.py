@@ -49,3 +49,19 @@ def test_resume_across_a_save_with_samples_in_flight_is_bitwise(tmp_path, decode
         # the count of what the save dropped is the one number that differs: the resumed run had nothing in flight
         keys = [k for k in want if not k.startswith(TIMING_KEYS) and k != "async/samples_dropped_at_save_total"]
         assert len(keys) > 20 and {k: got.get(k) for k in keys} == {k: want[k] for k in keys}
+
+
+def test_dynamic_sampling_composes_with_partial_rollouts(tmp_path):
+    """DAPO's dynamic sampling (algorithm.filter_groups) on top of partial rollouts: each generation round of a step
+    is a partial rollout of its own (complete groups, carried samples), and the step fills its batch from them."""
+    out = tmp_path / "run"
+    cli("rlhf_mcore.train", "--config", CONFIGS / "tiny_dapo.yaml", "trainer.total_steps=3", "trainer.export_hf=false",
+        f"trainer.output_dir={out}", "trainer.save_freq=0", *VERL, log=out.with_suffix(".log"))
+    rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    steps = [m for m in rows if "actor/pg_loss" in m]
+    assert [m["step"] for m in steps] == [1, 2, 3]
+    for m in steps:
+        assert m["filter_groups/num_gen_batches"] >= 1 and m["async/staleness_max"] <= 1
+        assert m["filter_groups/num_kept"] >= 4  # data.train_batch_size groups whose rewards differ
+    assert any(m["async/samples_carried_total"] > 0 for m in steps)
+    assert any(m["filter_groups/num_gen_batches"] > 1 for m in steps)  # a step drew a second partial rollout

@@ -24,12 +24,13 @@ def plain(theta: float, dim: int) -> torch.Tensor:
 
 @pytest.mark.parametrize("name", sorted(CASES))
 def test_frequencies_equal_transformers(name):
-    from transformers import LlamaConfig
     from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
 
+    from tests.support.tiny_hf import tiny_config
+
     params = {**CASES[name], "rope_theta": 500000.0}
-    config = LlamaConfig(hidden_size=2048, num_attention_heads=32, max_position_embeddings=131072,
-                         rope_scaling=dict(params))
+    config = tiny_config("llama", False, hidden_size=2048, num_attention_heads=32, max_position_embeddings=131072,
+                         rope_scaling=dict(params))  # Llama-3.2-1B's head_dim 64
     theirs, attention_factor = ROPE_INIT_FUNCTIONS[params["rope_type"]](config, "cpu")
     ours = scaled_inv_freq({"rope_scaling": params}, plain(500000.0, 64))
     assert attention_factor == 1.0  # these types leave the attention unscaled
