@@ -1,0 +1,87 @@
+"""Parameters per rank at a TP x PP x EP layout, counted from config.json the way megatron shards them (the memory
+plan's exact terms; `rlhf_mcore.plan`).
+
+A GPT layer holds its norms whole on every TP rank (input and pre-MLP RMSNorm, Qwen3's per-head q/k norms), and
+splits its projections over TP: q/k/v (and their biases) by heads, the output projection by its input, the MLP's
+gate/up by rows and its down projection by its input. An MoE layer holds its router whole and `experts / ep`
+whole experts (each gate/up/down, `parallel.etp` = 1). Layers split evenly over PP stages. The first stage
+holds the embedding ([padded vocab / tp, h]); the last holds the final norm and the head: the LM head
+([padded vocab / tp, h]) unless tied on a single stage (megatron keeps a copy on the last stage when tied across
+stages), or a scalar head ([1, h], whole) for a critic or reward model.
+"""
+from __future__ import annotations
+
+import dataclasses
+
+from rlhf_mcore.models.spec import num_experts
+from rlhf_mcore.models.transformer_config import padded_vocab_size
+
+
+@dataclasses.dataclass(frozen=True)
+class Shape:
+    """What the count needs of a model (from config.json and its family's fields)."""
+
+    layers: int
+    hidden: int
+    ffn: int
+    heads: int
+    groups: int
+    head_dim: int
+    vocab: int
+    qkv_bias: bool = False
+    qk_norm: bool = False
+    experts: int = 0
+    moe_ffn: int = 0
+    tied: bool = False
+
+    @classmethod
+    def of(cls, hf: dict) -> "Shape":
+        from rlhf_mcore.models.registry import spec_for_hf_config
+
+        spec = spec_for_hf_config(hf)
+        fields = spec.config_fields(hf)
+        heads = hf["num_attention_heads"]
+        experts = num_experts(hf)
+        return cls(layers=hf["num_hidden_layers"], hidden=hf["hidden_size"], ffn=hf["intermediate_size"], heads=heads,
+                   groups=hf.get("num_key_value_heads") or heads,
+                   head_dim=hf.get("head_dim") or hf["hidden_size"] // heads,
+                   vocab=hf["vocab_size"], qkv_bias=spec.qkv_bias, qk_norm=bool(fields.get("qk_layernorm")),
+                   experts=experts, moe_ffn=fields.get("moe_ffn_hidden_size") or 0,
+                   tied=bool(hf.get("tie_word_embeddings", False)))
+
+
+def layer_params(s: Shape, tp: int, ep: int) -> int:
+    """One decoder layer's parameters on one rank.
+
+    >>> layer_params(Shape(layers=1, hidden=8, ffn=16, heads=2, groups=1, head_dim=4, vocab=10), tp=1, ep=1)
+    592
+
+    (norms 2 x 8, q/k/v (2 + 2 x 1) x 4 x 8 = 128, output 8 x 8 = 64, gate/up/down 3 x 16 x 8 = 384.)
+    """
+    qkv = (s.heads + 2 * s.groups) * s.head_dim
+    attention = qkv * s.hidden // tp + s.hidden * s.heads * s.head_dim // tp
+    attention += qkv // tp if s.qkv_bias else 0
+    attention += 2 * s.head_dim if s.qk_norm else 0
+    norms = 2 * s.hidden
+    if s.experts:
+        mlp = s.experts * s.hidden + (s.experts // ep) * 3 * s.moe_ffn * s.hidden
+    else:
+        mlp = 3 * s.ffn * s.hidden // tp
+    return norms + attention + mlp
+
+
+def rank_params(s: Shape, tp: int, pp: int, ep: int, pp_rank: int, lm_head: bool = True,
+                vocab_divisible_by: int = 128) -> int:
+    """Parameters on a rank of pipeline stage `pp_rank` (every TP / EP rank of a stage holds as many).
+    `lm_head`: the actor's (or reference's) vocabulary head; False: a critic's or reward model's scalar head."""
+    vocab = padded_vocab_size(s.vocab, vocab_divisible_by) * s.hidden // tp
+    total = (s.layers // pp) * layer_params(s, tp, ep)
+    first, last = pp_rank == 0, pp_rank == pp - 1
+    total += vocab if first else 0
+    if last:
+        total += s.hidden  # the final norm
+        if not lm_head:
+            total += s.hidden
+        elif not s.tied or pp > 1:
+            total += vocab
+    return total
