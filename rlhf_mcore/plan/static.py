@@ -1,0 +1,101 @@
+"""The static terms of the memory plan, per rank: weights, gradients and optimizer state of every role a run
+builds, at a TP x PP x EP x DP layout, from the exact parameter counts of `plan.params`.
+
+- weights: every role in `model.dtype` (2 bytes bf16, 4 fp32);
+- gradients (trained roles): megatron's DDP buffer, in fp32 (`grad_reduce_in_fp32`): 4 bytes a parameter;
+- optimizer state (trained roles): Adam's two moments in fp32, plus fp32 main weights in a bf16 run: 12 bytes a
+  parameter (8 in fp32); the distributed optimizer shards it over DP.
+The roles: the actor, the reference (a frozen copy, where a KL term needs one and LoRA does not make it free) and
+the critic (GAE). A rank's peak is its pipeline stage's largest sum (the first and last stages hold the
+embedding and the head).
+"""
+from __future__ import annotations
+
+import dataclasses
+
+from rlhf_mcore.plan.params import Shape, rank_params
+
+WEIGHT_BYTES = {"bf16": 2, "fp32": 4}
+GRAD_BYTES = 4
+ADAM_BYTES = {"bf16": 12, "fp32": 8}
+
+
+@dataclasses.dataclass(frozen=True)
+class Role:
+    name: str
+    trained: bool
+    lm_head: bool = True
+
+
+@dataclasses.dataclass(frozen=True)
+class Layout:
+    tp: int
+    pp: int
+    ep: int
+    dp: int
+
+    def __str__(self) -> str:
+        return f"TP{self.tp} PP{self.pp} EP{self.ep} DP{self.dp}"
+
+
+def roles_of(cfg) -> list[Role]:
+    """The roles a run builds (a reward model's own shape is not counted here)."""
+    from rlhf_mcore.algorithms.advantages import estimator_needs
+
+    roles = [Role("actor", trained=not cfg.model.lora_rank)]  # LoRA: a frozen base (its adapters are not counted)
+    kl = cfg.actor.use_kl_loss or cfg.algorithm.use_kl_in_reward
+    if kl and not cfg.model.lora_rank:  # LoRA's reference is the actor with its adapters off
+        roles.append(Role("ref", trained=False))
+    if estimator_needs(cfg.algorithm.adv_estimator).critic:
+        roles.append(Role("critic", trained=True, lm_head=False))
+    return roles
+
+
+def role_bytes(params: int, role: Role, dtype: str, dp: int, distributed_optimizer: bool) -> dict[str, int]:
+    """{weights, grads, optimizer} bytes of one role's `params` on one rank.
+
+    >>> role_bytes(1000, Role("actor", trained=True), "bf16", dp=4, distributed_optimizer=True)
+    {'weights': 2000, 'grads': 4000, 'optimizer': 3000}
+    """
+    optimizer = params * ADAM_BYTES[dtype] if role.trained else 0
+    if distributed_optimizer:
+        optimizer = -(-optimizer // dp)
+    return {"weights": params * WEIGHT_BYTES[dtype], "grads": params * GRAD_BYTES if role.trained else 0,
+            "optimizer": optimizer}
+
+
+def stage_bytes(shape: Shape, layout: Layout, pp_rank: int, roles: list[Role], dtype: str,
+                distributed_optimizer: bool, vocab_divisible_by: int = 128) -> dict[str, dict[str, int]]:
+    """{role: {weights, grads, optimizer}} on a rank of pipeline stage `pp_rank`."""
+    return {r.name: role_bytes(rank_params(shape, layout.tp, layout.pp, layout.ep, pp_rank, r.lm_head,
+                                           vocab_divisible_by), r, dtype, layout.dp, distributed_optimizer)
+            for r in roles}
+
+
+def peak_bytes(shape: Shape, layout: Layout, roles: list[Role], dtype: str, distributed_optimizer: bool,
+               vocab_divisible_by: int = 128) -> int:
+    """The largest static total over the pipeline stages."""
+    return max(sum(sum(terms.values()) for terms in stage_bytes(shape, layout, s, roles, dtype, distributed_optimizer,
+                                                                 vocab_divisible_by).values())
+               for s in range(layout.pp))
+
+
+def layouts(shape: Shape, gpus: int) -> list[Layout]:
+    """Every TP x PP x EP x DP of `gpus` that the model allows: TP divides the heads, KV groups and MLP size, PP the
+    layers; EP divides the experts and DP (experts are spread over data-parallel ranks)."""
+    found = []
+    for tp in _divisors(gpus):
+        if shape.heads % tp or shape.groups % tp or shape.ffn % tp:
+            continue
+        for pp in _divisors(gpus // tp):
+            if shape.layers % pp:
+                continue
+            dp = gpus // (tp * pp)
+            for ep in _divisors(dp) if shape.experts else [1]:
+                if not shape.experts % ep:
+                    found.append(Layout(tp, pp, ep, dp))
+    return found
+
+
+def _divisors(n: int) -> list[int]:
+    return [d for d in range(1, n + 1) if n % d == 0]

@@ -1,0 +1,40 @@
+"""The memory plan's static terms (rlhf_mcore/plan/static.py) and its command, against a hand count at
+Qwen3-30B-A3B's real shape (configs/qwen3-30b-a3b_gsm8k_grpo.yaml) on 8 GPUs of 141 GiB."""
+import json
+
+from rlhf_mcore.plan.__main__ import main
+from rlhf_mcore.plan.params import Shape, rank_params
+from rlhf_mcore.plan.static import Layout, Role, layouts, peak_bytes
+from tests.support.paths import CONFIGS
+from tests.support.shapes import HF_SHAPES
+
+QWEN3_30B = Shape.of(HF_SHAPES["qwen3-30b-a3b"])
+
+
+def test_params_per_rank_of_the_30b_moe_at_ep8_by_hand():
+    layer = (2 * 2048  # input and pre-MLP norms
+             + (32 + 2 * 4) * 128 * 2048 + 2048 * 32 * 128 + 2 * 128  # q/k/v, output, q/k norms
+             + 128 * 2048 + (128 // 8) * 3 * 768 * 2048)  # router, 16 whole experts of 128
+    total = 48 * layer + 2 * 151936 * 2048 + 2048  # embedding, untied head, final norm
+    assert rank_params(QWEN3_30B, tp=1, pp=1, ep=8, pp_rank=0) == total == 5_164_972_032
+    # bf16 weights 2 B, fp32 grads 4 B, Adam + main weights 12 B sharded over DP8
+    want = total * 2 + total * 4 + total * 12 // 8
+    assert peak_bytes(QWEN3_30B, Layout(1, 1, 8, 8), [Role("actor", True)], "bf16", True) == want
+
+
+def test_layouts_respect_heads_layers_and_experts():
+    found = {str(x) for x in layouts(QWEN3_30B, 8)}
+    assert "TP1 PP1 EP8 DP8" in found and "TP8 PP1 EP1 DP1" not in found  # 4 KV groups: TP <= 4
+    assert all(x.dp % x.ep == 0 and x.tp * x.pp * x.dp == 8 for x in layouts(QWEN3_30B, 8))
+
+
+def test_the_command_lists_what_fits_best_first(tmp_path, capsys):
+    (tmp_path / "config.json").write_text(json.dumps(HF_SHAPES["qwen3-30b-a3b"]))
+    assert main(["--config", str(CONFIGS / "qwen3-30b-a3b_gsm8k_grpo.yaml"), f"model.hf_path={tmp_path}",
+                 "--gpus", "8", "--gpu-memory", "141"]) == 0
+    out = capsys.readouterr().out.splitlines()
+    assert out[0] == "memory plan: 8 GPU(s) of 141 GiB, bf16, roles actor, distributed optimizer on"
+    assert out[2] == "  TP1 PP1 EP8 DP8              36.08 GiB  fits"
+    table = [line for line in out if "GiB  " in line and line.startswith("  TP")]
+    fits = [line.endswith(" fits") for line in table]
+    assert fits == sorted(fits, reverse=True) and not fits[-1]  # fitting layouts first; some do not fit
