@@ -37,14 +37,15 @@ def main(argv=None) -> int:
     from rlhf_mcore.config.load import ConfigError, load_config
 
     args, overrides = parse_args(sys.argv[1:] if argv is None else argv)
-    try:
-        cfg = load_config(args.config, overrides)
-    except ConfigError as e:
-        print(e, file=sys.stderr)
-        return 2
     from rlhf_mcore.models.transformer_config import load_hf_config
 
-    p, shape = cfg.parallel, Shape.of(load_hf_config(cfg.model))
+    try:  # types and names only: a plan needs the model, not the data or the reward files
+        cfg = load_config(args.config, overrides, check=False)
+        shape = Shape.of(load_hf_config(cfg.model))
+    except (ConfigError, ValueError) as e:
+        print(e, file=sys.stderr)
+        return 2
+    p = cfg.parallel
     gpus = args.gpus or p.tp * p.pp
     found = rows(cfg, shape, gpus, args.gpu_memory * GIB)
     roles = ", ".join(r.name for r in roles_of(cfg))

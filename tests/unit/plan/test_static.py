@@ -28,7 +28,9 @@ def test_layouts_respect_heads_layers_and_experts():
     assert all(x.dp % x.ep == 0 and x.tp * x.pp * x.dp == 8 for x in layouts(QWEN3_30B, 8))
 
 
-def test_the_command_lists_what_fits_best_first(tmp_path, capsys):
+def test_the_command_lists_what_fits_best_first(tmp_path, capsys, monkeypatch):
+    """Run from an empty directory: a plan needs the model's config.json, not the preset's data files."""
+    monkeypatch.chdir(tmp_path)
     (tmp_path / "config.json").write_text(json.dumps(HF_SHAPES["qwen3-30b-a3b"]))
     assert main(["--config", str(CONFIGS / "qwen3-30b-a3b_gsm8k_grpo.yaml"), f"model.hf_path={tmp_path}",
                  "--gpus", "8", "--gpu-memory", "141"]) == 0
@@ -38,3 +40,9 @@ def test_the_command_lists_what_fits_best_first(tmp_path, capsys):
     table = [line for line in out if "GiB  " in line and line.startswith("  TP")]
     fits = [line.endswith(" fits") for line in table]
     assert fits == sorted(fits, reverse=True) and not fits[-1]  # fitting layouts first; some do not fit
+
+
+def test_a_missing_model_is_one_line(tmp_path, capsys):
+    assert main(["--config", str(CONFIGS / "qwen3-30b-a3b_gsm8k_grpo.yaml"), f"model.hf_path={tmp_path}"]) == 2
+    assert capsys.readouterr().err.strip() == (f"model.hf_path: no config.json in {str(tmp_path)!r}. Point it at an "
+                                                "HF model directory.")
