@@ -150,16 +150,6 @@ class PartialPool:
         """(prompt, sample) of every unfinished sample, oldest group first."""
         return [(g.prompt, s) for g in self.groups for s in g.samples if not s.done]
 
-    def extend(self, active: list[tuple[Any, Sample]], rollout: RolloutBatch, version: int,
-               stop_token_ids: tuple[int, ...]) -> None:
-        """Append round `rollout` (row i continues active[i]) to the samples, marking those that ended."""
-        for i, (_, sample) in enumerate(active):
-            start, length = int(rollout.prompt_lengths[i]), int(rollout.response_lengths[i])
-            new = rollout.tokens[i, start:start + length].tolist()
-            stopped = rollout.finish_reasons[i] == "stop" or (bool(new) and new[-1] in stop_token_ids)
-            sample.add(new, rollout.rollout_logprobs[i, start:start + length].tolist(), version, stopped,
-                       self.max_response_length)
-
     def num_complete(self) -> int:
         return sum(g.complete for g in self.groups)
 
