@@ -336,6 +336,7 @@ class TrainerConfig:
     save_freq: int = -1  # -1 = only at the end (verl's -1: never); 0 = never; N = every N steps and at the end
     test_freq: int = -1  # -1 or 0 = never (as verl); N = every N steps and at the end
     val_before_train: bool = False
+    critic_warmup: int = 0  # verl's: the first N steps train the critic only (the actor waits for a value baseline)
     val_only: bool = False  # verl's: validate the starting (or resumed) weights once, then stop: no step, no save
     output_dir: str = "runs/default"
     seed: int = 1
@@ -370,6 +371,7 @@ class TrainerConfig:
         errs += positive(f"{p}.total_epochs", self.total_epochs)
         errs += positive(f"{p}.max_checkpoints_to_keep", self.max_checkpoints_to_keep)
         errs += positive(f"{p}.time_limit_min", self.time_limit_min, allow_zero=True)
+        errs += positive(f"{p}.critic_warmup", self.critic_warmup, allow_zero=True)
         for name in self.logger:
             errs += choice(f"{p}.logger", name, ("console", "jsonl", "tensorboard", "wandb"))
         for s in self.profile_steps:

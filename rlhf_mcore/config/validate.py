@@ -253,6 +253,10 @@ def _algorithm_rules(cfg: Config) -> list[str]:
     if name in ADVANTAGES and estimator_needs(name).groups and cfg.rollout.n < 2:
         errs.append(f"rollout.n: {cfg.algorithm.adv_estimator} compares samples of the same prompt and needs "
                     f"at least 2 (got {cfg.rollout.n}). Set rollout.n=4 or more.")
+    if cfg.trainer.critic_warmup > 0 and "critic" not in _trained_roles(cfg):
+        errs.append(f"trainer.critic_warmup: trains the critic alone for the first steps, and "
+                    f"{cfg.algorithm.adv_estimator} has no critic (got {cfg.trainer.critic_warmup}). Set it to 0, or "
+                    "use algorithm.adv_estimator=gae.")
     return errs + _filter_groups_rules(cfg) + _old_log_prob_rules(cfg)
 
 

@@ -302,7 +302,6 @@ VERL_KEYS: dict[str, VerlKey] = {
     "trainer.resume_mode": alias("trainer.resume", convert=_resume_mode),
     "trainer.resume_from_path": alias("trainer.resume"),
     "trainer.max_actor_ckpt_to_keep": alias("trainer.max_checkpoints_to_keep"),
-    "trainer.critic_warmup": ignored("the critic and the actor train from the first step (verl's default)", only="0"),
     "trainer.balance_batch": ignored("with data.use_sequence_packing, rows are balanced across DP ranks by tokens"),
     "trainer.log_val_generations": ignored("validation logs its scores, not its generations"),
     "trainer.device": ignored("the device is CUDA when present, else CPU"),

@@ -65,11 +65,12 @@ def train_step(run: Run, step: int) -> dict:
                                           phases.micro_batching(cfg, cfg.critic))
     else:
         del lrs["critic/lr"]
-    with timer("update_actor", timings):
-        reports += phases.update_role("actor", roles.actor, batch, losses.actor, cfg.actor, run.rows_per_mini("actor"),
-                                      lrs["actor/lr"], phases.micro_batching(cfg, cfg.actor),
-                                      first_loss_fn=losses.actor_first)
-    with timer("sync_weights", timings):
+    if step >= cfg.trainer.critic_warmup:  # verl's critic warm-up: the actor waits for a value baseline
+        with timer("update_actor", timings):
+            reports += phases.update_role("actor", roles.actor, batch, losses.actor, cfg.actor,
+                                          run.rows_per_mini("actor"), lrs["actor/lr"],
+                                          phases.micro_batching(cfg, cfg.actor), first_loss_fn=losses.actor_first)
+    with timer("sync_weights", timings):  # also hands the engine its memory back
         sync_metrics = sync_weights(run)
     extra = {**reward_metrics, **adv_metrics, **sync_metrics, **lrs, "training/global_step": step + 1}
     metrics = step_metrics(batch, reduce_outputs(reports, ctx), extra, timings, ctx,

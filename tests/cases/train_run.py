@@ -41,6 +41,7 @@ def main(out_path: str, config: str, *overrides: str) -> None:
         steps = [m for m in run.history if "critic/score/mean" in m]
         result = {"unchanged": sorted({k for part in gathered for k in part}), "num_params": len(before),
                   "trained_roles": sorted({k.split(".")[0] for k in before}),
+                  "params_by_role": {r: sum(k.startswith(r + ".") for k in before) for r in ("actor", "critic")},
                   "roles": sorted(name for name in ("actor", "critic", "ref", "reward")
                                   if getattr(run.roles, name) is not None),
                   "metrics": steps, "finite": all(math.isfinite(v) for m in steps for v in m.values()),

@@ -33,6 +33,7 @@ RUNS = {
     "ppo": (1, "tiny_ppo.yaml", STEPS),
     "ppo_packed": (1, "tiny_ppo.yaml", STEPS + PACKED),
     "ppo_rule_only_1step": (1, "tiny_ppo.yaml", ("trainer.total_steps=1",)),
+    "ppo_critic_warmup": (1, "tiny_ppo.yaml", STEPS + ("trainer.critic_warmup=2",)),
     "ppo_rm": (1, "tiny_ppo.yaml", STEPS + (RM,)),
     "ppo_tp2pp2": (4, "tiny_ppo.yaml", STEPS + ("parallel.tp=2", "parallel.pp=2")),
     "ppo_rm_tp2pp2": (4, "tiny_ppo.yaml", STEPS + (RM, "parallel.tp=2", "parallel.pp=2")),
@@ -119,6 +120,18 @@ def test_partial_rollouts_carry_samples_alike_at_tp2_pp2_and_dp2(runs):
         assert m["async/staleness_max"] <= 1 and m["async/samples_dropped_total"] == 0
         assert m["async/samples_carried_total"] % 4 == 0  # whole groups of n=4, summed over the replicas
     assert any(m["async/staleness_max"] == 1.0 for m in cont["metrics"])
+
+
+def test_critic_warmup_trains_the_critic_alone(runs):
+    """verl's trainer.critic_warmup=2 over 2 steps: every critic parameter changes and no actor parameter does;
+    step 1 (same batch, same critic) equals the PPO run's."""
+    warm, base = runs["ppo_critic_warmup"], runs["ppo"]
+    assert warm["finite"] and len(warm["metrics"]) == 2 and warm["trained_roles"] == ["actor", "critic"]
+    assert warm["params_by_role"]["actor"] > 0 and warm["params_by_role"]["critic"] > 0
+    assert sorted(k.split(".")[0] for k in warm["unchanged"]) == ["actor"] * warm["params_by_role"]["actor"]
+    assert all("actor/pg_loss" not in m and "critic/vf_loss" in m for m in warm["metrics"])
+    for key in ("critic/score/mean", "critic/vf_loss", "critic/values/mean"):
+        assert warm["metrics"][0][key] == pytest.approx(base["metrics"][0][key], rel=1e-6)
 
 
 def test_ppo_four_ranks_tp_pp_dp(runs):

@@ -47,14 +47,14 @@ def test_verl_yaml_overrides_file_equals_the_command_line(verl_model_dir, tmp_pa
 def test_unsupported_and_unknown_verl_keys_say_what_to_do():
     with pytest.raises(ConfigError) as info:
         load_config(None, ["actor_rollout_ref.actor.ppo_micro_batch_size=8", "actor_rollout_ref.actor.optim.lrr=1",
-                           "trainer.critic_warmup=5"], check=False)
+                           "actor_rollout_ref.actor.megatron.virtual_pipeline_model_parallel_size=2"], check=False)
     assert info.value.errors == [
         "actor_rollout_ref.actor.ppo_micro_batch_size: not supported here (got '8'). Instead, set "
         "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu (verl deprecated the global micro-batch size).",
         "actor_rollout_ref.actor.optim.lrr: unknown verl key (got '1'). Did you mean "
         "'actor_rollout_ref.actor.optim.lr'? See docs/verl.md for the keys we translate.",
-        "trainer.critic_warmup: only 0 is supported here (got '5'): the critic and the actor train from the first "
-        "step (verl's default). Drop the key."]
+        "actor_rollout_ref.actor.megatron.virtual_pipeline_model_parallel_size: only None is supported here (got "
+        "'2'): virtual pipeline stages are not used: each PP rank holds one chunk. Drop the key."]
 
 
 def test_our_keys_are_never_translated_and_every_alias_target_exists():
