@@ -249,10 +249,15 @@ class CriticConfig(UpdateConfig):
     lora_rank: int = 0  # LoRA on the critic (0 = full fine-tuning); alpha, targets and dropout are model.lora_*
     cliprange_value: float = 0.5
     loss_agg_mode: str = ""  # "" = actor.loss_agg_mode, as verl's critic.yaml; token-mean whatever the actor's
+    # the value head of a critic built from the actor (no critic.load): zeros (every value starts at 0, so the first
+    # advantages are the returns) or normal (random, std model.init_method_std: verl's; values start as noise whose
+    # spread can hide a small reward for dozens of steps)
+    value_head_init: str = "zeros"
 
     def _checks(self, p: str) -> list[str]:
         return self._update_checks(p) + positive(f"{p}.cliprange_value", self.cliprange_value) + positive(
-            f"{p}.lora_rank", self.lora_rank, allow_zero=True)
+            f"{p}.lora_rank", self.lora_rank, allow_zero=True) + choice(
+            f"{p}.value_head_init", self.value_head_init, ("zeros", "normal"))
 
 
 @dataclass(**DC)

@@ -133,6 +133,8 @@ def build_roles(cfg, hf: dict, ctx) -> Roles:
         critic_model = build_model("critic", hf, cfg.model, cfg.parallel, ctx,
                                    lora=LoraSettings.from_model_cfg(cfg.model, rank=cfg.critic.lora_rank))
         _init_from_actor_or(critic_model, cfg.critic.load, "critic", actor_model, skip=ROLES["critic"].skip_from_actor)
+        if not cfg.critic.load and cfg.critic.value_head_init == "zeros" and ctx.is_last_stage:
+            torch.nn.init.zeros_(critic_model.output_layer.weight)  # values start at 0
         critic = build_train_state(critic_model, cfg.critic.optim, cfg.parallel)
     reward = None
     if cfg.reward.model_path:

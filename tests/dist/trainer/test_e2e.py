@@ -132,6 +132,9 @@ def test_critic_warmup_trains_the_critic_alone(runs):
     assert all("actor/pg_loss" not in m and "critic/vf_loss" in m for m in warm["metrics"])
     for key in ("critic/score/mean", "critic/vf_loss", "critic/values/mean"):
         assert warm["metrics"][0][key] == pytest.approx(base["metrics"][0][key], rel=1e-6)
+    # critic.value_head_init=zeros: the first step's values are exactly 0, so its advantages are the returns
+    assert base["metrics"][0]["critic/values/mean"] == 0.0 and base["metrics"][0]["critic/values/std"] == 0.0
+    assert base["metrics"][1]["critic/values/std"] > 0.0
 
 
 def test_ppo_four_ranks_tp_pp_dp(runs):
