@@ -27,7 +27,7 @@ def test_verl_command_line_loads_without_a_config_file(verl_model_dir):
     assert any(n.startswith("verl key trainer.nnodes ignored: ") for n in notes)
     translated = [i.split("=")[0] for i in verl_grpo_command(verl_model_dir) if verl_keys.is_verl_key(i.split("=")[0],
                                                                                                   set(all_keys()))]
-    assert len(notes) == len(translated) == 24  # one line per verl key, none for the keys we share
+    assert len(notes) == len(translated) == 23  # one line per verl key, none for the keys we share (critic_warmup)
 
 
 def test_verl_yaml_overrides_file_equals_the_command_line(verl_model_dir, tmp_path):
