@@ -1,8 +1,9 @@
-"""`python -m rlhf_mcore.plan --config CFG [a.b=value ...] [--gpus N] [--gpu-memory GiB]`: the static memory of
-every valid layout of N GPUs, per rank and role, best first (the most data parallelism that fits).
+"""`python -m rlhf_mcore.plan --config CFG [a.b=value ...] [--gpus N] [--gpu-memory GiB]`: the peak memory per rank
+of every valid layout of N GPUs, best first (the most data parallelism that fits), and the phases of the best.
 
-Static terms only (`rlhf_mcore.plan.static`): weights, gradients and optimizer state, exact for the parameters.
-Activations, the KV cache and the rollout engine's copy come on top and are not in this plan yet.
+The resident terms (`plan.static`: weights, gradients, optimizer state) are exact for the parameters; each phase's
+own terms (`plan.phases`: KV cache, activations, log-prob buffers) are formulas in the model's shapes. A layout fits
+when its peak leaves `MARGIN` of the device free (the CUDA context and the allocator's fragmentation).
 """
 from __future__ import annotations
 
@@ -10,9 +11,11 @@ import argparse
 import sys
 
 from rlhf_mcore.plan.params import Shape
-from rlhf_mcore.plan.static import Layout, layouts, peak_bytes, roles_of, stage_bytes
+from rlhf_mcore.plan.phases import phase_terms, rank_peak
+from rlhf_mcore.plan.static import Layout, layouts, roles_of
 
 GIB = 2**30
+MARGIN = 0.08  # of the device's memory, kept free
 
 
 def parse_args(argv):
@@ -23,14 +26,14 @@ def parse_args(argv):
     return p.parse_known_args(argv)
 
 
-def rows(cfg, shape: Shape, gpus: int, gpu_bytes: float) -> list[tuple[Layout, int, bool]]:
-    """(layout, peak static bytes per rank, fits) for every valid layout, best first."""
-    roles, found = roles_of(cfg), []
+def rows(cfg, shape: Shape, gpus: int, gpu_bytes: float, experts_per_token: int = 1
+         ) -> list[tuple[Layout, str, int, bool]]:
+    """(layout, peak phase, its bytes per rank, fits) for every valid layout, best first."""
+    found = []
     for layout in layouts(shape, gpus):
-        peak = peak_bytes(shape, layout, roles, cfg.model.dtype, cfg.parallel.use_distributed_optimizer,
-                          cfg.model.make_vocab_size_divisible_by)
-        found.append((layout, peak, not gpu_bytes or peak <= gpu_bytes))
-    return sorted(found, key=lambda r: (not r[2], r[0].tp * r[0].pp, r[1]))  # fits, least model parallelism, headroom
+        phase, peak, _ = rank_peak(cfg, shape, layout, gpu_bytes, experts_per_token)
+        found.append((layout, phase, peak, not gpu_bytes or peak <= gpu_bytes * (1 - MARGIN)))
+    return sorted(found, key=lambda r: (not r[3], r[0].tp * r[0].pp, r[2]))  # fits, least model parallelism, headroom
 
 
 def main(argv=None) -> int:
@@ -41,28 +44,31 @@ def main(argv=None) -> int:
 
     try:  # types and names only: a plan needs the model, not the data or the reward files
         cfg = load_config(args.config, overrides, check=False)
-        shape = Shape.of(load_hf_config(cfg.model))
+        hf = load_hf_config(cfg.model)
+        shape = Shape.of(hf)
     except (ConfigError, ValueError) as e:
         print(e, file=sys.stderr)
         return 2
     p = cfg.parallel
     gpus = args.gpus or p.tp * p.pp
-    found = rows(cfg, shape, gpus, args.gpu_memory * GIB)
+    gpu_bytes = args.gpu_memory * GIB
+    top_k = int(hf.get("num_experts_per_tok") or 1)
+    found = rows(cfg, shape, gpus, gpu_bytes, top_k)
     roles = ", ".join(r.name for r in roles_of(cfg))
     print(f"memory plan: {gpus} GPU(s){f' of {args.gpu_memory:g} GiB' if args.gpu_memory else ''}, "
-          f"{cfg.model.dtype}, roles {roles}, distributed optimizer {'on' if p.use_distributed_optimizer else 'off'}")
-    print("static terms per rank (weights + gradients + optimizer state); activations, KV cache and the rollout "
-          "engine come on top")
-    for layout, peak, fits in found:
-        print(f"  {str(layout):<24} {peak / GIB:9.2f} GiB  {'fits' if fits else 'does not fit'}")
+          f"{cfg.model.dtype}, roles {roles}, rollout {cfg.rollout.engine}, distributed optimizer "
+          f"{'on' if p.use_distributed_optimizer else 'off'}, recompute {cfg.model.recompute}")
+    print(f"peak per rank (its phase); fits = leaves {MARGIN:.0%} of the device free")
+    for layout, phase, peak, fits in found:
+        print(f"  {str(layout):<24} {peak / GIB:9.2f} GiB  {phase:<9} {'fits' if fits else 'does not fit'}")
     if not found:
         print(f"  no valid layout of {gpus} GPU(s) for this model")
         return 1
     best = found[0][0]
-    print(f"per role at {best} (first pipeline stage):")
-    for name, terms in stage_bytes(shape, best, 0, roles_of(cfg), cfg.model.dtype,
-                                   p.use_distributed_optimizer, cfg.model.make_vocab_size_divisible_by).items():
-        print(f"  {name:<7} " + "  ".join(f"{k} {v / GIB:.2f} GiB" for k, v in terms.items()))
+    print(f"phases at {best} (first pipeline stage):")
+    for phase, terms in phase_terms(cfg, shape, best, gpu_bytes, 0, top_k).items():
+        print(f"  {phase:<9} {sum(terms.values()) / GIB:8.2f} GiB = " + " + ".join(
+            f"{k} {v / GIB:.2f}" for k, v in terms.items()))
     return 0
 
 

@@ -35,8 +35,10 @@ def test_the_command_lists_what_fits_best_first(tmp_path, capsys, monkeypatch):
     assert main(["--config", str(CONFIGS / "qwen3-30b-a3b_gsm8k_grpo.yaml"), f"model.hf_path={tmp_path}",
                  "--gpus", "8", "--gpu-memory", "141"]) == 0
     out = capsys.readouterr().out.splitlines()
-    assert out[0] == "memory plan: 8 GPU(s) of 141 GiB, bf16, roles actor, distributed optimizer on"
-    assert out[2] == "  TP1 PP1 EP8 DP8              36.08 GiB  fits"
+    assert out[0] == ("memory plan: 8 GPU(s) of 141 GiB, bf16, roles actor, rollout native, distributed optimizer on, "
+                      "recompute full")
+    assert out[2] == "  TP1 PP1 EP8 DP8              54.22 GiB  rollout   fits"
+    assert out[-3].startswith("  rollout      54.22 GiB = weights 9.62 + grads+optimizer 26.46 + kv_cache 18.00")
     table = [line for line in out if "GiB  " in line and line.startswith("  TP")]
     fits = [line.endswith(" fits") for line in table]
     assert fits == sorted(fits, reverse=True) and not fits[-1]  # fitting layouts first; some do not fit

@@ -1,0 +1,71 @@
+"""Per-phase peaks of one rank: the resident terms (`plan.static`) plus what each RL phase adds (`plan.dynamic`).
+
+- rollout: the native engine's KV cache for the rank's rows over the prompt + response budget and a decode step's
+  logits; SGLang instead takes `rollout.sglang.gpu_memory_utilization` of the device (weights and KV cache), so it
+  is only planned when the device's memory is known. `trainer.offload_during_rollout` moves the gradients and the
+  optimizer state off the device for it.
+- log_prob: old / reference log-probs and values, forward only, one layer's activations at a time and the fused
+  kernel's chunk of logits.
+- update: the activations a micro-batch keeps for its backward and the log-prob chunk with its gradient.
+"""
+from __future__ import annotations
+
+from rlhf_mcore.plan.dynamic import (
+    Batch,
+    activation_bytes,
+    decode_logits_bytes,
+    kv_cache_bytes,
+    layer_activation_elements,
+    logprob_bytes,
+)
+from rlhf_mcore.plan.params import Shape
+from rlhf_mcore.plan.static import WEIGHT_BYTES, Layout, roles_of, stage_bytes
+
+PHASES = ("rollout", "log_prob", "update")
+
+
+def phase_terms(cfg, shape: Shape, layout: Layout, gpu_bytes: float = 0.0, pp_rank: int = 0,
+                experts_per_token: int = 1) -> dict[str, dict[str, int]]:
+    """{phase: {term: bytes}} on a rank of pipeline stage `pp_rank`."""
+    dtype, tp, pp, div = cfg.model.dtype, layout.tp, layout.pp, cfg.model.make_vocab_size_divisible_by
+    static = stage_bytes(shape, layout, pp_rank, roles_of(cfg), dtype, cfg.parallel.use_distributed_optimizer, div)
+    weights = sum(t["weights"] for t in static.values())
+    training = sum(t["grads"] + t["optimizer"] for t in static.values())
+    batch = Batch.of(cfg, layout.dp)
+    rollout = {"weights": weights, "grads+optimizer": 0 if cfg.trainer.offload_during_rollout else training}
+    if cfg.rollout.engine == "sglang":
+        rollout["sglang"] = int(cfg.rollout.sglang.gpu_memory_utilization * gpu_bytes)
+    else:
+        rollout["kv_cache"] = kv_cache_bytes(shape, batch.rows, batch.length, tp, pp, dtype)
+        rollout["decode_logits"] = decode_logits_bytes(shape, batch.rows, tp, div)
+    resident = {"weights": weights, "grads+optimizer": training}
+    one_layer = layer_activation_elements(shape, tp) * batch.forward_tokens * WEIGHT_BYTES[dtype]
+    return {
+        "rollout": rollout,
+        "log_prob": {**resident, "activations": one_layer,
+                     "logprob": logprob_bytes(shape, batch.forward_tokens, tp, backward=False, divisible_by=div)},
+        "update": {**resident, "activations": activation_bytes(shape, batch.update_tokens, tp, pp, dtype,
+                                                               cfg.model.recompute, experts_per_token),
+                   "logprob": logprob_bytes(shape, batch.update_tokens, tp, backward=True, divisible_by=div)},
+    }
+
+
+def peak(terms: dict[str, dict[str, int]]) -> tuple[str, int]:
+    """(the phase with the largest total, that total).
+
+    >>> peak({"rollout": {"a": 3, "b": 4}, "update": {"a": 3, "c": 5}})
+    ('update', 8)
+    """
+    totals = {phase: sum(t.values()) for phase, t in terms.items()}
+    phase = max(totals, key=totals.get)
+    return phase, totals[phase]
+
+
+def rank_peak(cfg, shape: Shape, layout: Layout, gpu_bytes: float = 0.0, experts_per_token: int = 1
+              ) -> tuple[str, int, int]:
+    """(phase, bytes, pipeline stage) of the largest peak over the stages of `layout`."""
+    found = []
+    for stage in range(layout.pp):
+        phase, total = peak(phase_terms(cfg, shape, layout, gpu_bytes, stage, experts_per_token))
+        found.append((phase, total, stage))
+    return max(found, key=lambda f: f[1])

@@ -1,0 +1,47 @@
+"""The memory plan's per-phase terms: the KV cache equals what the native decoder allocates, the batch follows the
+config's micro-batching, and offload and SGLang change the rollout's terms."""
+import torch
+
+from rlhf_mcore.config.load import load_config
+from rlhf_mcore.plan.dynamic import Batch, kv_cache_bytes
+from rlhf_mcore.plan.params import Shape
+from rlhf_mcore.plan.phases import phase_terms, rank_peak
+from rlhf_mcore.plan.static import Layout
+from rlhf_mcore.rollout.decode_state import DecodeState
+from tests.support.paths import CONFIGS
+from tests.support.shapes import HF_SHAPES
+
+SMOL = Shape.of({**HF_SHAPES["smollm2"], "architectures": ["LlamaForCausalLM"], "tie_word_embeddings": True})
+
+
+def test_the_kv_cache_is_the_decoders_allocation():
+    rows, length, stage_layers = 6, 40, SMOL.layers // 2
+    state = DecodeState.allocate(stage_layers, rows, SMOL.groups, length, SMOL.head_dim, 8, torch.bfloat16, "cpu")
+    allocated = (state.k.numel() + state.v.numel()) * state.k.element_size()
+    assert kv_cache_bytes(SMOL, rows, length, tp=1, pp=2, dtype="bf16") == allocated
+
+
+def test_the_batch_follows_the_configs_micro_batching():
+    packed = load_config(str(CONFIGS / "gsm8k_grpo_smollm2.yaml"), ["actor.log_prob_max_tokens_per_gpu=131072"],
+                         check=False)
+    assert Batch.of(packed, dp=2) == Batch(rows=64 * 8 // 2, length=512, update_tokens=65536, forward_tokens=131072)
+    padded = load_config(str(CONFIGS / "gsm8k_grpo_smollm2.yaml"), [
+        "data.use_sequence_packing=false", "actor.use_dynamic_bsz=false", "rollout.micro_batch_size=100"],
+        check=False)
+    assert Batch.of(padded, dp=1) == Batch(rows=100, length=512, update_tokens=32 * 512, forward_tokens=32 * 512)
+
+
+def test_offload_and_sglang_change_the_rollout():
+    cfg = load_config(str(CONFIGS / "gsm8k_grpo_smollm2.yaml"), [], check=False)
+    one = Layout(1, 1, 1, 1)
+    terms = phase_terms(cfg, SMOL, one)
+    assert terms["rollout"]["grads+optimizer"] == terms["update"]["grads+optimizer"] > 0
+    assert terms["update"]["activations"] > terms["log_prob"]["activations"] > 0
+    offload = load_config(str(CONFIGS / "gsm8k_grpo_smollm2.yaml"), ["trainer.offload_during_rollout=true"],
+                          check=False)
+    assert phase_terms(offload, SMOL, one)["rollout"]["grads+optimizer"] == 0
+    sglang = load_config(str(CONFIGS / "gsm8k_grpo_smollm2.yaml"), ["rollout.engine=sglang"], check=False)
+    rollout = phase_terms(sglang, SMOL, one, gpu_bytes=100 * 2**30)["rollout"]
+    assert rollout["sglang"] == 50 * 2**30 and "kv_cache" not in rollout
+    phase, total, stage = rank_peak(cfg, SMOL, one)
+    assert stage == 0 and total == max(sum(t.values()) for t in terms.values()) and phase in terms
