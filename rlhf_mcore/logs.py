@@ -55,17 +55,35 @@ def reset_log_once() -> None:
 
 @contextlib.contextmanager
 def timer(name: str, timings: dict):
-    """Adds the wall seconds of the block to timings[name] (synchronising CUDA so GPU work is counted)."""
-    if torch.cuda.is_available():
+    """Adds the wall seconds of the block to timings[name] (synchronising CUDA so GPU work is counted); on CUDA
+    also the block's peak allocated memory to PHASE_PEAKS[name] (phases do not nest)."""
+    cuda = torch.cuda.is_available()
+    if cuda:
         torch.cuda.synchronize()
+        RUN_PEAK[0] = max(RUN_PEAK[0], torch.cuda.max_memory_allocated())
+        torch.cuda.reset_peak_memory_stats()
     start = time.perf_counter()
     try:
         with torch.profiler.record_function(f"phase/{name}"):  # trainer.profile_steps sums per phase
             yield
     finally:
-        if torch.cuda.is_available():
+        if cuda:
             torch.cuda.synchronize()
+            peak = torch.cuda.max_memory_allocated()
+            PHASE_PEAKS[name] = max(PHASE_PEAKS.get(name, 0), peak)
+            RUN_PEAK[0] = max(RUN_PEAK[0], peak)
         timings[name] = timings.get(name, 0.0) + time.perf_counter() - start
+
+
+PHASE_PEAKS: dict[str, int] = {}  # bytes allocated at each phase's peak since the last `take_phase_peaks` (CUDA)
+RUN_PEAK = [0]  # the run's peak bytes: reset_peak_memory_stats per phase would hide it from torch
+
+
+def take_phase_peaks() -> dict[str, int]:
+    """The phases' peaks since the last call (emptied)."""
+    peaks = dict(PHASE_PEAKS)
+    PHASE_PEAKS.clear()
+    return peaks
 
 
 PROGRESS_EVERY_S = float(os.environ.get("RLHF_MCORE_PROGRESS_S", "20"))

@@ -4,6 +4,7 @@ from __future__ import annotations
 import torch
 
 from rlhf_mcore.algorithms.stats import masked_var
+from rlhf_mcore.logs import RUN_PEAK, take_phase_peaks
 from rlhf_mcore.trainer.phases import gather_dp
 
 # (label, metric key, format) of the console line, in order; missing metrics print as "-", except the
@@ -53,7 +54,7 @@ def to_floats(tensors: dict[str, torch.Tensor]) -> dict[str, float]:
 
 def peak_memory_gb() -> float:
     if torch.cuda.is_available():
-        return torch.cuda.max_memory_allocated() / 2**30
+        return max(RUN_PEAK[0], torch.cuda.max_memory_allocated()) / 2**30
     import psutil
 
     return psutil.Process().memory_info().rss / 2**30
@@ -88,6 +89,7 @@ def step_metrics(batch: dict, loss_metrics: dict, extra: dict, timings: dict, ct
     metrics.update({f"timing_s/{k}": v for k, v in timings.items()})
     metrics["perf/throughput"] = metrics["perf/total_num_tokens"] / max(step_time, 1e-9) / ctx.dims.world_size
     metrics["perf/max_memory_gb"] = peak_memory_gb()
+    metrics.update({f"perf/max_memory_gb/{k}": v / 2**30 for k, v in take_phase_peaks().items()})  # CUDA: each phase
     return metrics
 
 

@@ -6,6 +6,7 @@ import sys
 import types
 
 import pytest
+import torch
 
 from rlhf_mcore import logs
 from rlhf_mcore.logs import MetricLogger, heartbeat, log_once, progress, reset_log_once
@@ -103,3 +104,32 @@ def test_log_once_logs_each_key_once_per_logger_until_reset(caplog):
                    ("rlhf_mcore.test_once", logging.INFO, "again after reset")]
     assert {r.funcName for r in caplog.records} == {"test_log_once_logs_each_key_once_per_logger_until_reset"}
     reset_log_once()
+
+
+def test_timer_records_each_phases_peak_and_keeps_the_runs(monkeypatch):
+    """On CUDA each phase's peak allocation is its own (the peak is reset as the phase starts), and the run's peak
+    survives the resets (perf/max_memory_gb)."""
+    from rlhf_mcore.trainer.step_log import peak_memory_gb
+
+    allocated = {"now": 0, "peak": 0}
+
+    def alloc(n):
+        allocated["now"] = n
+        allocated["peak"] = max(allocated["peak"], n)
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda: None)
+    monkeypatch.setattr(torch.cuda, "max_memory_allocated", lambda: allocated["peak"])
+    monkeypatch.setattr(torch.cuda, "reset_peak_memory_stats", lambda: allocated.update(peak=allocated["now"]))
+    saved, logs.RUN_PEAK[0] = logs.RUN_PEAK[0], 0
+    logs.take_phase_peaks()
+    timings: dict = {}
+    with logs.timer("gen", timings):
+        alloc(10 * 2**30)
+        alloc(2 * 2**30)
+    with logs.timer("update_actor", timings):
+        alloc(6 * 2**30)
+    assert logs.take_phase_peaks() == {"gen": 10 * 2**30, "update_actor": 6 * 2**30}
+    assert logs.take_phase_peaks() == {} and set(timings) == {"gen", "update_actor"}
+    assert peak_memory_gb() == 10.0
+    logs.RUN_PEAK[0] = saved
