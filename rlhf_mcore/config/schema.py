@@ -352,6 +352,7 @@ class TrainerConfig:
     max_checkpoints_to_keep: int = 2
     offload_during_rollout: bool = False
     time_limit_min: float = 0.0  # stop (validate, save, export) after the step that passes this; 0 = off
+    check_memory_plan: bool = True  # GPU: stop at start-up when rlhf_mcore.plan's peak exceeds the device's memory
     export_hf: bool = True  # write the final actor as an HF checkpoint
     max_bad_steps: int = 3  # stop after this many steps in a row whose update was skipped (non-finite)
     rollout_data_dir: str = ""  # every training sample of a step as <dir>/<step>.jsonl (trainer/dumps.py; verl's key)

@@ -208,6 +208,8 @@ def preflight_errors(cfg) -> list[str]:
         errs += _vocab_errors(cfg)
     if not errs:
         errs += _engine_memory_errors(cfg)
+    if not errs:
+        errs += memory_plan_errors(cfg)
     first = {}
     for probe in probes:  # one per (data_source, ground-truth type) over all files
         first.setdefault((probe[2].data_source, type(probe[2].ground_truth).__name__), probe)
@@ -215,6 +217,48 @@ def preflight_errors(cfg) -> list[str]:
     if not errs and probes:
         errs += _probe_errors(cfg, probes)
     return errs + _sandbox_errors(cfg)
+
+
+# the cheapest fix of each memory-plan term (rlhf_mcore.plan.phases), named when that term tops a phase too large
+PLAN_FIXES = {
+    "activations": "lower actor.max_tokens_per_gpu (or micro_batch_size_per_gpu), or set model.recompute=full",
+    "logprob": "lower actor.max_tokens_per_gpu (the fused log-prob kernel's chunk follows it)",
+    "kv_cache": "set rollout.micro_batch_size to decode fewer rows at once, or a larger parallel.tp",
+    "decode_logits": "set rollout.micro_batch_size to decode fewer rows at once",
+    "sglang": "lower rollout.sglang.gpu_memory_utilization",
+    "grads+optimizer": "set parallel.use_distributed_optimizer=true over more DP ranks, trainer.offload_during_rollout"
+                       "=true, or a larger parallel.tp / parallel.pp",
+    "weights": "use a larger parallel.tp or parallel.pp (or model.lora_rank for a frozen base)",
+}
+PLAN_MARGIN = 0.08  # a plan over the device by more than this fraction stops the run
+
+
+def memory_plan_errors(cfg, device_bytes: float | None = None) -> list[str]:
+    """On a GPU: one line when the memory plan's peak per rank (rlhf_mcore.plan) exceeds the device's memory by
+    more than PLAN_MARGIN, naming the phase, its largest term and that term's cheapest fix."""
+    import torch
+
+    if not cfg.trainer.check_memory_plan or (device_bytes is None and not torch.cuda.is_available()):
+        return []
+    from rlhf_mcore.models.transformer_config import load_hf_config
+    from rlhf_mcore.plan.params import Shape
+    from rlhf_mcore.plan.phases import phase_terms, rank_peak
+    from rlhf_mcore.plan.static import Layout
+
+    device_bytes = device_bytes or torch.cuda.get_device_properties(0).total_memory
+    hf = load_hf_config(cfg.model)
+    p, world = cfg.parallel, int(os.environ.get("WORLD_SIZE", "1"))
+    layout, top_k = Layout(p.tp, p.pp, p.ep, max(world // (p.tp * p.pp), 1)), int(hf.get("num_experts_per_tok") or 1)
+    shape = Shape.of(hf)
+    phase, peak, stage = rank_peak(cfg, shape, layout, device_bytes, top_k)
+    if peak <= device_bytes * (1 + PLAN_MARGIN):
+        return []
+    terms = phase_terms(cfg, shape, layout, device_bytes, stage, top_k)[phase]
+    term = max(terms, key=terms.get)
+    gib = 2**30
+    return [f"memory plan: the {phase} phase needs {peak / gib:.1f} GiB per rank on a {device_bytes / gib:.1f} GiB "
+            f"device ({term} {terms[term] / gib:.1f} GiB; python -m rlhf_mcore.plan shows every term and layout). "
+            f"Cheapest fix: {PLAN_FIXES[term]}; or set trainer.check_memory_plan=false to start anyway."]
 
 
 def _sandbox_errors(cfg) -> list[str]:

@@ -1,7 +1,9 @@
 """Bad data, paths and reward files are found before any model is built: one line per problem."""
 import time
 
+from rlhf_mcore.config.load import load_config
 from rlhf_mcore.trainer.preflight import preflight_errors
+from tests.support.paths import CONFIGS
 from tests.support.reliability import ROOT, tiny_cfg, vowel_row, write_rows
 
 REWARD = f"{ROOT / 'data/tiny/reward.py'}:vowel_fraction"
@@ -102,3 +104,26 @@ def test_an_engine_that_needs_cuda_stops_before_the_model_on_a_machine_without(t
     assert preflight_errors(tiny_cfg(tmp_path, "rollout.engine=sglang")) == [
         "rollout.engine: sglang needs a CUDA GPU (got sglang on a machine without CUDA). Use rollout.engine=native."]
     assert preflight_errors(tiny_cfg(tmp_path)) == []  # native decodes on CPU
+
+
+def test_a_plan_over_the_device_stops_naming_the_phase_the_term_and_the_fix(tmp_path):
+    """The memory plan at start-up (here a given device size: CPU runs skip it): SmolLM2's GRPO preset at a
+    65536-token budget plans ~35 GiB in its update; a 16 GiB device stops it with the activations' fix, a smaller
+    budget fits, and trainer.check_memory_plan=false starts anyway."""
+    import json
+
+    from rlhf_mcore.trainer.preflight import memory_plan_errors
+    from tests.support.shapes import HF_SHAPES
+
+    (tmp_path / "config.json").write_text(json.dumps({**HF_SHAPES["smollm2"], "architectures": ["LlamaForCausalLM"],
+                                                      "tie_word_embeddings": True}))
+    preset = str(CONFIGS / "gsm8k_grpo_smollm2.yaml")
+    cfg = load_config(preset, [f"model.hf_path={tmp_path}"], check=False)
+    (line,) = memory_plan_errors(cfg, device_bytes=16 * 2**30)
+    assert line.startswith("memory plan: the update phase needs 34.9 GiB per rank on a 16.0 GiB device "
+                           "(activations 30.9 GiB;") and "Cheapest fix: lower actor.max_tokens_per_gpu" in line
+    assert line.endswith("or set trainer.check_memory_plan=false to start anyway.")
+    small = load_config(preset, [f"model.hf_path={tmp_path}", "actor.max_tokens_per_gpu=8192"], check=False)
+    assert memory_plan_errors(small, device_bytes=16 * 2**30) == []
+    off = load_config(preset, [f"model.hf_path={tmp_path}", "trainer.check_memory_plan=false"], check=False)
+    assert memory_plan_errors(off, device_bytes=16 * 2**30) == []
