@@ -176,7 +176,7 @@ class _FusedLogprobEntropy(torch.autograd.Function):
     @staticmethod
     def forward(ctx, hidden, weight, targets, tp_group, vocab_start, temperature, chunk_size, use_triton):
         num_tokens, vocab_local = hidden.shape[0], weight.shape[0]
-        inv_t = 1.0 / temperature
+        inv_t = 1.0 / temperature if temperature > 0 else 1.0  # 0: greedy samples, scored at T = 1 (rollout.sampling)
         local_tgt = _local_targets(targets, vocab_start, vocab_local)
         stats_fn = _stats_triton if use_triton else _stats_torch
         stats = torch.empty(4, num_tokens, dtype=_acc_dtype(hidden), device=hidden.device)

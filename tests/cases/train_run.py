@@ -15,6 +15,21 @@ def snapshot(roles) -> dict:
             for k, p in s.module.named_parameters() if p.requires_grad}
 
 
+def plan_mismatches(cfg, run) -> list[tuple]:
+    """This rank's trained roles whose parameter count differs from the memory plan's (rlhf_mcore.plan.params)."""
+    from rlhf_mcore.models.transformer_config import load_hf_config
+    from rlhf_mcore.plan.params import Shape, rank_params
+
+    shape, p, pp_rank = Shape.of(load_hf_config(cfg.model)), cfg.parallel, run.ctx.pp_rank
+    found = []
+    for name, state in run.roles.trainable().items():
+        built = sum(t.numel() for t in state.module.parameters())
+        planned = rank_params(shape, p.tp, p.pp, p.ep, pp_rank, lm_head=name == "actor")
+        if built != planned:
+            found.append((dist.get_rank(), name, built, planned))
+    return found
+
+
 def main(out_path: str, config: str, *overrides: str) -> None:
     cfg = load_config(config, list(overrides), world_size=int(__import__("os").environ["WORLD_SIZE"]))
     before = {}
@@ -37,10 +52,13 @@ def main(out_path: str, config: str, *overrides: str) -> None:
     unchanged = [k for k in before if torch.equal(before[k], after[k])]
     gathered = [None] * dist.get_world_size()
     dist.all_gather_object(gathered, unchanged)
+    off_plan = [None] * dist.get_world_size()  # (rank, role, built, planned) where the memory plan's count is off
+    dist.all_gather_object(off_plan, plan_mismatches(cfg, run))
     if dist.get_rank() == 0:
         steps = [m for m in run.history if "critic/score/mean" in m]
         result = {"unchanged": sorted({k for part in gathered for k in part}), "num_params": len(before),
                   "trained_roles": sorted({k.split(".")[0] for k in before}),
+                  "off_plan": [m for part in off_plan for m in part],
                   "params_by_role": {r: sum(k.startswith(r + ".") for k in before) for r in ("actor", "critic")},
                   "roles": sorted(name for name in ("actor", "critic", "ref", "reward")
                                   if getattr(run.roles, name) is not None),

@@ -56,6 +56,8 @@ from rlhf_mcore.trainer import loop as trainer
 from rlhf_mcore.trainer.roles import build_roles
 from rlhf_mcore.trainer.run import Run, engine_setup
 from rlhf_mcore.trainer.scoring import Scored
+from tools.bench.memory_plan_check import compare as compare_plan
+from tools.bench.memory_plan_check import print_comparison
 
 QWEN = dict(family="qwen2", num_layers=24, hidden_size=896, ffn_hidden_size=4864, num_attention_heads=14,
             num_query_groups=2, vocab_size=151936, tie_embeddings=True, dtype="bf16")
@@ -339,6 +341,7 @@ def summarize(args, cfg, run, steps: list[dict], rollout: dict) -> dict:
                    "fp32_lm_head": cfg.rollout.sglang.fp32_lm_head, "swiglu_fusion": bool(args.swiglu_fusion),
                    "exact_casts": bool(args.exact_casts)},
         "device": torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu",
+        "memory_plan": compare_plan(cfg, hf, steps),  # rlhf_mcore.plan's phases vs perf/max_memory_gb/<phase>
     }
 
 
@@ -372,6 +375,7 @@ def bench(args) -> dict:
     if args.profile_rollout:
         profile_rollout(run, args, args.profile_rollout)
     result = summarize(args, cfg, run, steps, standalone_rollout(run, args) if args.standalone else {})
+    print_comparison(result["system"], result["memory_plan"])
     run.engine.shutdown()
     return result
 

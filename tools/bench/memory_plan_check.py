@@ -34,6 +34,35 @@ def measured_peaks(rows: list[dict]) -> dict[str, float]:
     return out
 
 
+def compare(cfg, hf: dict, rows: list[dict], gpu_bytes: float = 0.0) -> list[dict]:
+    """One record per plan phase: predicted and measured GiB, their ratio and the predicted terms (one rank of
+    the config's TP x PP x EP, DP 1)."""
+    from rlhf_mcore.plan.params import Shape
+    from rlhf_mcore.plan.phases import phase_terms
+    from rlhf_mcore.plan.static import Layout
+
+    p = cfg.parallel
+    terms = phase_terms(cfg, Shape.of(hf), Layout(p.tp, p.pp, p.ep, 1), gpu_bytes, 0,
+                        int(hf.get("num_experts_per_tok") or 1))
+    measured = measured_peaks(rows)
+    out = []
+    for phase, t in terms.items():
+        predicted, got = sum(t.values()) / GIB, measured.get(phase)
+        out.append({"phase": phase, "predicted_gib": predicted, "measured_gib": got,
+                    "ratio": predicted / got if got else None, "terms_gib": {k: v / GIB for k, v in t.items()}})
+    return out
+
+
+def print_comparison(name: str, records: list[dict]) -> None:
+    print(f"{name}: phase  predicted GiB  measured GiB  predicted/measured")
+    nan = float("nan")
+    for r in records:
+        got, ratio = r["measured_gib"], r["ratio"]
+        print(f"  {r['phase']:<9} {r['predicted_gib']:12.2f}  {got if got is not None else nan:12.2f}  "
+              f"{ratio if ratio is not None else nan:8.3f}   " +
+              " + ".join(f"{k} {v:.2f}" for k, v in r["terms_gib"].items()))
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--metrics", required=True)
@@ -44,31 +73,14 @@ def main(argv=None) -> int:
     args, overrides = ap.parse_known_args(sys.argv[1:] if argv is None else argv)
     from rlhf_mcore.config.load import load_config
     from rlhf_mcore.models.transformer_config import load_hf_config
-    from rlhf_mcore.plan.params import Shape
-    from rlhf_mcore.plan.phases import phase_terms
-    from rlhf_mcore.plan.static import Layout
 
     cfg = load_config(args.config, overrides, check=False)
-    hf = load_hf_config(cfg.model)
-    p = cfg.parallel
-    layout = Layout(p.tp, p.pp, p.ep, 1)
-    terms = phase_terms(cfg, Shape.of(hf), layout, args.gpu_memory * GIB, 0, int(hf.get("num_experts_per_tok") or 1))
     rows = [json.loads(line) for line in open(args.metrics) if line.strip()]
-    measured = measured_peaks(rows)
-    print(f"{args.name or args.config}: phase  predicted GiB  measured GiB  predicted/measured")
-    results = []
-    for phase, t in terms.items():
-        predicted = sum(t.values()) / GIB
-        got = measured.get(phase)
-        ratio = predicted / got if got else None
-        print(f"  {phase:<9} {predicted:12.2f}  {got if got is not None else float('nan'):12.2f}  "
-              f"{ratio if ratio is not None else float('nan'):8.3f}   " +
-              " + ".join(f"{k} {v / GIB:.2f}" for k, v in t.items()))
-        results.append({"name": args.name, "phase": phase, "predicted_gib": predicted, "measured_gib": got,
-                        "ratio": ratio, "terms_gib": {k: v / GIB for k, v in t.items()}})
+    records = compare(cfg, load_hf_config(cfg.model), rows, args.gpu_memory * GIB)
+    print_comparison(args.name or str(args.config), records)
     if args.out:
         with open(args.out, "a") as f:
-            f.writelines(json.dumps(r) + "\n" for r in results)
+            f.writelines(json.dumps({"name": args.name, **r}) + "\n" for r in records)
     return 0
 
 

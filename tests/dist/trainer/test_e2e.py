@@ -37,6 +37,12 @@ RUNS = {
     "ppo_rm": (1, "tiny_ppo.yaml", STEPS + (RM,)),
     "ppo_tp2pp2": (4, "tiny_ppo.yaml", STEPS + ("parallel.tp=2", "parallel.pp=2")),
     "ppo_rm_tp2pp2": (4, "tiny_ppo.yaml", STEPS + (RM, "parallel.tp=2", "parallel.pp=2")),
+    # 8 ranks, TP2 x PP2 x DP2: GRPO against DP2 alone (the same DP size samples alike), PPO with every role
+    # (critic, reference, reward model) greedy against one rank (a greedy rollout is the same at any DP size)
+    "grpo_tp2pp2dp2": (8, "tiny_grpo.yaml", STEPS + GRPO_DP + ("parallel.tp=2", "parallel.pp=2")),
+    "ppo_rm_greedy": (1, "tiny_ppo.yaml", STEPS + (RM, "rollout.temperature=0")),
+    "ppo_rm_greedy_tp2pp2dp2": (8, "tiny_ppo.yaml", STEPS + (RM, "rollout.temperature=0", "parallel.tp=2",
+                                                               "parallel.pp=2")),
     "ppo_tp2_dp2": (4, "tiny_ppo.yaml", STEPS + ("parallel.tp=2", "data.train_batch_size=4",
                                                  "actor.ppo_mini_batch_size=4", "critic.ppo_mini_batch_size=4",
                                                  "trainer.test_freq=2", "data.val_batch_size=3",
@@ -135,6 +141,18 @@ def test_critic_warmup_trains_the_critic_alone(runs):
     # critic.value_head_init=zeros: the first step's values are exactly 0, so its advantages are the returns
     assert base["metrics"][0]["critic/values/mean"] == 0.0 and base["metrics"][0]["critic/values/std"] == 0.0
     assert base["metrics"][1]["critic/values/std"] > 0.0
+
+
+def test_eight_ranks_tp2_pp2_dp2_equal_the_smaller_runs_and_the_plan(runs):
+    """Issue 42's simulation of scale: TP2 x PP2 x DP2 on 8 gloo ranks equals DP2 alone (GRPO) and one rank (PPO
+    with a critic, a reference and a reward model, greedy rollouts) to 1e-5 relative over 2 steps, and every
+    rank's trained parameter count is the memory plan's."""
+    for big, small in (("grpo_tp2pp2dp2", "grpo_dp2"), ("ppo_rm_greedy_tp2pp2dp2", "ppo_rm_greedy")):
+        check_trained(runs[big], 2)
+        check_trained(runs[small], 2)
+        assert_same_metrics(runs[small], runs[big], rtol=1e-5)
+        assert runs[big]["off_plan"] == [] and runs[small]["off_plan"] == []
+    assert runs["ppo_rm_greedy_tp2pp2dp2"]["roles"] == ["actor", "critic", "ref", "reward"]
 
 
 def test_ppo_four_ranks_tp_pp_dp(runs):

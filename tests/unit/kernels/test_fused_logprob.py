@@ -36,6 +36,15 @@ def test_matches_reference_fp64(chunk_size, temperature):
         torch.testing.assert_close(got, want, atol=1e-10, rtol=1e-10)
 
 
+def test_temperature_zero_scores_greedy_samples_at_one():
+    """rollout.temperature=0 (greedy training samples) scores them at T = 1, as the sampler does (it divided by
+    zero before)."""
+    args = problem()
+    greedy = values_and_grads(fused_logprob_entropy, *args, temperature=0.0, chunk_size=8)
+    for got, want in zip(greedy, values_and_grads(reference_logprob_entropy, *args, temperature=1.0)):
+        torch.testing.assert_close(got, want, atol=1e-10, rtol=1e-10)
+
+
 def test_fp32_outputs_and_tolerance():
     hidden, weight, targets, coef = problem(dtype=torch.float32)
     fused = values_and_grads(fused_logprob_entropy, hidden, weight, targets, coef, chunk_size=16)
