@@ -83,11 +83,12 @@ def check_trained(result: dict, steps: int) -> None:
     assert result["num_params"] > 0 and result["unchanged"] == [], result["unchanged"]
 
 
-def assert_same_metrics(a: dict, b: dict, rtol: float = 1e-4, keys: tuple[str, ...] = COMPARED) -> None:
+def assert_same_metrics(a: dict, b: dict, rtol: float = 1e-4, keys: tuple[str, ...] = COMPARED,
+                        atol: float = 1e-6) -> None:
     for step_a, step_b in zip(a["metrics"], b["metrics"]):
         for key in keys:
             if key in step_a:
-                assert step_b[key] == pytest.approx(step_a[key], rel=rtol, abs=1e-6), key
+                assert step_b[key] == pytest.approx(step_a[key], rel=rtol, abs=atol), key
 
 
 def test_grpo_two_ranks_tp_and_pp_match_one_rank(runs):
@@ -150,7 +151,7 @@ def test_eight_ranks_tp2_pp2_dp2_equal_the_smaller_runs_and_the_plan(runs):
     for big, small in (("grpo_tp2pp2dp2", "grpo_dp2"), ("ppo_rm_greedy_tp2pp2dp2", "ppo_rm_greedy")):
         check_trained(runs[big], 2)
         check_trained(runs[small], 2)
-        assert_same_metrics(runs[small], runs[big], rtol=1e-5)
+        assert_same_metrics(runs[small], runs[big], rtol=1e-5, atol=1e-5)  # whitened advantages' mean is ~1e-6
         assert runs[big]["off_plan"] == [] and runs[small]["off_plan"] == []
     assert runs["ppo_rm_greedy_tp2pp2dp2"]["roles"] == ["actor", "critic", "ref", "reward"]
 
