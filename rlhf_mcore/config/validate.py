@@ -63,7 +63,7 @@ def _model_shape(cfg: Config) -> tuple[dict | None, list[str]]:
                 "groups": hf.get("num_key_value_heads") or hf.get("num_attention_heads"),
                 "ffn": hf.get("intermediate_size"), "ffn_key": f"{path}: intermediate_size",
                 "positions": hf.get("max_position_embeddings"), "positions_key": f"{path}: max_position_embeddings",
-                "window": window, "window_key": f"{path}: sliding_window",
+                "window": window, "window_key": path,
                 "experts": hf.get("num_experts") or hf.get("num_local_experts") or 0}, []
     missing = [k for k in REQUIRED_INLINE if getattr(m, k) is None]
     if missing:
@@ -160,7 +160,11 @@ def _batch_rules(cfg: Config, dp: int) -> list[str]:
     return errs
 
 
-def _packing_rules(cfg: Config) -> list[str]:
+def _backend_rules(cfg: Config, shape: dict | None) -> list[str]:
+    if shape is not None and shape.get("window"):  # sliding windows: our SDPA attention only (models.layer_specs)
+        from rlhf_mcore.models.layer_specs import backend_errors
+
+        return backend_errors(cfg.model.attention_backend, shape["window"], shape["window_key"])
     if cfg.data.use_sequence_packing and cfg.model.attention_backend == "local":
         return ["model.attention_backend: megatron's local attention cannot run packed sequences (got local with "
                 "data.use_sequence_packing=true). Use model.attention_backend=sdpa (or auto/te)."]
@@ -174,10 +178,6 @@ def _length_rules(cfg: Config, shape: dict | None) -> list[str]:
     if shape is not None and shape.get("positions") and shape["positions"] < seq:
         errs.append(f"{shape['positions_key']}: the model has {shape['positions']} positions, fewer than "
                     f"{where} = {seq} (got {shape['positions']}). Shorten the prompt or response lengths.")
-    if shape is not None and shape.get("window") and shape["window"] < seq:  # we attend over the whole sequence
-        errs.append(f"{shape['window_key']}: the model attends within {shape['window']} tokens, fewer than {where} "
-                    f"= {seq} (got {shape['window']}); this trainer has no sliding-window attention. Shorten the "
-                    "prompt or response lengths.")
     zero_means = {"max_tokens_per_gpu": "auto", "log_prob_max_tokens_per_gpu": "actor.max_tokens_per_gpu"}
     for key, zero in zero_means.items():
         budget = getattr(cfg.actor, key)
@@ -391,7 +391,8 @@ def validate(cfg: Config, world_size: int | None = None) -> list[str]:
     model_parallel = cfg.parallel.tp * cfg.parallel.pp
     dp = world_size // model_parallel if world_size and world_size % model_parallel == 0 else 1
     errs += _registry_rules(cfg) + environment_errors(cfg)
-    return errs + _batch_rules(cfg, dp) + _length_rules(cfg, shape) + _packing_rules(cfg) + _algorithm_rules(cfg) + \
-        _file_rules(cfg) + _lora_adapter_rules(cfg) + _multi_turn_rules(cfg) + _async_rules(cfg) + [
+    return errs + _batch_rules(cfg, dp) + _length_rules(cfg, shape) + _backend_rules(cfg, shape) + \
+        _algorithm_rules(cfg) + _file_rules(cfg) + _lora_adapter_rules(cfg) + _multi_turn_rules(cfg) + \
+        _async_rules(cfg) + [
             e for e in (hub_id_error("model.tokenizer", cfg.model.tokenizer),
                         hub_id_error("reward.model_path", cfg.reward.model_path)) if e]

@@ -20,22 +20,48 @@ import torch
 import torch.nn.functional as F
 from megatron.core.transformer.enums import AttnMaskType
 from megatron.core.transformer.module import MegatronModule
+from megatron.core.transformer.utils import is_layer_window_attention
 from megatron.core.utils import divide
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from rlhf_mcore.models.packed import packed_attention
 
 
-def bottom_right_causal_mask(sq: int, sk: int, device) -> torch.Tensor:
-    """[sq, sk] bool, True = may attend. Query i sits at absolute position sk - sq + i (KV-cache decode).
+def bottom_right_causal_mask(sq: int, sk: int, device, window: Optional[int] = None) -> torch.Tensor:
+    """[sq, sk] bool, True = may attend. Query i sits at absolute position sk - sq + i (KV-cache decode); with a
+    sliding `window`, only the keys j with i - window < j <= i (transformers' `sliding_window_overlay`).
 
     >>> bottom_right_causal_mask(1, 3, "cpu").tolist()
     [[True, True, True]]
-    >>> bottom_right_causal_mask(2, 2, "cpu").tolist()
-    [[True, False], [True, True]]
+    >>> bottom_right_causal_mask(3, 3, "cpu", window=2).int().tolist()
+    [[1, 0, 0], [1, 1, 0], [0, 1, 1]]
     """
     rows = torch.arange(sq, device=device).unsqueeze(1) + (sk - sq)
-    return torch.arange(sk, device=device).unsqueeze(0) <= rows
+    cols = torch.arange(sk, device=device).unsqueeze(0)
+    allowed = cols <= rows
+    return allowed if window is None else allowed & (cols > rows - window)
+
+
+def layer_window(config, layer_number: int) -> Optional[int]:
+    """The sliding window W of layer `layer_number` (1-based, global: megatron's), None for full attention:
+    megatron's `window_size` (W - 1, 0) where `window_attn_skip_freq` says the layer slides
+    (`models.transformer_config.window_fields`)."""
+    if not is_layer_window_attention(config.window_size, config.window_attn_skip_freq, layer_number):
+        return None
+    left, right = config.window_size
+    if left < 0 or right != 0:
+        raise ValueError(f"SDPAttention: window_size {config.window_size} is not a causal sliding window (W - 1, 0)")
+    return left + 1
+
+
+def active_window(window: Optional[int], length: int) -> Optional[int]:
+    """The window where it masks something among `length` keys; None where it covers them all (then the plain
+    causal kernels run, as for a model without a window).
+
+    >>> active_window(8, 8), active_window(8, 9), active_window(None, 9)
+    (None, 8, None)
+    """
+    return window if window is not None and length > window else None
 
 
 SDPA_KERNELS = {"flash": SDPBackend.FLASH_ATTENTION, "cudnn": SDPBackend.CUDNN_ATTENTION,
@@ -80,25 +106,31 @@ class SDPAttention(MegatronModule):
         head_dim = divide(config.kv_channels * config.num_attention_heads, config.num_attention_heads)
         self.softmax_scale = softmax_scale if softmax_scale is not None else 1.0 / math.sqrt(head_dim)
         self.dropout_p = config.attention_dropout if attention_dropout is None else attention_dropout
+        self.window = layer_window(config, layer_number)  # None: full causal attention
 
     def forward(self, query, key, value, attention_mask, attn_mask_type=None, attention_bias=None,
                 packed_seq_params=None):
         """query [sq, b, np, hn], key/value [sk, b, ng, hn]; attention_mask: None (causal) or
         bool broadcastable to [b, np, sq, sk] with True = masked out (megatron's convention).
-        With packed_seq_params (b = 1, sequences back to back): causal attention within each sequence."""
+        With packed_seq_params (b = 1, sequences back to back): causal attention within each sequence.
+        A sliding-window layer (`self.window`) also masks the keys a window or more behind each query."""
         if attention_bias is not None:
             raise NotImplementedError("SDPAttention: attention bias is not supported")
         if packed_seq_params is not None:
-            out = packed_attention(query[:, 0], key[:, 0], value[:, 0], packed_seq_params, self.softmax_scale)
+            window = active_window(self.window, int(packed_seq_params.max_seqlen_q))
+            out = packed_attention(query[:, 0], key[:, 0], value[:, 0], packed_seq_params, self.softmax_scale, window)
             return out.reshape(query.size(0), 1, -1)  # [T, 1, np * hn]
         sq, b, sk = query.size(0), query.size(1), key.size(0)
         q, k, v = (t.permute(1, 2, 0, 3) for t in (query, key, value))  # [b, heads, s, hn]
+        window = active_window(self.window, sk)
         if attention_mask is not None:
             allowed = ~attention_mask.bool()
-        elif sq == sk:
+            if window is not None:
+                allowed = allowed & bottom_right_causal_mask(sq, sk, q.device, window)
+        elif sq == sk and window is None:
             allowed = None
         else:
-            allowed = bottom_right_causal_mask(sq, sk, q.device)
+            allowed = bottom_right_causal_mask(sq, sk, q.device, window)
         kernels = sdpa_kernel(self.kernels, set_priority=True) if self.kernels and q.is_cuda else nullcontext()
         with kernels:
             out = F.scaled_dot_product_attention(

@@ -40,9 +40,10 @@ def block_spec(layer_spec, backend: str, config, pp_rank: int):
     return TransformerBlockSubmodules(layer_specs=[layer_spec] * num, layer_norm=RMSNorm)
 
 
-def choose_layer_spec(name: str, options: dict | None = None):
-    """(ModuleSpec, backend name actually used); `options`: the family's (`ModelSpec.layer_options`)."""
-    backend = resolve_backend(name)
+def choose_layer_spec(name: str, options: dict | None = None, window: int | None = None):
+    """(ModuleSpec, backend name actually used); `options`: the family's (`ModelSpec.layer_options`); window: the
+    model's sliding window (`transformer_config.sliding_window`), which only sdpa runs."""
+    backend = resolve_backend(name, window)
     return seeded_layer_spec(LAYER_SPECS.get(backend)(**(options or {}))), backend
 
 
@@ -86,7 +87,8 @@ def _build_model(role: str, hf: dict, model_cfg, parallel_cfg, ctx, source: str)
         from rlhf_mcore.moe_compat import apply_moe_patches
 
         apply_moe_patches()
-    layer_spec, backend = choose_layer_spec(model_cfg.attention_backend, family.layer_options(hf))
+    window = tc.window_size[0] + 1 if tc.window_size else None
+    layer_spec, backend = choose_layer_spec(model_cfg.attention_backend, family.layer_options(hf), window)
     if tc.num_moe_experts:  # the experts module by model.moe_expert_impl (models.experts_grouped)
         from rlhf_mcore.models.experts_grouped import use_expert_impl
 

@@ -15,9 +15,27 @@ def have_transformer_engine() -> bool:
     return importlib.util.find_spec("transformer_engine") is not None
 
 
-def resolve_backend(name: str) -> str:
+def backend_errors(name: str, window: int | None, source: str = "config.json") -> list[str]:
+    """A sliding-window model (window: `transformer_config.sliding_window`) runs on our SDPA attention only: its
+    masks (padded, packed, the native decoder's KV cache) are tested against transformers; TE's and megatron's
+    local windows are not.
+
+    >>> backend_errors("te", 8)[0].split(":")[0], backend_errors("auto", 8), backend_errors("te", None)
+    ('model.attention_backend', [], [])
+    """
+    if window is None or name in ("auto", "sdpa"):
+        return []
+    return [f"model.attention_backend: {name} is not tested with sliding windows ({source}: sliding_window={window}) "
+            f"(got {name}). Use model.attention_backend=sdpa (or auto)."]
+
+
+def resolve_backend(name: str, window: int | None = None) -> str:
+    """The backend that runs: auto = te where importable, else sdpa; sdpa for a sliding-window model."""
+    errs = backend_errors(name, window)
+    if errs:
+        raise ValueError(errs[0])
     if name == "auto":
-        return "te" if have_transformer_engine() else "sdpa"
+        return "te" if have_transformer_engine() and window is None else "sdpa"
     return name
 
 

@@ -7,6 +7,7 @@ A spec carries everything that differs between families:
   (`models.transformer_config`), e.g. qk_layernorm;
 - `check(hf, source)`: config.json values the family cannot convert (one ValueError);
 - `layer_options(hf)`: keyword arguments of the layer-spec builder (`models.layer_specs`);
+- `sliding_layers(hf)`: which layers attend within config.json's `sliding_window` (one bool per layer);
 - `weights`: the HF <-> megatron weight-map table (`WeightRule` rows, "{i}" the layer index);
 - `decode_paths`: the native rollout's decode paths that run it ("static": the functional / graphed
   decoder of `rollout.static_decode`; "eager": megatron's modules).
@@ -55,6 +56,43 @@ def no_fields(hf: dict) -> dict:
     return {}
 
 
+def no_sliding_layers(hf: dict) -> tuple[bool, ...]:
+    return (False,) * hf.get("num_hidden_layers", 0)
+
+
+def every_layer_slides(hf: dict) -> tuple[bool, ...]:
+    """Mistral, Mixtral: every layer attends within `sliding_window` when config.json sets one.
+
+    >>> every_layer_slides({"num_hidden_layers": 2, "sliding_window": 8}), every_layer_slides({"num_hidden_layers": 1})
+    ((True, True), (False,))
+    """
+    return (bool(hf.get("sliding_window")),) * hf.get("num_hidden_layers", 0)
+
+
+def switched_layers_slide(hf: dict) -> tuple[bool, ...]:
+    """Qwen3-MoE: every layer slides where `use_sliding_window` is true (and `sliding_window` set)."""
+    return every_layer_slides(hf) if hf.get("use_sliding_window") else no_sliding_layers(hf)
+
+
+def typed_layers_slide(hf: dict) -> tuple[bool, ...]:
+    """Qwen2, Qwen3: with `use_sliding_window`, the layers `layer_types` calls "sliding_attention" (transformers
+    writes it), else (older config.json files) the layers from `max_window_layers` (default 28) on.
+
+    >>> typed_layers_slide({"num_hidden_layers": 3, "sliding_window": 8, "use_sliding_window": True,
+    ...                     "max_window_layers": 1})
+    (False, True, True)
+    >>> typed_layers_slide({"num_hidden_layers": 2, "sliding_window": 8, "use_sliding_window": False,
+    ...                     "layer_types": ["sliding_attention", "sliding_attention"]})
+    (False, False)
+    """
+    if not (hf.get("use_sliding_window") and hf.get("sliding_window")):
+        return no_sliding_layers(hf)
+    first = hf.get("max_window_layers", 28)
+    types = hf.get("layer_types") or ["sliding_attention" if i >= first else "full_attention"
+                                      for i in range(hf.get("num_hidden_layers", 0))]
+    return tuple(t == "sliding_attention" for t in types)
+
+
 def no_attention_bias(hf: dict, source: str) -> None:
     """o_proj biases (config.json attention_bias=true) have no megatron counterpart."""
     if hf.get("attention_bias"):
@@ -69,10 +107,10 @@ class ModelSpec:
     architectures: tuple[str, ...]  # HF "architectures" entries (causal LM and sequence classification)
     weights: tuple[WeightRule, ...]  # the weight-map table
     qkv_bias: bool = False  # q/k/v projections carry a bias (Qwen2); o_proj and MLP never do
-    has_sliding_window: bool = False  # honours config.json sliding_window (Mistral): it must cover the sequence
     config_fields: Callable[[dict], dict] = no_fields
     check: Callable[[dict, str], None] = no_attention_bias
     layer_options: Callable[[dict], dict] = no_fields
+    sliding_layers: Callable[[dict], tuple[bool, ...]] = no_sliding_layers
     decode_paths: tuple[str, ...] = ("static", "eager")
 
 

@@ -66,18 +66,32 @@ def architecture_errors(hf: dict, source: str) -> list[str]:
 
 
 def sliding_window(hf: dict, spec: ModelSpec) -> int | None:
-    """The window the model attends within, or None: config.json's `sliding_window` where the family always uses
-    it (Mistral), or where `use_sliding_window` turns it on (Qwen2, Qwen3). This trainer attends over the whole
-    sequence, so a run's sequence must fit the window (`config.validate`).
+    """The window W some layers attend within (key j visible to query i iff i - W < j <= i, transformers'
+    `sliding_window_overlay`), or None where no layer slides (`ModelSpec.sliding_layers`: Mistral's every layer,
+    Qwen2/Qwen3's by use_sliding_window and layer_types / max_window_layers).
 
-    >>> from rlhf_mcore.models.spec import ModelSpec
-    >>> qwen = ModelSpec("q", ("qwen3",), (), ())
-    >>> sliding_window({"sliding_window": 8, "use_sliding_window": False}, qwen), sliding_window(
-    ...     {"sliding_window": 8, "use_sliding_window": True}, qwen)
-    (None, 8)
+    >>> from rlhf_mcore.models.spec import ModelSpec, typed_layers_slide
+    >>> qwen = ModelSpec("q", ("qwen3",), (), (), sliding_layers=typed_layers_slide)
+    >>> hf = {"num_hidden_layers": 2, "sliding_window": 8, "max_window_layers": 1}
+    >>> [sliding_window({**hf, "use_sliding_window": on}, qwen) for on in (False, True)]
+    [None, 8]
     """
-    window = hf.get("sliding_window")
-    return window if window and (spec.has_sliding_window or hf.get("use_sliding_window")) else None
+    return hf["sliding_window"] if any(spec.sliding_layers(hf)) else None
+
+
+def window_fields(hf: dict, spec: ModelSpec) -> dict:
+    """megatron's sliding-window fields: `window_size` (W - 1, 0) (flash-attention's left / right reach) and
+    `window_attn_skip_freq` the per-layer list (1 = slides); {} where no layer slides.
+
+    >>> from rlhf_mcore.models.spec import ModelSpec, every_layer_slides
+    >>> window_fields({"num_hidden_layers": 2, "sliding_window": 8}, ModelSpec("m", (), (), (),
+    ...                                                                          sliding_layers=every_layer_slides))
+    {'window_size': (7, 0), 'window_attn_skip_freq': [1, 1]}
+    """
+    window = sliding_window(hf, spec)
+    if window is None:
+        return {}
+    return {"window_size": (window - 1, 0), "window_attn_skip_freq": [int(s) for s in spec.sliding_layers(hf)]}
 
 
 def _check_supported(hf: dict, source: str) -> None:
@@ -154,4 +168,5 @@ def to_transformer_config(hf: dict, model_cfg, parallel_cfg, source: str = "conf
         deallocate_pipeline_outputs=True,
         **recompute,
         **family,
+        **window_fields(hf, spec),
     )

@@ -178,8 +178,9 @@ def attention_out_mlp(attn: torch.Tensor, residual: torch.Tensor, w: LayerWeight
 
 class DecodeAttention(NamedTuple):
     """One way to attend a decode step's queries to the cache: `mask` runs once per step, `attend` per layer.
-    mask(pos [b] long, length T, dtype) -> what attend takes, where row i's new token sits at cache slot pos[i]
-    and attends to slots <= pos[i] (its prompt from slot 0, then its response: the trainer's columns);
+    mask(pos [b] long, length T, dtype, window) -> what attend takes, where row i's new token sits at cache slot
+    pos[i] and attends to slots <= pos[i] (its prompt from slot 0, then its response: the trainer's columns), and
+    only to slots > pos[i] - window for a sliding-window layer (window None: no such bound);
     attend(q [1, b, H, D], k [b, G, T, D], v [b, G, T, D], mask, scale) -> [1, b, H * D];
     reads_to_pos: attend reads each row's slots up to its pos only. Else it reads all T slots it is given, and
     the static decoder gives it the cache cut to a length bucket (`static_decode.LENGTH_BLOCK`)."""
@@ -207,23 +208,40 @@ def decode_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bias: to
     return out.reshape(1, b, heads * d)
 
 
-def step_bias(pos: torch.Tensor, length: int, dtype: torch.dtype) -> torch.Tensor:
-    """The additive mask of a step whose row i writes cache slot pos[i]: slots <= pos[i]. -> [b, 1, 1, T]
+def window_slots(pos: torch.Tensor, length: int, window: Optional[int]) -> Optional[torch.Tensor]:
+    """[b, T] bool: the slots a sliding window of `window` lets row i's query at slot pos[i] see (> pos[i] -
+    window; the causal bound is the attention's own), None without a window.
+
+    >>> window_slots(torch.tensor([1, 3]), 4, 2).int().tolist()
+    [[1, 1, 1, 1], [0, 0, 1, 1]]
+    """
+    return None if window is None else torch.arange(length, device=pos.device) > pos[:, None] - window
+
+
+def step_bias(pos: torch.Tensor, length: int, dtype: torch.dtype, window: Optional[int] = None) -> torch.Tensor:
+    """The additive mask of a step whose row i writes cache slot pos[i]: slots <= pos[i] (and within the
+    window). -> [b, 1, 1, T]
 
     >>> step_bias(torch.tensor([0, 2]), 3, torch.float32)[:, 0, 0].tolist()
     [[0.0, -inf, -inf], [0.0, 0.0, 0.0]]
+    >>> step_bias(torch.tensor([2]), 3, torch.float32, window=2)[:, 0, 0].tolist()
+    [[-inf, 0.0, 0.0]]
     """
-    return attention_bias(torch.arange(length, device=pos.device) <= pos[:, None], dtype)
+    allowed = torch.arange(length, device=pos.device) <= pos[:, None]
+    if window is not None:
+        allowed = allowed & window_slots(pos, length, window)
+    return attention_bias(allowed, dtype)
 
 
-def kernel_mask(pos: torch.Tensor, length: int, dtype: torch.dtype) -> torch.Tensor:
-    """The kernel reads each row's position on the device and stops there."""
-    return pos
+def kernel_mask(pos: torch.Tensor, length: int, dtype: torch.dtype, window: Optional[int] = None) -> tuple:
+    """The kernel reads each row's position on the device and stops there; a window is its key_valid [b, T]."""
+    return pos, window_slots(pos, length, window)
 
 
-def kernel_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, pos, scale: float) -> torch.Tensor:
+def kernel_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: tuple, scale: float) -> torch.Tensor:
     """`kernels.decode_attention` (split-KV, stops at each row's pos) on the layout `decode_attention` takes."""
-    return kernel.triton_decode_attention(q[0], k, v, None, pos, scale).view(1, q.size(1), -1)
+    pos, key_valid = mask
+    return kernel.triton_decode_attention(q[0], k, v, key_valid, pos, scale).view(1, q.size(1), -1)
 
 
 DECODE_ATTENTION.register("sdpa")(DecodeAttention(step_bias, decode_attention, reads_to_pos=False))

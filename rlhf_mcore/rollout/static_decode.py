@@ -14,7 +14,8 @@ adapters the projections' merged weights, refreshed before each rollout: `rollou
   position `pos[i]`; the cache holds rotated keys [L, B, G, T, D], written by indexing at (row, pos[i]).
   With left padding instead, a row's positions, RoPE roundings and attention tiles would all be shifted
   from the trainer's, and its log-probs with them (0.027 mean gap on SmolLM2 / GSM8K, docs/architecture.md);
-- a decode query attends to the slots <= its row's position (a right-padded prompt's padding slots are
+- a decode query attends to the slots <= its row's position (and, in a sliding-window layer, > position - window:
+  one mask per window per step) (a right-padded prompt's padding slots are
   overwritten by response tokens before they are reached), through one of `decode_layer.DECODE_ATTENTION`
   (`attention`, from `rollout.native.decode_attention`): "triton", the split-KV kernel of
   `kernels/decode_attention.py` that reads only the slots each row has written, or "sdpa", an additive mask
@@ -44,6 +45,7 @@ from typing import Callable, Optional
 import torch
 
 from rlhf_mcore.kernels.logits import logits_fp32
+from rlhf_mcore.models.attention import active_window
 from rlhf_mcore.rollout import decode_layer as fn
 from rlhf_mcore.rollout.decode_state import DecodeState
 from rlhf_mcore.rollout.merged_weights import MergedWeights
@@ -175,6 +177,8 @@ class StaticDecoder:
         self.groups = attention.num_query_groups_per_partition
         self.head_dim = attention.hidden_size_per_attention_head
         self.scale = attention.core_attention.softmax_scale
+        self.windows = [getattr(layer.self_attention.core_attention, "window", None)  # None: full attention
+                        for layer in model.decoder.layers]
         self.state: Optional[DecodeState] = None
         self.freqs: Optional[torch.Tensor] = None
         self.graphs: dict = {}  # (bucket, sampling key) -> CUDAGraph
@@ -337,7 +341,8 @@ class StaticDecoder:
         to cache slot pos[i] (its trainer column), with that position's RoPE; attention over slots [:length]."""
         st, f = self.state, self.fns
         pos, rows = st.pos[:b], torch.arange(b, device=st.pos.device)
-        mask = self.attention.mask(pos, length, st.k.dtype)
+        windows = [active_window(w, length) for w in self.windows]  # a window covering `length` masks nothing
+        masks = {w: self.attention.mask(pos, length, st.k.dtype, w) for w in set(windows)}
         cos, sin = (t.index_select(0, pos).view(1, b, 1, -1) for t in (self.cos, self.sin))  # [1, b, 1, D]
         hidden = self.model.embedding(input_ids=st.tokens_in[:b].unsqueeze(1), position_ids=None)[0]  # [b, h]
         activation = f.activation(self.model.config)
@@ -347,7 +352,7 @@ class StaticDecoder:
             k_cache, v_cache = st.k[i, :b], st.v[i, :b]
             k_cache[rows, :, pos] = k[0]  # [b, G, D] at (row, :, pos[row])
             v_cache[rows, :, pos] = v[0]
-            attn = self.attention.attend(q, k_cache[:, :, :length], v_cache[:, :, :length], mask,
+            attn = self.attention.attend(q, k_cache[:, :, :length], v_cache[:, :, :length], masks[windows[i]],
                                          self.scale)  # [1, b, H * D]
             hidden = fn.attention_out_mlp(attn, x, w, self.eps, activation, f.attention_out, f.mlp_out)[0]
         running = ~st.done[:b]

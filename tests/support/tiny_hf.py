@@ -16,7 +16,8 @@ VOCAB = 250
 # case name -> (family, tie_word_embeddings)
 CASES = {"llama_tied": ("llama", True), "qwen2": ("qwen2", False), "mistral": ("mistral", False),
          "qwen2_tied": ("qwen2", True), "qwen3": ("qwen3", False), "llama31": ("llama", False),
-         "llama32_tied": ("llama", True), "qwen2_linear": ("qwen2", False)}
+         "llama32_tied": ("llama", True), "qwen2_linear": ("qwen2", False), "qwen3_window": ("qwen3", False),
+         "qwen2_window": ("qwen2", False), "mistral_window": ("mistral", False)}
 FAMILY_FIELDS = {"qwen3": {"head_dim": 24}}  # Qwen3: head_dim differs from hidden / heads (16)
 
 
@@ -28,7 +29,11 @@ def llama3_rope(factor: float) -> dict:
 
 
 CASE_FIELDS = {"llama31": {"rope_scaling": llama3_rope(8.0)}, "llama32_tied": {"rope_scaling": llama3_rope(32.0)},
-               "qwen2_linear": {"rope_scaling": {"rope_type": "linear", "factor": 4.0, "rope_theta": 10000.0}}}
+               "qwen2_linear": {"rope_scaling": {"rope_type": "linear", "factor": 4.0, "rope_theta": 10000.0}},
+               # sliding windows of 8 tokens: Qwen's on the layers from max_window_layers on, Mistral's on every one
+               "qwen3_window": {"use_sliding_window": True, "sliding_window": 8, "max_window_layers": 2},
+               "qwen2_window": {"use_sliding_window": True, "sliding_window": 8, "max_window_layers": 1},
+               "mistral_window": {"sliding_window": 8}}
 DIST_CASES = ("qwen2", "mistral", "llama31", "llama_tied")  # llama_tied last: tied embeddings + PP need cpu_compat
 
 

@@ -1,5 +1,5 @@
-"""Mistral: Llama's weights; config.json's sliding_window is honoured (it must cover the sequence)."""
-from rlhf_mcore.models.spec import BASE_WEIGHTS, ModelSpec
+"""Mistral: Llama's weights; every layer attends within config.json's sliding_window (when set)."""
+from rlhf_mcore.models.spec import BASE_WEIGHTS, ModelSpec, every_layer_slides
 
 SPEC = ModelSpec("mistral", ("mistral",), ("MistralForCausalLM", "MistralForSequenceClassification"), BASE_WEIGHTS,
-                 has_sliding_window=True)
+                 sliding_layers=every_layer_slides)

@@ -1,8 +1,17 @@
-"""Mixtral: Mistral's attention (no q/k norm, sliding_window honoured) with a mixture of experts in every layer
-on megatron-core's MoE layer. HF routes by softmax over all experts, top-k, then renormalises the top-k: megatron's
-default (softmax over the top-k logits, `moe_router_pre_softmax=False`). Each expert's MLP is intermediate_size
-wide (w1 gate, w3 up, w2 down). Decoded eagerly (the functional decode layer has dense MLPs only)."""
-from rlhf_mcore.models.spec import BASE_WEIGHTS, H, L, ModelSpec, WeightRule, no_attention_bias, num_experts
+"""Mixtral: Mistral's attention (no q/k norm, every layer within sliding_window when set) with a mixture of
+experts in every layer on megatron-core's MoE layer. HF routes by softmax over all experts, top-k, then renormalises
+the top-k: megatron's default (softmax over the top-k logits, `moe_router_pre_softmax=False`). Each expert's MLP is
+intermediate_size wide (w1 gate, w3 up, w2 down). Decoded eagerly (the functional decode layer has dense MLPs only)."""
+from rlhf_mcore.models.spec import (
+    BASE_WEIGHTS,
+    H,
+    L,
+    ModelSpec,
+    WeightRule,
+    every_layer_slides,
+    no_attention_bias,
+    num_experts,
+)
 
 E, X = "mlp.experts.local_experts.{e}.", "block_sparse_moe."
 EXPERTS = (
@@ -34,5 +43,5 @@ def layer_options(hf: dict) -> dict:
 
 
 SPEC = ModelSpec("mixtral", ("mixtral",), ("MixtralForCausalLM", "MixtralForSequenceClassification"),
-                 DENSE_MLP + EXPERTS, has_sliding_window=True, check=check, config_fields=config_fields,
+                 DENSE_MLP + EXPERTS, sliding_layers=every_layer_slides, check=check, config_fields=config_fields,
                  layer_options=layer_options, decode_paths=("eager",))

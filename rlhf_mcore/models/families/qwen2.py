@@ -1,5 +1,5 @@
 """Qwen2 / Qwen2.5: Llama's table plus q/k/v biases (fused like the weights); attention_bias is implied."""
-from rlhf_mcore.models.spec import BASE_WEIGHTS, H, L, ModelSpec, WeightRule
+from rlhf_mcore.models.spec import BASE_WEIGHTS, H, L, ModelSpec, WeightRule, typed_layers_slide
 
 QKV_BIAS = WeightRule(L + "self_attention.linear_qkv.bias", tuple(H + f"self_attn.{p}_proj.bias" for p in "qkv"),
                       (("q",), ("kv",), ("kv",)), "qkv")
@@ -10,4 +10,5 @@ def _no_check(hf: dict, source: str) -> None:
 
 
 SPEC = ModelSpec("qwen2", ("qwen2",), ("Qwen2ForCausalLM", "Qwen2ForSequenceClassification"),
-                 BASE_WEIGHTS + (QKV_BIAS,), qkv_bias=True, check=_no_check)
+                 BASE_WEIGHTS + (QKV_BIAS,), qkv_bias=True, check=_no_check,
+                 sliding_layers=typed_layers_slide)

@@ -3,7 +3,17 @@ MoE layer (router + SequentialMLP experts, no Transformer Engine needed). Router
 `num_experts_per_tok`; `norm_topk_prob=true` renormalises the top-k probabilities (megatron's default: softmax
 over the top-k logits), false keeps the full softmax's values (`moe_router_pre_softmax=True`). No load-balancing
 loss in the forward (RL: coefficient 0). Decoded eagerly (the functional decode layer has dense MLPs only)."""
-from rlhf_mcore.models.spec import BASE_WEIGHTS, QK_NORMS, H, L, ModelSpec, WeightRule, no_attention_bias, num_experts
+from rlhf_mcore.models.spec import (
+    BASE_WEIGHTS,
+    QK_NORMS,
+    H,
+    L,
+    ModelSpec,
+    WeightRule,
+    no_attention_bias,
+    num_experts,
+    switched_layers_slide,
+)
 
 E = "mlp.experts.local_experts.{e}."  # megatron SequentialMLP expert e; HF mlp.experts.{e}.
 EXPERTS = (
@@ -42,4 +52,5 @@ def layer_options(hf: dict) -> dict:
 
 SPEC = ModelSpec("qwen3_moe", ("qwen3_moe",), ("Qwen3MoeForCausalLM", "Qwen3MoeForSequenceClassification"),
                  DENSE_MLP + QK_NORMS + EXPERTS, check=check, config_fields=config_fields,
-                 layer_options=layer_options, decode_paths=("eager",))
+                 layer_options=layer_options, decode_paths=("eager",),
+                 sliding_layers=switched_layers_slide)

@@ -3,7 +3,7 @@
 - Conversion: `tools.convert_checkpoint hf-to-mcore` then `verify` (fp32 logits against transformers within
   1e-4), each checkpoint also verified after resharding from the 1x1 one, and `mcore-to-hf` back to the input HF
   tensors bitwise. Dense families (qwen2, mistral, tied llama) at TP2, PP2 (2 ranks) and TP2xPP2 (4 ranks);
-  Qwen3 dense at TP2 and PP2; Qwen3-MoE at EP2, TP2, PP2 (2 ranks) and TP2xEP2, PP2xEP2 (4 ranks); Mixtral at
+  Qwen3 dense at TP2 and PP2 (with and without a sliding window); Qwen3-MoE at EP2, TP2, PP2 (2 ranks) and TP2xEP2, PP2xEP2 (4 ranks); Mixtral at
   EP2, TP2 and PP2.
 - Direct loading (`model.hf_path` alone, models/hf_load.py) equals the converter then a megatron load, bitwise,
   at TP2 and PP2 (dense, a reward model included) and EP2 and TP2 (Qwen3-MoE, Mixtral).
@@ -28,7 +28,7 @@ ONE_THREAD = {"OMP_NUM_THREADS": "1"}
 DENSE = {2: ("2x1", "1x2"), 4: ("2x2",)}
 # work dir -> (ranks, layouts, cases) of convert_layouts
 CONVERT = {"moe2": (2, "1x1,1x1x2,2x1,1x2", "qwen3_moe,mixtral"), "moe4": (4, "1x1,2x1x2,1x2x2", "qwen3_moe"),
-           "qwen3": (2, "2x1,1x2", "qwen3")}
+           "qwen3": (2, "2x1,1x2", "qwen3,qwen3_window")}
 
 
 @pytest.fixture(scope="module")
@@ -41,6 +41,7 @@ def converted(tiny_work, hf_load_work, hf_load_moe_work, tmp_path_factory) -> di
     tiny_mixtral().save_pretrained(str(works["moe2"] / "hf" / "mixtral"))
     tiny_moe(True).save_pretrained(str(works["moe4"] / "hf" / "qwen3_moe"))
     save_tiny(works["qwen3"] / "hf" / "qwen3", "qwen3")
+    save_tiny(works["qwen3"] / "hf" / "qwen3_window", "qwen3_window")
     tiny_moe(False).save_pretrained(str(works["ep_logits"]))
     rows, out = {}, {}
     for nproc in (2, 4):
@@ -132,6 +133,12 @@ def test_mixtral_logits_at_ep2_and_round_trip_bitwise(converted):
 def test_qwen3_logits_match_transformers_at_tp2_and_pp2(converted):
     """tools.convert_checkpoint hf-to-mcore + verify (transformers fp32 against ours) at 2x1 and 1x2."""
     rows = rows_of(converted, 2, "qwen3")
+    assert len(rows) == 2 and all(r["passed"] and float(r["logits_max"]) <= 1e-4 for r in rows)
+
+
+def test_sliding_window_logits_match_transformers_at_tp2_and_pp2(converted):
+    """Qwen3 with a window of 8 on layers 2-3 (`use_sliding_window`, max_window_layers 2): verify's 32 tokens."""
+    rows = rows_of(converted, 2, "qwen3_window")
     assert len(rows) == 2 and all(r["passed"] and float(r["logits_max"]) <= 1e-4 for r in rows)
 
 

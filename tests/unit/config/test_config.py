@@ -121,33 +121,33 @@ def test_hf_path_without_inline_fields(tmp_path):
                     "num_key_value_heads."]
 
 
-@pytest.mark.parametrize("arch, extra, flagged", [
+@pytest.mark.parametrize("arch, extra, slides", [
     ("MistralForCausalLM", {}, True), ("Qwen2ForCausalLM", {}, False),
-    ("Qwen2ForCausalLM", {"use_sliding_window": True}, True), ("Qwen3ForCausalLM", {"use_sliding_window": True}, True),
-    ("Qwen3ForCausalLM", {"use_sliding_window": False}, False)])
-def test_sliding_window_must_cover_the_sequence(tmp_path, arch, extra, flagged):
-    """Mistral honours config.json's sliding_window; Qwen2 and Qwen3 do where use_sliding_window is true (they
-    loaded before with wrong logits: max error 1.41 at window 8, sequence 32). A window shorter than prompt +
-    response would make full attention differ from the model's."""
+    ("Qwen2ForCausalLM", {"use_sliding_window": True, "max_window_layers": 1}, True),
+    ("Qwen2ForCausalLM", {"use_sliding_window": True}, False),  # max_window_layers 28 >= 2 layers: none slides
+    ("Qwen3ForCausalLM", {"use_sliding_window": True, "layer_types": ["sliding_attention"] * 2}, True),
+    ("Qwen3ForCausalLM", {"use_sliding_window": False, "max_window_layers": 0}, False)])
+def test_sliding_window_shorter_than_the_sequence_runs_on_sdpa(tmp_path, arch, extra, slides):
+    """A window of 8 tokens under prompt + response = 64 validates (models/attention.py applies it; it was
+    refused before); a model whose layers slide runs on our SDPA attention only (te / local: one line)."""
     (tmp_path / "config.json").write_text(json.dumps({"architectures": [arch], "num_hidden_layers": 2,
-                                                      "num_attention_heads": 4, "sliding_window": 48, "hidden_size": 32,
+                                                      "num_attention_heads": 4, "sliding_window": 8, "hidden_size": 32,
                                                       "intermediate_size": 64, "vocab_size": 256, **extra}))
     blank = ["model.num_layers=null", "model.hidden_size=null", "model.ffn_hidden_size=null",
              "model.num_attention_heads=null", "model.num_query_groups=null", "model.vocab_size=null",
-             f"model.hf_path={tmp_path}", "data.max_prompt_length=16"]
+             f"model.hf_path={tmp_path}", "data.max_prompt_length=16", "rollout.max_response_length=48"]
 
-    def window_errors(response_length):
+    def backend_errors(backend):
         try:
-            load_config(TINY, blank + [f"rollout.max_response_length={response_length}"])
+            load_config(TINY, blank + [f"model.attention_backend={backend}"])
         except ConfigError as e:
-            return [err for err in e.errors if "sliding_window" in err]
+            return [err for err in e.errors if "sliding" in err]
         return []
 
-    assert window_errors(48) == ([f"{tmp_path}/config.json: sliding_window: the model attends within 48 tokens, "
-                                  "fewer than data.max_prompt_length + rollout.max_response_length = 64 (got 48); "
-                                  "this trainer has no sliding-window attention. Shorten the prompt or response "
-                                  "lengths."] if flagged else [])
-    assert window_errors(32) == []  # 16 + 32 tokens fit the window
+    assert backend_errors("sdpa") == backend_errors("auto") == []
+    assert backend_errors("te") == ([f"model.attention_backend: te is not tested with sliding windows "
+                                     f"({tmp_path}/config.json: sliding_window=8) (got te). Use "
+                                     "model.attention_backend=sdpa (or auto)."] if slides else [])
 
 
 @pytest.mark.parametrize("path", sorted(glob.glob(os.path.join(ROOT, "configs", "*.yaml"))))

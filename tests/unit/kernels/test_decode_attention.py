@@ -50,6 +50,22 @@ def test_reference_equals_the_sdpa_step():
     torch.testing.assert_close(got.reshape(1, q.size(0), -1), want, atol=1e-6, rtol=1e-5)
 
 
+def test_a_sliding_window_is_the_kernels_key_mask_and_the_sdpa_steps_bias():
+    """A sliding-window layer (window 5): the triton entry passes the window as key_valid (`kernel_mask`), the
+    sdpa entry as its additive bias; both are the reference's rows over the slots pos - 5 < t <= pos."""
+    q, k, v, _, _ = _case()
+    pos = torch.tensor([37, 4, 49])
+    got_pos, key_valid = fn.kernel_mask(pos, k.size(2), q.dtype, 5)
+    assert got_pos is pos and key_valid.sum(1).tolist() == [k.size(2) - 33, k.size(2), k.size(2) - 45]
+    want = reference_decode_attention(q, k, v, key_valid, pos, 0.25)
+    got = fn.decode_attention(q[None], k, v, fn.step_bias(pos, k.size(2), q.dtype, 5), 0.25)
+    torch.testing.assert_close(got, want.reshape(1, q.size(0), -1), atol=1e-6, rtol=1e-5)
+    for i in (0, 2):  # head 0 (key group 0) by hand: the row's last five slots only
+        p = int(pos[i])
+        w = torch.softmax(k[i, 0, p - 4:p + 1] @ q[i, 0] * 0.25, 0)
+        torch.testing.assert_close(want[i, 0], w @ v[i, 0, p - 4:p + 1], atol=1e-6, rtol=1e-5)
+
+
 def test_per_row_positions_equal_one_row_at_a_time():
     q, k, v, key_valid, _ = _case()
     pos = torch.tensor([37, 4, 49])

@@ -138,8 +138,9 @@ def test_mask_kernel_equals_attention_per_sequence():
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("window", [None, 16])
 @pytest.mark.parametrize("name", ["varlen", "flash"])
-def test_flash_kernels_match_mask_kernel_on_gpu(name):
+def test_flash_kernels_match_mask_kernel_on_gpu(name, window):
     from rlhf_mcore.models.packed import PACKED_KERNELS, choose_packed_kernel
 
     g = torch.Generator(device="cuda").manual_seed(0)
@@ -147,8 +148,9 @@ def test_flash_kernels_match_mask_kernel_on_gpu(name):
     k, v = (torch.randn(300, 2, 64, device="cuda", dtype=torch.bfloat16, generator=g) for _ in range(2))
     cu = torch.tensor([0, 100, 101, 260, 300], device="cuda", dtype=torch.int32)
     params = PackedSeqs(cu_seqlens_q=cu, max_seqlen_q=159)
-    assert choose_packed_kernel(q) in ("varlen", "flash")
-    got, ref = PACKED_KERNELS.get(name)(q, k, v, params, 0.125), sdpa_mask_attention(q, k, v, params, 0.125)
+    assert choose_packed_kernel(q, window is not None) in ("varlen", "flash")
+    got = PACKED_KERNELS.get(name)(q, k, v, params, 0.125, window)
+    ref = sdpa_mask_attention(q, k, v, params, 0.125, window)
     assert (got.float() - ref.float()).abs().max() < 2e-2
 
 
