@@ -16,7 +16,8 @@ VOCAB = 250
 # case name -> (family, tie_word_embeddings)
 CASES = {"llama_tied": ("llama", True), "qwen2": ("qwen2", False), "mistral": ("mistral", False),
          "qwen2_tied": ("qwen2", True), "qwen3": ("qwen3", False), "llama31": ("llama", False),
-         "llama32_tied": ("llama", True), "qwen2_linear": ("qwen2", False)}
+         "llama32_tied": ("llama", True), "qwen2_linear": ("qwen2", False), "llama_bias": ("llama", False),
+         "llama_gelu": ("llama", True)}
 FAMILY_FIELDS = {"qwen3": {"head_dim": 24}}  # Qwen3: head_dim differs from hidden / heads (16)
 
 
@@ -28,7 +29,9 @@ def llama3_rope(factor: float) -> dict:
 
 
 CASE_FIELDS = {"llama31": {"rope_scaling": llama3_rope(8.0)}, "llama32_tied": {"rope_scaling": llama3_rope(32.0)},
-               "qwen2_linear": {"rope_scaling": {"rope_type": "linear", "factor": 4.0, "rope_theta": 10000.0}}}
+               "qwen2_linear": {"rope_scaling": {"rope_type": "linear", "factor": 4.0, "rope_theta": 10000.0}},
+               "llama_bias": {"attention_bias": True, "mlp_bias": True},  # a bias on every linear (add_bias_linear)
+               "llama_gelu": {"hidden_act": "gelu_pytorch_tanh"}}  # GeGLU
 DIST_CASES = ("qwen2", "mistral", "llama31", "llama_tied")  # llama_tied last: tied embeddings + PP need cpu_compat
 
 
