@@ -32,7 +32,8 @@ CASE_FIELDS = {"llama31": {"rope_scaling": llama3_rope(8.0)}, "llama32_tied": {"
                "qwen2_linear": {"rope_scaling": {"rope_type": "linear", "factor": 4.0, "rope_theta": 10000.0}},
                "llama_bias": {"attention_bias": True, "mlp_bias": True},  # a bias on every linear (add_bias_linear)
                "llama_gelu": {"hidden_act": "gelu_pytorch_tanh"}}  # GeGLU
-DIST_CASES = ("qwen2", "mistral", "llama31", "llama_tied")  # llama_tied last: tied embeddings + PP need cpu_compat
+# llama_bias: the TP split of every linear's bias; llama_tied last: tied embeddings + PP need cpu_compat
+DIST_CASES = ("qwen2", "mistral", "llama31", "llama_bias", "llama_tied")
 
 
 def case_model(case: str, **kw):
