@@ -65,8 +65,7 @@ def sliding_window(hf: dict, spec: ModelSpec) -> int | None:
     it (Mistral), or where `use_sliding_window` turns it on (Qwen2, Qwen3). This trainer attends over the whole
     sequence, so a run's sequence must fit the window (`config.validate`).
 
-    >>> from rlhf_mcore.models.activations import activation_error, activation_for
-from rlhf_mcore.models.spec import ModelSpec
+    >>> from rlhf_mcore.models.spec import ModelSpec
     >>> qwen = ModelSpec("q", ("qwen3",), (), ())
     >>> sliding_window({"sliding_window": 8, "use_sliding_window": False}, qwen), sliding_window(
     ...     {"sliding_window": 8, "use_sliding_window": True}, qwen)
