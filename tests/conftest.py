@@ -56,7 +56,8 @@ def smollm2_dir():
     return ensure_smollm2()
 
 
-HF_LOAD_CASES = ("qwen2", "llama_tied", "qwen3", "qwen2_rm")  # qwen2_rm: a *ForSequenceClassification reward model
+# qwen2_rm: a *ForSequenceClassification reward model; llama_bias: every linear's bias read as TP slices
+HF_LOAD_CASES = ("qwen2", "llama_tied", "qwen3", "qwen2_rm", "llama_bias")
 
 
 @pytest.fixture(scope="session")

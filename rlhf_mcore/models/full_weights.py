@@ -35,7 +35,7 @@ import torch.distributed as dist
 _LAYER_KEY = re.compile(r"^decoder\.layers\.(\d+)\.")
 _EXPERTS = "mlp.experts.local_experts."
 _EXPERT_KEY = re.compile(r"^mlp\.experts\.local_experts\.(\d+)\.")
-GATE_UP = "mlp.linear_fc1.weight"  # SwiGLU: each TP rank holds [gate_r; up_r]
+GATE_UP = ("mlp.linear_fc1.weight", "mlp.linear_fc1.bias")  # gated MLP: each TP rank holds [gate_r; up_r]
 
 
 def unwrap_model(model):

@@ -9,6 +9,7 @@ A spec carries everything that differs between families:
 - `layer_options(hf)`: keyword arguments of the layer-spec builder (`models.layer_specs`);
 - `sliding_layers(hf)`: which layers attend within config.json's `sliding_window` (one bool per layer);
 - `weights`: the HF <-> megatron weight-map table (`WeightRule` rows, "{i}" the layer index);
+- `optional_weights(hf)`: rows only some config.json values have (Llama's linear biases);
 - `decode_paths`: the native rollout's decode paths that run it ("static": the functional / graphed
   decoder of `rollout.static_decode`; "eager": megatron's modules).
 """
@@ -93,11 +94,17 @@ def typed_layers_slide(hf: dict) -> tuple[bool, ...]:
     return tuple(t == "sliding_attention" for t in types)
 
 
+def no_weights(hf: dict) -> tuple:
+    return ()
+
+
 def no_attention_bias(hf: dict, source: str) -> None:
-    """o_proj biases (config.json attention_bias=true) have no megatron counterpart."""
-    if hf.get("attention_bias"):
-        raise ValueError(f"{source}: config field 'attention_bias'=true is not supported for "
-                         f"{hf.get('model_type', 'this family')} (o_proj biases have no megatron counterpart).")
+    """o_proj and MLP biases (config.json attention_bias / mlp_bias) this family's converter does not map."""
+    for field, what in (("attention_bias", "o_proj biases"), ("mlp_bias", "MLP biases")):
+        if hf.get(field):
+            raise ValueError(f"{source}: config field '{field}'=true is not supported for "
+                             f"{hf.get('model_type', 'this family')} ({what} are mapped for Llama only). Use a "
+                             "model without them.")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -111,6 +118,13 @@ class ModelSpec:
     check: Callable[[dict, str], None] = no_attention_bias
     layer_options: Callable[[dict], dict] = no_fields
     sliding_layers: Callable[[dict], tuple[bool, ...]] = no_sliding_layers
+
+
+    qkv_bias: bool = False  # q/k/v projections always carry a bias (Qwen2); Llama's optional ones: optional_weights
+    config_fields: Callable[[dict], dict] = no_fields
+    check: Callable[[dict, str], None] = no_attention_bias
+    layer_options: Callable[[dict], dict] = no_fields
+    optional_weights: Callable[[dict], tuple[WeightRule, ...]] = no_weights
     decode_paths: tuple[str, ...] = ("static", "eager")
 
 
@@ -132,4 +146,15 @@ BASE_WEIGHTS = (
 QK_NORMS = (
     WeightRule(L + "self_attention.q_layernorm.weight", (H + "self_attn.q_norm.weight",), (("d",),)),
     WeightRule(L + "self_attention.k_layernorm.weight", (H + "self_attn.k_norm.weight",), (("d",),)),
+)
+# Biases: q/k/v fused like their weights (Qwen2 always; Llama with attention_bias), and the rest of Llama's
+# attention_bias + mlp_bias (megatron add_bias_linear): o_proj, [gate; up] fused like fc1's weight, down.
+QKV_BIAS = WeightRule(L + "self_attention.linear_qkv.bias", tuple(H + f"self_attn.{p}_proj.bias" for p in "qkv"),
+                      (("q",), ("kv",), ("kv",)), "qkv")
+LINEAR_BIASES = (
+    QKV_BIAS,
+    WeightRule(L + "self_attention.linear_proj.bias", (H + "self_attn.o_proj.bias",), (("h",),)),
+    WeightRule(L + "mlp.linear_fc1.bias", (H + "mlp.gate_proj.bias", H + "mlp.up_proj.bias"),
+               (("ffn",), ("ffn",)), "gate_up"),
+    WeightRule(L + "mlp.linear_fc2.bias", (H + "mlp.down_proj.bias",), (("h",),)),
 )

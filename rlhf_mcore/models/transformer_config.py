@@ -10,8 +10,8 @@ import math
 import os
 
 import torch
-import torch.nn.functional as F
 
+from rlhf_mcore.models.activations import activation_error, activation_for
 from rlhf_mcore.models.spec import ModelSpec
 
 
@@ -48,12 +48,7 @@ def architecture_errors(hf: dict, source: str) -> list[str]:
         spec = spec_for_hf_config(hf, source)
     except ValueError as e:
         return [str(e)]
-    errs = []
-    if hf.get("hidden_act", "silu") != "silu":
-        errs.append(f"{source}: hidden_act {hf['hidden_act']!r} is not supported (field hidden_act). Only 'silu' "
-                    "(SwiGLU) is: use a model with a SwiGLU MLP.")
-    if hf.get("mlp_bias"):
-        errs.append(f"{source}: mlp_bias=true is not supported (field mlp_bias). Use a model without MLP biases.")
+    errs = [e for e in (activation_error(hf, source),) if e]
     for check in (lambda: spec.check(hf, source), lambda: rope_theta(hf, source)):
         try:
             check()
@@ -124,7 +119,8 @@ def to_transformer_config(hf: dict, model_cfg, parallel_cfg, source: str = "conf
                                           recompute_num_layers=1),
                  "selective": dict(recompute_granularity="selective")}[model_cfg.recompute]
     on_gpu = torch.cuda.is_available()
-    family = spec.config_fields(hf)  # what differs per family (models/families/)
+    family = {"add_bias_linear": False, **spec.config_fields(hf)}  # what differs per family (models/families/)
+    activation = activation_for(hf)
     if family.get("num_moe_experts"):  # the load-balancing and z losses are the run's choice (default off)
         aux, z = getattr(model_cfg, "moe_aux_loss_coeff", 0.0), getattr(model_cfg, "moe_z_loss_coeff", 0.0)
         family.update(moe_aux_loss_coeff=aux, moe_router_load_balancing_type="aux_loss" if aux > 0 else "none",
@@ -140,8 +136,7 @@ def to_transformer_config(hf: dict, model_cfg, parallel_cfg, source: str = "conf
         normalization="RMSNorm",
         layernorm_epsilon=float(hf.get("rms_norm_eps", 1e-6)),
         gated_linear_unit=True,
-        activation_func=F.silu,
-        add_bias_linear=False,
+        activation_func=activation.fn,  # gated: SwiGLU, GeGLU, ... (models.activations)
         add_qkv_bias=spec.qkv_bias,
         hidden_dropout=0.0,
         attention_dropout=0.0,
@@ -160,7 +155,7 @@ def to_transformer_config(hf: dict, model_cfg, parallel_cfg, source: str = "conf
         variable_seq_lengths=True,  # micro-batches are padded to their own longest sequence
         moe_token_dispatcher_type="alltoall",  # required by variable_seq_lengths even for dense models
         calculate_per_token_loss=True,  # losses return (sum, count); megatron divides by the global count
-        bias_activation_fusion=on_gpu,  # megatron's torch.compile'd SwiGLU fwd / bwd (no compiler on CPU CI)
+        bias_activation_fusion=on_gpu and activation.fusable,  # megatron's compiled SwiGLU (no compiler on CPU)
         bias_dropout_fusion=False,
         masked_softmax_fusion=False,
         apply_rope_fusion=False,

@@ -22,6 +22,7 @@ from typing import Iterator, Mapping
 
 import torch
 
+from rlhf_mcore.models.activations import activation_error
 from rlhf_mcore.models.registry import ModelSpec, spec_for_hf_config
 from rlhf_mcore.models.roles import ROLES, role_spec  # noqa: F401  (ROLES: the names, for callers)
 from rlhf_mcore.models.spec import WeightRule, join_fused, num_experts  # noqa: F401  (join_fused: callers)
@@ -33,9 +34,9 @@ SCORE_HEAD = WeightRule("output_layer.weight", ("score.weight",), (("one", "h"),
 IGNORED_HF_SUFFIXES = ("rotary_emb.inv_freq",)  # buffers some older checkpoints saved
 
 
-def weight_table(spec: ModelSpec) -> tuple[WeightRule, ...]:
-    """The family's table (its `ModelSpec.weights`)."""
-    return spec.weights
+def weight_table(spec: ModelSpec, hf_config: dict) -> tuple[WeightRule, ...]:
+    """The family's table (its `ModelSpec.weights`) and the rows this config.json adds (`optional_weights`)."""
+    return spec.weights + spec.optional_weights(hf_config)
 
 
 def default_role(hf_config: dict) -> str:
@@ -50,10 +51,8 @@ def model_dims(hf_config: dict, source: str) -> dict[str, int]:
         if not isinstance(hf_config.get(key), int) or hf_config[key] <= 0:
             raise ValueError(f"{source}: config field '{key}' is missing or not a positive int "
                              f"(got {hf_config.get(key)!r}).")
-    for key, bad in (("hidden_act", lambda v: v not in (None, "silu")), ("mlp_bias", bool)):
-        if bad(hf_config.get(key)):
-            raise ValueError(f"{source}: config field '{key}'={hf_config[key]!r} is not supported "
-                             "(only SwiGLU MLPs without biases convert).")
+    if activation_error(hf_config, source):  # the weights convert, but no model could run them
+        raise ValueError(activation_error(hf_config, source))
     heads = hf_config["num_attention_heads"]
     groups = hf_config.get("num_key_value_heads") or heads
     if heads % groups:
@@ -72,7 +71,7 @@ def rules_for(hf_config: dict, role: str, source: str) -> list[WeightRule]:
     spec = spec_for_hf_config(hf_config, source)
     spec.check(hf_config, source)
     rules = []
-    for rule in weight_table(spec):
+    for rule in weight_table(spec, hf_config):
         indices = range(hf_config["num_hidden_layers"]) if "{i}" in rule.mcore else [None]
         experts = range(num_experts(hf_config)) if "{e}" in rule.mcore else [None]  # MoE: one row per expert
         for i in indices:

@@ -3,7 +3,8 @@ plan's exact terms; `rlhf_mcore.plan`).
 
 A GPT layer holds its norms whole on every TP rank (input and pre-MLP RMSNorm, Qwen3's per-head q/k norms), and
 splits its projections over TP: q/k/v (and their biases) by heads, the output projection by its input, the MLP's
-gate/up by rows and its down projection by its input. An MoE layer holds its router whole and `experts / ep`
+gate/up (and their biases) by rows and its down projection by its input; the output and down projections' biases
+(Llama's attention_bias + mlp_bias) are whole on every TP rank. An MoE layer holds its router whole and `experts / ep`
 whole experts (each gate/up/down, `parallel.etp` = 1). Layers split evenly over PP stages. The first stage
 holds the embedding ([padded vocab / tp, h]); the last holds the final norm and the head: the LM head
 ([padded vocab / tp, h]) unless tied on a single stage (megatron keeps a copy on the last stage when tied across
@@ -29,6 +30,7 @@ class Shape:
     head_dim: int
     vocab: int
     qkv_bias: bool = False
+    linear_bias: bool = False  # a bias on every linear (megatron add_bias_linear)
     qk_norm: bool = False
     experts: int = 0
     moe_ffn: int = 0
@@ -45,7 +47,8 @@ class Shape:
         return cls(layers=hf["num_hidden_layers"], hidden=hf["hidden_size"], ffn=hf["intermediate_size"], heads=heads,
                    groups=hf.get("num_key_value_heads") or heads,
                    head_dim=hf.get("head_dim") or hf["hidden_size"] // heads,
-                   vocab=hf["vocab_size"], qkv_bias=spec.qkv_bias, qk_norm=bool(fields.get("qk_layernorm")),
+                   vocab=hf["vocab_size"], qkv_bias=spec.qkv_bias or bool(fields.get("add_bias_linear")),
+                   linear_bias=bool(fields.get("add_bias_linear")), qk_norm=bool(fields.get("qk_layernorm")),
                    experts=experts, moe_ffn=fields.get("moe_ffn_hidden_size") or 0,
                    tied=bool(hf.get("tie_word_embeddings", False)))
 
@@ -67,6 +70,9 @@ def layer_params(s: Shape, tp: int, ep: int) -> int:
         mlp = s.experts * s.hidden + (s.experts // ep) * 3 * s.moe_ffn * s.hidden
     else:
         mlp = 3 * s.ffn * s.hidden // tp
+    if s.linear_bias:  # output and down projections: whole; gate/up: by rows (q/k/v: qkv_bias above)
+        attention += s.hidden
+        mlp += 2 * s.ffn // tp + s.hidden
     return norms + attention + mlp
 
 

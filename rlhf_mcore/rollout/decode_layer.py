@@ -7,17 +7,20 @@ dtype, reads a cos / sin table built once per cache. Eagerly the results equal m
 compiled, the elementwise work around the four GEMMs fuses into a handful of kernels.
 
 The layer is split at the KV cache: `attention_in` (norm, QKV projection, RoPE) and `attention_out_mlp`
-(output projection, residual, norm, SwiGLU MLP, residual) are pure; the cache write and the attention run
+(output projection, residual, norm, gated MLP, residual) are pure; the cache write and the attention run
 between them, eagerly, so a compiled region never mutates its inputs.
 
 What the static decoder compiles are the pieces between the norms: `qkv_rope`, `attention_out`, `mlp_out`,
 elementwise work around a GEMM that inductor (with `emulate_precision_casts`) rounds as eager does. The
-norms stay eager kernels (a compiled reduction sums in another order) and the SwiGLU is the trainer's own
-function (`mlp_activation`: megatron's fused kernel when `bias_activation_fusion` is on, which rounds once),
-so that the rollout computes what the trainer computes.
+norms stay eager kernels (a compiled reduction sums in another order) and the gated activation is the trainer's
+own function (`mlp_activation`: megatron's fused SwiGLU kernel when `bias_activation_fusion` is on, which rounds
+once; else `config.activation_func`, SwiGLU or GeGLU), so that the rollout computes what the trainer computes.
+Linear biases (Qwen2's q/k/v; Llama's attention_bias + mlp_bias: every linear) are added where megatron adds
+them: q/k/v inside the projection, fc1's in the activation, the output and down projections' before the residual.
 """
 from __future__ import annotations
 
+import functools
 from typing import Callable, NamedTuple, Optional
 
 import torch
@@ -39,6 +42,9 @@ class LayerWeights(NamedTuple):
     fc2: torch.Tensor  # mlp.linear_fc2.weight [h, ffn]
     q_norm: Optional[torch.Tensor] = None  # self_attention.q_layernorm.weight [D] (Qwen3) or None
     k_norm: Optional[torch.Tensor] = None  # self_attention.k_layernorm.weight [D] (Qwen3) or None
+    proj_bias: Optional[torch.Tensor] = None  # self_attention.linear_proj.bias [h] (add_bias_linear) or None
+    fc1_bias: Optional[torch.Tensor] = None  # mlp.linear_fc1.bias [2 * ffn] or None
+    fc2_bias: Optional[torch.Tensor] = None  # mlp.linear_fc2.bias [h] or None
 
 
 def raw_weight(linear) -> torch.Tensor:
@@ -50,9 +56,11 @@ def layer_weights(layer, weight: Callable = raw_weight) -> LayerWeights:
     ones, `rollout.merged_weights`)."""
     attention = layer.self_attention
     q_norm, k_norm = (getattr(getattr(attention, n, None), "weight", None) for n in ("q_layernorm", "k_layernorm"))
+    mlp = layer.mlp
     return LayerWeights(layer.input_layernorm.weight, weight(attention.linear_qkv), attention.linear_qkv.bias,
-                        weight(attention.linear_proj), layer.pre_mlp_layernorm.weight, weight(layer.mlp.linear_fc1),
-                        weight(layer.mlp.linear_fc2), q_norm, k_norm)
+                        weight(attention.linear_proj), layer.pre_mlp_layernorm.weight, weight(mlp.linear_fc1),
+                        weight(mlp.linear_fc2), q_norm, k_norm, attention.linear_proj.bias, mlp.linear_fc1.bias,
+                        mlp.linear_fc2.bias)
 
 
 def functional_blockers(model) -> list[str]:
@@ -63,9 +71,9 @@ def functional_blockers(model) -> list[str]:
         "rotary_interleaved": c.rotary_interleaved,
         "rotary_percent < 1": getattr(model, "rotary_percent", 1.0) != 1.0,
         "multi_latent_attention": c.multi_latent_attention,
-        "MLP is not SwiGLU": not c.gated_linear_unit or c.activation_func is not F.silu,
+        "MLP is not gated": not c.gated_linear_unit,
+        "fused activation other than SwiGLU": fused_activation(c) and c.activation_func is not F.silu,
         "glu_linear_offset / activation clamp": c.glu_linear_offset != 0.0 or c.activation_func_clamp_value is not None,
-        "add_bias_linear": c.add_bias_linear,
         "fp32_residual_connection": c.fp32_residual_connection,
         "normalization is not RMSNorm": c.normalization != "RMSNorm",
     }
@@ -131,49 +139,80 @@ def attention_in(hidden: torch.Tensor, w: LayerWeights, cos: torch.Tensor, sin_s
     return apply_rope(q, cos, sin_signed), apply_rope(k, cos, sin_signed), v
 
 
+def add_bias(y: torch.Tensor, bias: Optional[torch.Tensor]) -> torch.Tensor:
+    return y if bias is None else y + bias
+
+
 def attention_out(attn: torch.Tensor, residual: torch.Tensor, w: LayerWeights) -> torch.Tensor:
-    """attn [s, b, H * D] (core attention output), residual [s, b, h] -> residual + `linear_proj`(attn)."""
-    return residual + torch.matmul(attn, w.proj.t())
+    """attn [s, b, H * D] (core attention output), residual [s, b, h] -> residual + (`linear_proj`(attn) + bias):
+    megatron's bias-dropout-add in eval."""
+    return residual + add_bias(torch.matmul(attn, w.proj.t()), w.proj_bias)
 
 
 def mlp_in(normed: torch.Tensor, w: LayerWeights) -> torch.Tensor:
-    """normed [s, b, h] (the pre-MLP norm's output) -> `linear_fc1` [s, b, 2 * ffn] (gate, then up)."""
+    """normed [s, b, h] (the pre-MLP norm's output) -> `linear_fc1` [s, b, 2 * ffn] (gate, then up), before its
+    bias (megatron's fc1 skips the bias add: the activation takes it)."""
     return torch.matmul(normed, w.fc1.t())
 
 
 def mlp_out(act: torch.Tensor, hidden: torch.Tensor, w: LayerWeights) -> torch.Tensor:
-    """act [s, b, ffn] (the SwiGLU's output), hidden [s, b, h] -> hidden + `linear_fc2`(act)."""
-    return hidden + torch.matmul(act, w.fc2.t())
+    """act [s, b, ffn] (the gated activation's output), hidden [s, b, h] -> hidden + (`linear_fc2`(act) + bias)."""
+    return hidden + add_bias(torch.matmul(act, w.fc2.t()), w.fc2_bias)
+
+
+def glu(y: torch.Tensor, act: Callable = F.silu) -> torch.Tensor:
+    """megatron's unfused gated MLP activation (`mlp.py`'s glu): act(gate) * up, each op rounded to y's dtype."""
+    gate, up = torch.chunk(y, 2, dim=-1)
+    return act(gate) * up
 
 
 def glu_silu(y: torch.Tensor) -> torch.Tensor:
-    """megatron's unfused gated MLP activation (`mlp.py`'s glu): silu(gate) * up, each op rounded to y's dtype."""
-    gate, up = torch.chunk(y, 2, dim=-1)
-    return F.silu(gate) * up
+    """`glu` with silu (SwiGLU): the piece the static decoder compiles."""
+    return glu(y)
 
 
-def fused_swiglu(y: torch.Tensor) -> torch.Tensor:
-    """megatron's fused SwiGLU (`bias_activation_fusion`): `fused_bias_swiglu.swiglu` on the [tokens, 2 * ffn]
-    view `bias_swiglu_impl` passes it, a torch.compile'd kernel that rounds silu(gate) * up once."""
+def unfused_activation(glu_fn: Callable, y: torch.Tensor, bias: Optional[torch.Tensor]) -> torch.Tensor:
+    """megatron's unfused MLP activation: fc1's bias added, then the gated activation `glu_fn`."""
+    return glu_fn(add_bias(y, bias))
+
+
+unfused_swiglu = functools.partial(unfused_activation, glu_silu)
+
+
+def fused_swiglu(y: torch.Tensor, bias: Optional[torch.Tensor] = None) -> torch.Tensor:
+    """megatron's fused SwiGLU (`bias_activation_fusion`): without a bias `fused_bias_swiglu.swiglu` on the
+    [tokens, 2 * ffn] view `bias_swiglu_impl` passes it, a torch.compile'd kernel that rounds silu(gate) * up once;
+    with one, `bias_swiglu_impl` itself (the bias added inside the kernel)."""
     from megatron.core.fusions import fused_bias_swiglu
 
+    if bias is not None:
+        return fused_bias_swiglu.bias_swiglu_impl(y, bias)
     return fused_bias_swiglu.swiglu(y.view(-1, y.size(-1))).view(*y.shape[:-1], -1)
 
 
-def mlp_activation(config) -> Callable:
-    """The activation megatron's MLP runs for this config (the trainer's forward): fused or not."""
-    fused = config.bias_activation_fusion and not getattr(config, "use_te_activation_func", False)
-    return fused_swiglu if fused else glu_silu
+def fused_activation(config) -> bool:
+    return bool(config.bias_activation_fusion) and not getattr(config, "use_te_activation_func", False)
+
+
+def mlp_activation(config, swiglu: Callable = glu_silu) -> Callable:
+    """The activation megatron's MLP runs for this config (the trainer's forward), as f(fc1 output, fc1 bias):
+    the fused SwiGLU kernel, or the unfused glu of `config.activation_func` (`swiglu`: the static decoder's
+    compiled SwiGLU piece)."""
+    if fused_activation(config):
+        return fused_swiglu
+    act = config.activation_func
+    return functools.partial(unfused_activation, swiglu if act is F.silu else functools.partial(glu, act=act))
 
 
 def attention_out_mlp(attn: torch.Tensor, residual: torch.Tensor, w: LayerWeights, eps: Optional[float],
-                      activation: Callable = glu_silu, out: Callable = attention_out,
+                      activation: Callable = unfused_swiglu, out: Callable = attention_out,
                       mlp: Callable = mlp_out) -> torch.Tensor:
     """attn [s, b, H * D] (core attention output), residual [s, b, h] -> the layer's output [s, b, h]:
-    `linear_proj`, residual add, pre-MLP norm, SwiGLU MLP (`activation`, see `mlp_activation`), residual add.
-    The norm runs eagerly; `out` / `mlp`: the static decoder passes its compiled `attention_out` / `mlp_out`."""
+    `linear_proj`, residual add, pre-MLP norm, gated MLP (`activation(fc1 output, fc1 bias)`, see
+    `mlp_activation`), residual add. The norm runs eagerly; `out` / `mlp`: the static decoder passes its compiled
+    `attention_out` / `mlp_out`."""
     hidden = out(attn, residual, w)
-    return mlp(activation(mlp_in(rms_norm(hidden, w.norm2, eps), w)), hidden, w)
+    return mlp(activation(mlp_in(rms_norm(hidden, w.norm2, eps), w), w.fc1_bias), hidden, w)
 
 
 class DecodeAttention(NamedTuple):

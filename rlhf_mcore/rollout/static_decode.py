@@ -153,9 +153,9 @@ class DecodeFns:
         return cls(*pieces, backend=backend)
 
     def activation(self, config) -> Callable:
-        """The trainer's SwiGLU (`decode_layer.mlp_activation`): its fused kernel as is, else our glu piece."""
-        act = fn.mlp_activation(config)
-        return self.glu if act is fn.glu_silu else act
+        """The trainer's MLP activation (`decode_layer.mlp_activation`): its fused kernel as is, else the unfused
+        glu (SwiGLU: our glu piece, compiled with the others)."""
+        return fn.mlp_activation(config, self.glu)
 
 
 class StaticDecoder:

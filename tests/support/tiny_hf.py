@@ -17,7 +17,8 @@ VOCAB = 250
 CASES = {"llama_tied": ("llama", True), "qwen2": ("qwen2", False), "mistral": ("mistral", False),
          "qwen2_tied": ("qwen2", True), "qwen3": ("qwen3", False), "llama31": ("llama", False),
          "llama32_tied": ("llama", True), "qwen2_linear": ("qwen2", False), "qwen3_window": ("qwen3", False),
-         "qwen2_window": ("qwen2", False), "mistral_window": ("mistral", False)}
+         "qwen2_window": ("qwen2", False), "mistral_window": ("mistral", False), "llama_bias": ("llama", False),
+         "llama_gelu": ("llama", True)}
 FAMILY_FIELDS = {"qwen3": {"head_dim": 24}}  # Qwen3: head_dim differs from hidden / heads (16)
 
 
@@ -33,8 +34,11 @@ CASE_FIELDS = {"llama31": {"rope_scaling": llama3_rope(8.0)}, "llama32_tied": {"
                # sliding windows of 8 tokens: Qwen's on the layers from max_window_layers on, Mistral's on every one
                "qwen3_window": {"use_sliding_window": True, "sliding_window": 8, "max_window_layers": 2},
                "qwen2_window": {"use_sliding_window": True, "sliding_window": 8, "max_window_layers": 1},
-               "mistral_window": {"sliding_window": 8}}
-DIST_CASES = ("qwen2", "mistral", "llama31", "llama_tied")  # llama_tied last: tied embeddings + PP need cpu_compat
+               "mistral_window": {"sliding_window": 8},
+               "llama_bias": {"attention_bias": True, "mlp_bias": True},  # a bias on every linear (add_bias_linear)
+               "llama_gelu": {"hidden_act": "gelu_pytorch_tanh"}}  # GeGLU
+# llama_bias: the TP split of every linear's bias; llama_tied last: tied embeddings + PP need cpu_compat
+DIST_CASES = ("qwen2", "mistral", "llama31", "llama_bias", "llama_tied")
 
 
 def case_model(case: str, **kw):

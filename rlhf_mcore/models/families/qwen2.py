@@ -1,8 +1,5 @@
 """Qwen2 / Qwen2.5: Llama's table plus q/k/v biases (fused like the weights); attention_bias is implied."""
-from rlhf_mcore.models.spec import BASE_WEIGHTS, H, L, ModelSpec, WeightRule, typed_layers_slide
-
-QKV_BIAS = WeightRule(L + "self_attention.linear_qkv.bias", tuple(H + f"self_attn.{p}_proj.bias" for p in "qkv"),
-                      (("q",), ("kv",), ("kv",)), "qkv")
+from rlhf_mcore.models.spec import BASE_WEIGHTS, QKV_BIAS, ModelSpec, typed_layers_slide
 
 
 def _no_check(hf: dict, source: str) -> None:

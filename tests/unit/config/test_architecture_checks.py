@@ -18,16 +18,20 @@ BLANK = ["model.num_layers=null", "model.hidden_size=null", "model.ffn_hidden_si
 
 # (case of tests/support/tiny_hf.py, config.json changes, the start of each expected line after the source)
 REFUSALS = {
-    "gelu": ("llama_tied", {"hidden_act": "gelu"}, ["hidden_act 'gelu' is not supported (field hidden_act)"]),
-    "mlp_bias": ("llama_tied", {"mlp_bias": True}, ["mlp_bias=true is not supported (field mlp_bias)"]),
-    "o_proj_bias": ("llama_tied", {"attention_bias": True}, ["config field 'attention_bias'=true is not supported"]),
+    "activation": ("llama_tied", {"hidden_act": "xielu"}, ["hidden_act 'xielu' is not supported (field hidden_act)"]),
+    "mlp_bias_alone": ("llama_tied", {"mlp_bias": True},
+                       ["config field 'mlp_bias'=true with 'attention_bias'=false is not supported"]),
+    "o_proj_bias_alone": ("llama_tied", {"attention_bias": True},
+                          ["config field 'attention_bias'=true with 'mlp_bias'=false is not supported"]),
+    "qwen3_o_proj_bias": ("qwen3", {"attention_bias": True},
+                          ["config field 'attention_bias'=true is not supported for qwen3"]),
     "rope_scaling": ("qwen2", {"rope_scaling": {"rope_type": "yarn", "factor": 4.0}},
                      ["rope scaling type 'yarn' is not supported (field rope_scaling)"]),
     "missing_field": ("qwen3", {"intermediate_size": None}, ["missing required field 'intermediate_size'"]),
     "architecture": ("llama_tied", {"architectures": ["GPT2LMHeadModel"], "model_type": "gpt2"},
                      ["unsupported architecture (architectures=['GPT2LMHeadModel'], model_type='gpt2')"]),
-    "two_at_once": ("mistral", {"hidden_act": "relu", "mlp_bias": True},
-                    ["hidden_act 'relu' is not supported", "mlp_bias=true is not supported"]),
+    "two_at_once": ("mistral", {"hidden_act": "relu6", "mlp_bias": True},
+                    ["hidden_act 'relu6' is not supported", "config field 'mlp_bias'=true is not supported"]),
 }
 
 
@@ -49,5 +53,6 @@ def test_validation_refuses_what_the_builder_refuses(name, tmp_path, capsys):
     assert str(built.value).splitlines() == lines  # the builder's refusal is what validation printed
 
 
-def test_a_supported_model_validates(tmp_path, capsys):
-    assert validate_only_errors(capsys, TINY, *BLANK, f"model.hf_path={save_tiny(tmp_path / 'hf', 'qwen3')}") == []
+@pytest.mark.parametrize("case", ["qwen3", "llama_bias", "llama_gelu"])
+def test_a_supported_model_validates(case, tmp_path, capsys):
+    assert validate_only_errors(capsys, TINY, *BLANK, f"model.hf_path={save_tiny(tmp_path / 'hf', case)}") == []

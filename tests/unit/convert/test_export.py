@@ -63,3 +63,34 @@ def test_the_export_keeps_the_stop_set_when_the_tokenizer_is_elsewhere(tmp_path)
         tok / "tokenizer.json").read_bytes()
     loaded = GenerationConfig.from_pretrained(out)
     assert loaded.eos_token_id == [2, 7] and loaded.temperature == 0.6
+
+
+def test_export_of_a_biased_gelu_llama_gives_back_its_hf_weights(mcore_ctx, tmp_path):
+    """A Llama with a bias on every linear (attention_bias + mlp_bias) and a GeGLU MLP (gelu_new), loaded from HF,
+    checkpointed and exported: its HF tensors bitwise, the config fields kept, and transformers' logits."""
+    from transformers import AutoModelForCausalLM
+
+    from rlhf_mcore.models.build import build_model
+    from rlhf_mcore.models.hf_load import load_hf_weights
+    from rlhf_mcore.trainer.optim import build_train_state
+    from tests.support.tiny_hf import load_tensors, tiny_model
+
+    hf_model = tiny_model("llama", False, attention_bias=True, mlp_bias=True, hidden_act="gelu_new")
+    hf_dir = tmp_path / "hf"
+    hf_model.save_pretrained(str(hf_dir))
+    cfg = tiny_model_config(hf_path=str(hf_dir))
+    hf_cfg = load_hf_config(cfg.model)
+    model = build_model("actor", hf_cfg, cfg.model, cfg.parallel, mcore_ctx)
+    load_hf_weights(model, str(hf_dir), hf_cfg, 0, 1)
+    state = build_train_state(model, cfg.actor.optim, cfg.parallel)
+    path = save_checkpoint(tmp_path / "run", 1, {"actor": state}, {}, mcore_ctx)
+    out = Path(export_actor_to_hf(SimpleNamespace(cfg=cfg, run_dir=str(tmp_path / "run")), path))
+    want, got = load_tensors(hf_dir), load_file(out / "model.safetensors")
+    assert "model.layers.1.mlp.gate_proj.bias" in got and "model.layers.1.self_attn.o_proj.bias" in got
+    assert got.keys() == want.keys() and all(torch.equal(got[k], want[k]) for k in want)
+    config = json.loads((out / "config.json").read_text())
+    assert (config["hidden_act"], config["attention_bias"], config["mlp_bias"]) == ("gelu_new", True, True)
+    tokens = torch.randint(0, 250, (2, 9), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        exported = AutoModelForCausalLM.from_pretrained(str(out), torch_dtype=torch.float32).eval()
+        assert torch.equal(exported(tokens).logits, hf_model(tokens).logits)

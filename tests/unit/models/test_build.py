@@ -24,8 +24,8 @@ def test_registry_finds_families_by_architecture_or_model_type():
 def test_unsupported_hf_fields_are_named():
     cfg = tiny_model_config()
     hf = load_hf_config(cfg.model)
-    for field, value, message in (("hidden_act", "gelu", "hidden_act 'gelu' is not supported"),
-                                  ("mlp_bias", True, "mlp_bias=true is not supported"),
+    for field, value, message in (("hidden_act", "xielu", "hidden_act 'xielu' is not supported"),
+                                  ("mlp_bias", True, "'mlp_bias'=true with 'attention_bias'=false is not supported"),
                                   ("rope_parameters", {"rope_type": "yarn"}, "rope scaling type 'yarn'")):
         with pytest.raises(ValueError, match=message):
             to_transformer_config({**hf, field: value}, cfg.model, cfg.parallel, source="x/config.json")
@@ -40,6 +40,19 @@ def test_hf_fields_map_to_transformer_config():
     assert shape == (2, 64, 128, 2, 16)
     assert tc.add_qkv_bias and tc.gated_linear_unit and tc.normalization == "RMSNorm" and tc.layernorm_epsilon == 1e-5
     assert padded_vocab_size(250, 128) == 256
+
+
+def test_llama_biases_and_activation_map_to_transformer_config():
+    import torch.nn.functional as F
+
+    cfg = tiny_model_config()
+    hf = load_hf_config(cfg.model)
+    plain = to_transformer_config(hf, cfg.model, cfg.parallel)
+    assert not plain.add_bias_linear and plain.activation_func is F.silu
+    tc = to_transformer_config({**hf, "attention_bias": True, "mlp_bias": True, "hidden_act": "gelu"}, cfg.model,
+                               cfg.parallel)
+    assert tc.add_bias_linear and tc.gated_linear_unit and tc.activation_func is F.gelu  # GeGLU, exact erf
+    assert not tc.bias_activation_fusion  # megatron's fused GeGLU is the tanh approximation
 
 
 def test_spec_choice_logs_and_falls_back():

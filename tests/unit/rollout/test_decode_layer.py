@@ -21,19 +21,32 @@ def test_doctests():
     assert doctest.testmod(fn).failed == 0
 
 
-@pytest.fixture(scope="module")
-def qwen(mcore_ctx):
-    """A tiny Qwen2-shaped model (QKV bias) with every parameter random, in fp32 and bf16."""
+def random_models(ctx, family: str, **hf_fields) -> dict:
+    """A tiny model of `family` (config.json fields changed by hf_fields) with every parameter random, in fp32
+    and bf16."""
     models = {}
     for dtype in ("fp32", "bf16"):
-        cfg = tiny_model_config(family="qwen2", num_layers=2, dtype=dtype)
-        model = unwrap_model(build_model("actor", load_hf_config(cfg.model), cfg.model, cfg.parallel, mcore_ctx))
+        cfg = tiny_model_config(family=family, num_layers=2, dtype=dtype)
+        hf = {**load_hf_config(cfg.model), **hf_fields}
+        model = unwrap_model(build_model("actor", hf, cfg.model, cfg.parallel, ctx))
         g = torch.Generator().manual_seed(3)
         with torch.no_grad():
             for p in model.parameters():
                 p.copy_(torch.randn(p.shape, generator=g) * 0.2)
         models[dtype] = model.eval()
     return models
+
+
+@pytest.fixture(scope="module")
+def qwen(mcore_ctx):
+    """A tiny Qwen2-shaped model (QKV bias)."""
+    return random_models(mcore_ctx, "qwen2")
+
+
+@pytest.fixture(scope="module")
+def llama_bias_gelu(mcore_ctx):
+    """A tiny Llama with a bias on every linear (attention_bias + mlp_bias) and a GeGLU MLP (gelu_new)."""
+    return random_models(mcore_ctx, "llama", attention_bias=True, mlp_bias=True, hidden_act="gelu_new")
 
 
 @pytest.mark.parametrize("dtype", ["fp32", "bf16"])
@@ -47,12 +60,15 @@ def test_rope_tables_equal_megatron_bitwise(qwen, dtype):
 
 
 @pytest.mark.parametrize("dtype", ["fp32", "bf16"])
-def test_functional_layer_equals_megatron_modules_bitwise(qwen, dtype):
-    model = qwen[dtype]
+@pytest.mark.parametrize("name", ["qwen", "llama_bias_gelu"])
+def test_functional_layer_equals_megatron_modules_bitwise(name, dtype, request):
+    model = request.getfixturevalue(name)[dtype]
     assert fn.functional_blockers(model) == []
     layer = model.decoder.layers[1]
     attention = layer.self_attention
-    assert attention.linear_qkv.bias is not None  # the Qwen2 path: bias after the matmul
+    assert attention.linear_qkv.bias is not None  # bias after the matmul
+    biased = [m.bias is not None for m in (attention.linear_proj, layer.mlp.linear_fc1, layer.mlp.linear_fc2)]
+    assert biased == [name == "llama_bias_gelu"] * 3
     hidden = torch.randn(3, 4, 64).to(model.config.params_dtype)  # [s, b, h]
     freqs = model.rotary_pos_emb(16)[torch.tensor([5, 6, 7])]
     cos, sin = fn.rope_tables(freqs, hidden.dtype)
@@ -67,7 +83,7 @@ def test_functional_layer_equals_megatron_modules_bitwise(qwen, dtype):
         attn = torch.randn(3, 4, q.size(2) * q.size(3)).to(hidden.dtype)
         mid = bias_add(attention.linear_proj(attn), hidden)
         want_out = bias_add(layer.mlp(layer.pre_mlp_layernorm(mid)), mid)
-        assert torch.equal(fn.attention_out_mlp(attn, hidden, w, eps), want_out)
+        assert torch.equal(fn.attention_out_mlp(attn, hidden, w, eps, fn.mlp_activation(model.config)), want_out)
 
 
 def test_decode_attention_masks_by_additive_bias():
@@ -131,7 +147,32 @@ def test_decode_mlp_runs_the_trainers_fused_swiglu(qwen, monkeypatch):
         mid = bias_add(layer.self_attention.linear_proj(attn), hidden)
         want = bias_add(layer.mlp(layer.pre_mlp_layernorm(mid)), mid)  # megatron's MLP, fused path
         assert torch.equal(fn.attention_out_mlp(attn, hidden, w, eps, fns.activation(model.config)), want)
-        assert not torch.equal(fn.attention_out_mlp(attn, hidden, w, eps, fn.glu_silu), want)
+        assert not torch.equal(fn.attention_out_mlp(attn, hidden, w, eps, fn.unfused_swiglu), want)
+
+
+def test_decode_mlp_passes_fc1s_bias_to_the_trainers_fused_kernel(mcore_ctx, monkeypatch):
+    """A biased SwiGLU under bias_activation_fusion: megatron's MLP calls `bias_swiglu_impl(y, fc1 bias)`; so does
+    the decode step (a one-rounding stand-in for the kernel, patched where each looks it up)."""
+    from megatron.core.fusions import fused_bias_swiglu
+    from megatron.core.transformer import mlp
+
+    def one_rounding(y, bias, *flags):
+        gate, up = torch.chunk(y.float() + bias.float(), 2, -1)
+        return (F.silu(gate) * up).to(y.dtype)
+
+    for module in (fused_bias_swiglu, mlp):
+        monkeypatch.setattr(module, "bias_swiglu_impl", one_rounding)
+    model = random_models(mcore_ctx, "llama", attention_bias=True, mlp_bias=True)["bf16"]
+    layer = model.decoder.layers[0]
+    monkeypatch.setattr(model.config, "bias_activation_fusion", True)
+    hidden, attn = (torch.randn(1, 6, 64).to(torch.bfloat16) for _ in range(2))
+    w, eps = fn.layer_weights(layer), layer.input_layernorm.eps
+    with torch.no_grad():
+        mid = bias_add(layer.self_attention.linear_proj(attn), hidden)
+        want = bias_add(layer.mlp(layer.pre_mlp_layernorm(mid)), mid)
+        assert torch.equal(fn.attention_out_mlp(attn, hidden, w, eps, DecodeFns.build(None).activation(model.config)),
+                           want)
+        assert not torch.equal(fn.attention_out_mlp(attn, hidden, w, eps, fn.unfused_swiglu), want)
 
 
 def test_functional_blockers_name_what_is_missing(qwen):
