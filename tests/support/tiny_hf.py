@@ -16,7 +16,7 @@ VOCAB = 250
 # case name -> (family, tie_word_embeddings)
 CASES = {"llama_tied": ("llama", True), "qwen2": ("qwen2", False), "mistral": ("mistral", False),
          "qwen2_tied": ("qwen2", True), "qwen3": ("qwen3", False), "llama31": ("llama", False),
-         "llama32_tied": ("llama", True), "qwen2_linear": ("qwen2", False)}
+         "llama32_tied": ("llama", True), "qwen2_linear": ("qwen2", False), "qwen2_yarn": ("qwen2", False)}
 FAMILY_FIELDS = {"qwen3": {"head_dim": 24}}  # Qwen3: head_dim differs from hidden / heads (16)
 
 
@@ -27,8 +27,12 @@ def llama3_rope(factor: float) -> dict:
             "original_max_position_embeddings": 32, "rope_theta": 500000.0}
 
 
+# Qwen2.5's YaRN (factor 4) over an original context of 256: at head_dim 16 that keeps one frequency, blends three
+# and divides four by the factor; cos / sin are scaled by 0.1 ln 4 + 1 at every position.
+YARN = {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 256, "rope_theta": 10000.0}
 CASE_FIELDS = {"llama31": {"rope_scaling": llama3_rope(8.0)}, "llama32_tied": {"rope_scaling": llama3_rope(32.0)},
-               "qwen2_linear": {"rope_scaling": {"rope_type": "linear", "factor": 4.0, "rope_theta": 10000.0}}}
+               "qwen2_linear": {"rope_scaling": {"rope_type": "linear", "factor": 4.0, "rope_theta": 10000.0}},
+               "qwen2_yarn": {"rope_scaling": YARN, "max_position_embeddings": 1024}}
 DIST_CASES = ("qwen2", "mistral", "llama31", "llama_tied")  # llama_tied last: tied embeddings + PP need cpu_compat
 
 

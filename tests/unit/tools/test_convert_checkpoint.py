@@ -129,8 +129,8 @@ def test_bad_inputs_raise_errors_that_name_the_file_or_field(tiny_work, tmp_path
     monkeypatch.delenv("WORLD_SIZE")
     for name, change, message in (
         ("gpt2", dict(architectures=["GPT2LMHeadModel"], model_type="gpt2"), r"unsupported architecture"),
-        ("rope", dict(rope_parameters={"rope_type": "yarn", "factor": 4.0, "rope_theta": 1e4}),
-         r"rope scaling type 'yarn'"),
+        ("rope", dict(rope_parameters={"rope_type": "longrope", "factor": 4.0, "rope_theta": 1e4}),
+         r"rope scaling type 'longrope'"),
         ("rope_field", dict(rope_parameters={"rope_type": "llama3", "rope_theta": 1e4}),
          r"rope_parameters.factor is missing for rope type 'llama3'"),
     ):
