@@ -33,7 +33,8 @@ YARN = {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 
 CASE_FIELDS = {"llama31": {"rope_scaling": llama3_rope(8.0)}, "llama32_tied": {"rope_scaling": llama3_rope(32.0)},
                "qwen2_linear": {"rope_scaling": {"rope_type": "linear", "factor": 4.0, "rope_theta": 10000.0}},
                "qwen2_yarn": {"rope_scaling": YARN, "max_position_embeddings": 1024}}
-DIST_CASES = ("qwen2", "mistral", "llama31", "llama_tied")  # llama_tied last: tied embeddings + PP need cpu_compat
+# llama_tied last: tied embeddings + PP need cpu_compat
+DIST_CASES = ("qwen2", "mistral", "llama31", "qwen2_yarn", "llama_tied")
 
 
 def case_model(case: str, **kw):
