@@ -109,6 +109,7 @@ def to_transformer_config(hf: dict, model_cfg, parallel_cfg, source: str = "conf
     from megatron.core.transformer import TransformerConfig
 
     from rlhf_mcore.models.registry import spec_for_hf_config  # here: keeps the build's import chain short
+    from rlhf_mcore.models.rope import megatron_fields
 
     _check_supported(hf, source)
     spec = spec_for_hf_config(hf, source)
@@ -126,7 +127,7 @@ def to_transformer_config(hf: dict, model_cfg, parallel_cfg, source: str = "conf
         family.update(moe_aux_loss_coeff=aux, moe_router_load_balancing_type="aux_loss" if aux > 0 else "none",
                       moe_z_loss_coeff=z or None,
                       moe_router_bias_update_rate=0.0)  # an expert bias (if any) stays frozen for RL
-    return TransformerConfig(
+    tc = TransformerConfig(
         num_layers=hf["num_hidden_layers"],
         hidden_size=hf["hidden_size"],
         ffn_hidden_size=hf["intermediate_size"],
@@ -165,3 +166,6 @@ def to_transformer_config(hf: dict, model_cfg, parallel_cfg, source: str = "conf
         **family,
         **window_fields(hf, spec),
     )
+    for key, value in megatron_fields(hf).items():  # YaRN: megatron's attention scales cos / sin (models.rope)
+        setattr(tc, key, value)
+    return tc

@@ -80,15 +80,16 @@ def functional_blockers(model) -> list[str]:
     return [name for name, blocked in checks.items() if blocked]
 
 
-def rope_tables(freqs: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
-    """megatron's per-call cos / sin of rotary angles freqs [T, 1, 1, D], once: (cos, signed sin) in dtype.
+def rope_tables(freqs: torch.Tensor, dtype: torch.dtype, mscale: float = 1.0) -> tuple[torch.Tensor, torch.Tensor]:
+    """megatron's per-call cos / sin of rotary angles freqs [T, 1, 1, D], once: (cos, signed sin) in dtype, each
+    times `mscale` in fp32 first (YaRN's attention factor, `models.rope.attention_scaling`; x 1.0 is exact).
     The signed sin is [-sin(first half), sin(second half)], so rotate-half needs a swap and no negation.
 
     >>> cos, sin = rope_tables(torch.tensor([0.0, 1.0, 0.0, 1.0]).view(1, 1, 1, 4), torch.float32)
     >>> [round(x, 4) for x in sin.flatten().tolist()]
     [-0.0, -0.8415, 0.0, 0.8415]
     """
-    cos, sin = torch.cos(freqs).to(dtype), torch.sin(freqs).to(dtype)
+    cos, sin = (torch.cos(freqs) * mscale).to(dtype), (torch.sin(freqs) * mscale).to(dtype)
     half = freqs.size(-1) // 2
     return cos, torch.cat((-sin[..., :half], sin[..., half:]), dim=-1)
 

@@ -46,6 +46,7 @@ import torch
 
 from rlhf_mcore.kernels.logits import logits_fp32
 from rlhf_mcore.models.attention import active_window
+from rlhf_mcore.models.rope import attention_scaling
 from rlhf_mcore.rollout import decode_layer as fn
 from rlhf_mcore.rollout.decode_state import DecodeState
 from rlhf_mcore.rollout.merged_weights import MergedWeights
@@ -97,7 +98,8 @@ def rotate(t: torch.Tensor, freqs: torch.Tensor, attention) -> torch.Tensor:
     """megatron's apply_rotary_pos_emb as its attention calls it; t [s, b, heads, d], freqs [s, 1, 1, d]."""
     from megatron.core.models.common.embeddings.rope_utils import apply_rotary_pos_emb
 
-    return apply_rotary_pos_emb(t, freqs, config=attention.config, cp_group=attention.pg_collection.cp)
+    return apply_rotary_pos_emb(t, freqs, config=attention.config, mscale=attention_scaling(attention.config),
+                                cp_group=attention.pg_collection.cp)
 
 
 def bias_add(out_with_bias, residual: torch.Tensor) -> torch.Tensor:
@@ -196,7 +198,7 @@ class StaticDecoder:
             self.state = DecodeState.allocate(len(self.model.decoder.layers), bucket_for(batch), self.groups, length,
                                               self.head_dim, max_new, p.dtype, device, rows=rows)
             self.freqs = rope_table(self.model, length)
-            self.cos, self.sin = fn.rope_tables(self.freqs, p.dtype)
+            self.cos, self.sin = fn.rope_tables(self.freqs, p.dtype, attention_scaling(self.model.config))
         ptrs = tuple(p.data_ptr() for p in self.model.parameters())
         if ptrs != self.weight_ptrs:  # parameters were re-allocated: graphs would read stale memory
             self.graphs.clear()

@@ -18,7 +18,8 @@ CASES = {"llama_tied": ("llama", True), "qwen2": ("qwen2", False), "mistral": ("
          "qwen2_tied": ("qwen2", True), "qwen3": ("qwen3", False), "llama31": ("llama", False),
          "llama32_tied": ("llama", True), "qwen2_linear": ("qwen2", False), "qwen3_window": ("qwen3", False),
          "qwen2_window": ("qwen2", False), "mistral_window": ("mistral", False), "llama_bias": ("llama", False),
-         "llama_gelu": ("llama", True)}
+         "llama_gelu": ("llama", True),
+         "qwen2_yarn": ("qwen2", False)}
 FAMILY_FIELDS = {"qwen3": {"head_dim": 24}}  # Qwen3: head_dim differs from hidden / heads (16)
 
 
@@ -29,6 +30,9 @@ def llama3_rope(factor: float) -> dict:
             "original_max_position_embeddings": 32, "rope_theta": 500000.0}
 
 
+# Qwen2.5's YaRN (factor 4) over an original context of 256: at head_dim 16 that keeps one frequency, blends three
+# and divides four by the factor; cos / sin are scaled by 0.1 ln 4 + 1 at every position.
+YARN = {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 256, "rope_theta": 10000.0}
 CASE_FIELDS = {"llama31": {"rope_scaling": llama3_rope(8.0)}, "llama32_tied": {"rope_scaling": llama3_rope(32.0)},
                "qwen2_linear": {"rope_scaling": {"rope_type": "linear", "factor": 4.0, "rope_theta": 10000.0}},
                # sliding windows of 8 tokens: Qwen's on the layers from max_window_layers on, Mistral's on every one
@@ -36,9 +40,10 @@ CASE_FIELDS = {"llama31": {"rope_scaling": llama3_rope(8.0)}, "llama32_tied": {"
                "qwen2_window": {"use_sliding_window": True, "sliding_window": 8, "max_window_layers": 1},
                "mistral_window": {"sliding_window": 8},
                "llama_bias": {"attention_bias": True, "mlp_bias": True},  # a bias on every linear (add_bias_linear)
-               "llama_gelu": {"hidden_act": "gelu_pytorch_tanh"}}  # GeGLU
+               "llama_gelu": {"hidden_act": "gelu_pytorch_tanh"},  # GeGLU
+               "qwen2_yarn": {"rope_scaling": YARN, "max_position_embeddings": 1024}}
 # llama_bias: the TP split of every linear's bias; llama_tied last: tied embeddings + PP need cpu_compat
-DIST_CASES = ("qwen2", "mistral", "llama31", "llama_bias", "llama_tied")
+DIST_CASES = ("qwen2", "mistral", "llama31", "llama_bias", "qwen2_yarn", "llama_tied")
 
 
 def case_model(case: str, **kw):

@@ -25,8 +25,10 @@ REFUSALS = {
                           ["config field 'attention_bias'=true with 'mlp_bias'=false is not supported"]),
     "qwen3_o_proj_bias": ("qwen3", {"attention_bias": True},
                           ["config field 'attention_bias'=true is not supported for qwen3"]),
-    "rope_scaling": ("qwen2", {"rope_scaling": {"rope_type": "yarn", "factor": 4.0}},
-                     ["rope scaling type 'yarn' is not supported (field rope_scaling)"]),
+    "rope_scaling": ("qwen2", {"rope_scaling": {"rope_type": "longrope", "factor": 4.0}},
+                     ["rope scaling type 'longrope' is not supported (field rope_scaling)"]),
+    "yarn_factor": ("qwen2", {"rope_scaling": {"rope_type": "yarn", "original_max_position_embeddings": 256}},
+                    ["rope_scaling.factor is missing for rope type 'yarn'"]),
     "missing_field": ("qwen3", {"intermediate_size": None}, ["missing required field 'intermediate_size'"]),
     "architecture": ("llama_tied", {"architectures": ["GPT2LMHeadModel"], "model_type": "gpt2"},
                      ["unsupported architecture (architectures=['GPT2LMHeadModel'], model_type='gpt2')"]),
@@ -53,6 +55,6 @@ def test_validation_refuses_what_the_builder_refuses(name, tmp_path, capsys):
     assert str(built.value).splitlines() == lines  # the builder's refusal is what validation printed
 
 
-@pytest.mark.parametrize("case", ["qwen3", "llama_bias", "llama_gelu"])
+@pytest.mark.parametrize("case", ["qwen3", "llama_bias", "llama_gelu", "qwen2_yarn"])
 def test_a_supported_model_validates(case, tmp_path, capsys):
     assert validate_only_errors(capsys, TINY, *BLANK, f"model.hf_path={save_tiny(tmp_path / 'hf', case)}") == []

@@ -26,7 +26,7 @@ def test_unsupported_hf_fields_are_named():
     hf = load_hf_config(cfg.model)
     for field, value, message in (("hidden_act", "xielu", "hidden_act 'xielu' is not supported"),
                                   ("mlp_bias", True, "'mlp_bias'=true with 'attention_bias'=false is not supported"),
-                                  ("rope_parameters", {"rope_type": "yarn"}, "rope scaling type 'yarn'")):
+                                  ("rope_parameters", {"rope_type": "longrope"}, "rope scaling type 'longrope'")):
         with pytest.raises(ValueError, match=message):
             to_transformer_config({**hf, field: value}, cfg.model, cfg.parallel, source="x/config.json")
 

@@ -31,11 +31,12 @@ def ragged_batch(num=7, seq=29, vocab=250, seed=3) -> dict:
             "values": torch.randn(num, seq, generator=g) * 0.1, "nudge": torch.randn(num, seq, generator=g)}
 
 
-def run_role(role, batch, mcore_ctx, **split):
-    """(per-token outputs [B, S] of a forward pass, (loss_sum, count), {param: grad}) for one role."""
+def run_role(role, batch, mcore_ctx, hf_fields=None, **split):
+    """(per-token outputs [B, S] of a forward pass, (loss_sum, count), {param: grad}) for one role;
+    hf_fields: config.json fields over the tiny model's (a RoPE scaling)."""
     batch = {k: v.to(mcore_ctx.device) for k, v in batch.items()}
     cfg = tiny_model_config()
-    hf = load_hf_config(cfg.model)
+    hf = {**load_hf_config(cfg.model), **(hf_fields or {})}
     torch.manual_seed(0)
     state = build_train_state(build_model(role, hf, cfg.model, cfg.parallel, mcore_ctx), cfg.actor.optim,
                               cfg.parallel)
@@ -57,12 +58,17 @@ def run_role(role, batch, mcore_ctx, **split):
     return out, loss, grads
 
 
-@pytest.mark.parametrize("role", ["actor", "critic"])
-def test_packed_equals_padded(role, mcore_ctx):
+@pytest.mark.parametrize("role,rope", [("actor", "default"), ("critic", "default"), ("actor", "yarn")])
+def test_packed_equals_padded(role, rope, mcore_ctx):
+    """yarn: the packed path's RoPE carries YaRN's attention factor too (the padded one gives transformers' logits,
+    tests/unit/models/test_weights.py)."""
+    from tests.support.tiny_hf import YARN
+
+    fields = {"rope_scaling": YARN, "max_position_embeddings": 1024} if rope == "yarn" else None
     batch = ragged_batch()
     mask = batch["response_mask"].to(mcore_ctx.device).repeat(1, 2 if role == "actor" else 1)
-    out_pad, loss_pad, grads_pad = run_role(role, batch, mcore_ctx, micro_batch_size=3)
-    out_pack, loss_pack, grads_pack = run_role(role, batch, mcore_ctx, max_tokens=48, pack=True)
+    out_pad, loss_pad, grads_pad = run_role(role, batch, mcore_ctx, fields, micro_batch_size=3)
+    out_pack, loss_pack, grads_pack = run_role(role, batch, mcore_ctx, fields, max_tokens=48, pack=True)
     assert float(((out_pad - out_pack) * mask).abs().max()) <= TOL
     assert loss_pad[1] == loss_pack[1]
     assert abs(float(loss_pad[0] - loss_pack[0])) <= TOL * max(1, abs(float(loss_pad[0])))

@@ -5,6 +5,7 @@ import json
 import pytest
 import torch
 
+from rlhf_mcore.models.rope import ROPE_FIELDS
 from tests.support.tiny_hf import CASES, VOCAB, diff_state_dicts, load_tensors, parse_verify_lines, save_tiny
 from tools.convert_checkpoint import run
 
@@ -35,6 +36,9 @@ def test_round_trip_and_verify_at_tp1(case, tiny_work, capsys):
                     "saved_pp": 1, "saved_ep": 1, "padded_vocab_size": 256}
     reloaded = AutoModelForCausalLM.from_pretrained(str(out))  # transformers reads the export
     assert reloaded.config.tie_word_embeddings == CASES[case][1] and reloaded.config.vocab_size == VOCAB
+    source = json.loads((tiny_work / "hf" / case / "config.json").read_text())
+    exported = json.loads((out / "config.json").read_text())
+    assert [exported.get(k) for k in ROPE_FIELDS] == [source.get(k) for k in ROPE_FIELDS]  # rope scaling kept
     row = verify(tiny_work, case, f"{case}_1x1", capsys)
     assert float(row["logits_max"]) <= 1e-4 and float(row["logprob_max"]) <= 1e-4
 
@@ -129,8 +133,8 @@ def test_bad_inputs_raise_errors_that_name_the_file_or_field(tiny_work, tmp_path
     monkeypatch.delenv("WORLD_SIZE")
     for name, change, message in (
         ("gpt2", dict(architectures=["GPT2LMHeadModel"], model_type="gpt2"), r"unsupported architecture"),
-        ("rope", dict(rope_parameters={"rope_type": "yarn", "factor": 4.0, "rope_theta": 1e4}),
-         r"rope scaling type 'yarn'"),
+        ("rope", dict(rope_parameters={"rope_type": "longrope", "factor": 4.0, "rope_theta": 1e4}),
+         r"rope scaling type 'longrope'"),
         ("rope_field", dict(rope_parameters={"rope_type": "llama3", "rope_theta": 1e4}),
          r"rope_parameters.factor is missing for rope type 'llama3'"),
     ):
