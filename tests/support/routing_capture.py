@@ -98,7 +98,8 @@ class RoutingCapture:
         if mb is None:  # the rollout's forwards
             return
         rows = from_router_order(output[1].detach(), mb)  # [b, s, E]
-        into = [self.update[-1]] if torch.is_grad_enabled() else [self.old, self.by_model.setdefault(id(self.model), {})]
+        into = [self.update[-1]] if torch.is_grad_enabled() else \
+            [self.old, self.by_model.setdefault(id(self.model), {})]
         for key, row in zip(row_keys(mb), rows):
             for d in into:
                 d.setdefault(key, {})[router.layer_number] = row[:len(key)].clone()
