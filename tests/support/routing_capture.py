@@ -33,15 +33,16 @@ class RoutingCapture:
         self.model = None
 
     def recorded(self) -> dict:
-        """The batch's routed_experts (pp = 1: position l is layer l + 1) as `old` is keyed: row key -> {layer:
-        bool [len, E]}."""
+        """The batch's routed_experts as `old` is keyed: row key -> {layer: bool [len, E]} (position l of dim 2 is
+        this rank's l-th MoE layer: PP stages hold their own)."""
         b, routed = self.batch, self.batch.routed_experts
-        experts = next(iter(next(iter(self.old.values())).values())).size(-1)
+        seen = next(iter(self.old.values()))
+        layers, experts = sorted(seen), next(iter(seen.values())).size(-1)
         out = {}
         for row, n in enumerate(b.lengths.tolist()):
             key = tuple(b.tokens[row, :n].tolist())
-            out[key] = {layer + 1: torch.zeros(n, experts, dtype=torch.bool).scatter_(1, idx[:n].long(), True)
-                        for layer, idx in enumerate(routed[row].unbind(1))}
+            out[key] = {layer: torch.zeros(n, experts, dtype=torch.bool).scatter_(1, idx[:n].long(), True)
+                        for layer, idx in zip(layers, routed[row].unbind(1))}
         return out
 
     def differ(self, used: dict, reference: dict, drop_last: bool = False) -> int:

@@ -112,19 +112,21 @@ def test_r3_mismatch_is_below_r2s_in_bf16(tmp_path, mcore_ctx, monkeypatch):
 @pytest.mark.dist
 def test_replay_and_load_metrics_at_ep1_and_ep2(tmp_path):
     """Two ranks (DP2), experts whole on each rank (EP1) or four per rank (EP2, tokens exchanged); R2 at both,
-    and R3 at EP2 (the rollout decodes in EP lockstep; its recorded expert ids are global)."""
+    R3 at EP2 (the rollout decodes in EP lockstep; its recorded expert ids are global) and at PP2 (each stage
+    records and replays its own layer)."""
     hf_dir = save_tiny_moe(tmp_path / "hf")
-    runs = {f"{mode}_ep{ep}": (mode, ep) for mode, ep in (("R2", 1), ("R2", 2), ("R3", 2))}
+    runs = {"R2_ep1": ("R2", "parallel.ep=1"), "R2_ep2": ("R2", "parallel.ep=2"), "R3_ep2": ("R3", "parallel.ep=2"),
+            "R3_pp2": ("R3", "parallel.pp=2")}
     worker(2, *[("router_replay", tmp_path / f"{name}.json", *overrides(
-        hf_dir, tmp_path / f"run_{name}", f"actor.router_replay={mode}", f"parallel.ep={ep}"))
-        for name, (mode, ep) in runs.items()], extra_env={"OMP_NUM_THREADS": "1"}, timeout=900)  # one launch
+        hf_dir, tmp_path / f"run_{name}", f"actor.router_replay={mode}", layout))
+        for name, (mode, layout) in runs.items()], extra_env={"OMP_NUM_THREADS": "1"}, timeout=900)  # one launch
     results = {name: json.loads((tmp_path / f"{name}.json").read_text()) for name in runs}
     print({name: {k: v for k, v in r.items() if k != "metrics"} for name, r in results.items()})
     for r in results.values():
         assert all(m == [0, 0] for m in r["mismatches"]) and all(n > 0 for n in r["rows"])
         assert all(m == [0, 0, 0] for m in r["replayed"])
         check_load_metrics(r["metrics"])
-    assert results["R3_ep2"]["metrics"]["rollout/mismatch_exact_frac"] == 1.0  # fp32: the sampler's experts
+    assert all(results[r]["metrics"]["rollout/mismatch_exact_frac"] == 1.0 for r in ("R3_ep2", "R3_pp2"))
     one, two = results["R2_ep1"]["metrics"], results["R2_ep2"]["metrics"]
     for key in [k for k in one if k.startswith("moe/")]:
         assert two[key] == pytest.approx(one[key], rel=1e-6), key
