@@ -109,6 +109,24 @@ def test_r3_mismatch_is_below_r2s_in_bf16(tmp_path, mcore_ctx, monkeypatch):
     assert all(m3[k] < m2[k] for k in keys)
 
 
+def test_r3_mismatch_on_the_tiny_moe_preset(tmp_path, mcore_ctx):
+    """configs/tiny_moe_grpo.yaml (4 MoE layers, 64 rows a step), one step each: in fp32 no routing parts, both are
+    at fp32 level (1.6e-7 mean |log-prob gap|); in bf16 R3's rollout mismatch is below R2's (5.25e-4 against
+    5.40e-4)."""
+    keys = ("rollout/mismatch_logp_abs_diff", "rollout/mismatch_kl_k3")
+    got = {}
+    for dtype in ("fp32", "bf16"):
+        for mode in ("R2", "R3"):
+            cfg = load_config(f"{ROOT}/configs/tiny_moe_grpo.yaml", [
+                f"actor.router_replay={mode}", f"model.dtype={dtype}", "trainer.total_steps=1", "trainer.save_freq=0",
+                f"trainer.output_dir={tmp_path / f'{mode}_{dtype}'}", "trainer.logger=[console]",
+                "trainer.resume=disable", "trainer.export_hf=false"])
+            got[mode, dtype] = {k: train(cfg).history[-1][k] for k in keys}
+    print(got)
+    assert got["R3", "fp32"] == got["R2", "fp32"] and got["R3", "fp32"]["rollout/mismatch_logp_abs_diff"] < 1e-6
+    assert all(got["R3", "bf16"][k] < got["R2", "bf16"][k] for k in keys)
+
+
 @pytest.mark.dist
 def test_replay_and_load_metrics_at_ep1_and_ep2(tmp_path):
     """Two ranks (DP2), experts whole on each rank (EP1) or four per rank (EP2, tokens exchanged); R2 at both,
