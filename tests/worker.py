@@ -37,7 +37,7 @@ CASES = {
     "native_rollout": "tests.cases.native_rollout",  # the native engine's checks at a TP/PP layout
     "partial_ep": "tests.cases.partial_ep",  # multi-turn partial rollouts in EP lockstep
     "plan_params": "tests.cases.plan_params",  # the memory plan's parameter count per rank at layouts
-    "router_replay": "tests.cases.router_replay",  # routing replay (R2) in the loop
+    "router_replay": "tests.cases.router_replay",  # routing replay (R2, R3) in the loop
     "sglang_shutdown": "tests.cases.sglang_shutdown",  # SGLang's shutdown spares the resource tracker
     "check_layouts": "tests.cases.check_layouts",  # tools.check_layouts' main (the core layout promise)
     "signal_fault": "tests.cases.signal_fault",  # the trainer, with SIGTERM at exact points

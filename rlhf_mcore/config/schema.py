@@ -219,7 +219,8 @@ class ActorConfig(UpdateConfig):
     kl_cov_ratio: float = 2e-4  # kl_cov: fraction of valid tokens that get the KL penalty (verl's default)
     kl_cov_coef: float = 0.1  # kl_cov: coefficient of that penalty (verl's policy_loss.ppo_kl_coef)
     router_replay: str = "disabled"  # MoE: disabled | R2 (record the old-log-prob pass's experts, replay them in
-    #                                  the update; verl's router_replay.mode) | R3 (the rollout's: not supported)
+    #                                  the update; verl's router_replay.mode) | R3 (the native rollout records each
+    #                                  token's experts, prompt and response; old log-prob, ref and update replay them)
 
     def _checks(self, p: str) -> list[str]:
         errs = self._update_checks(p)
@@ -228,9 +229,6 @@ class ActorConfig(UpdateConfig):
         errs += in_range(f"{p}.kl_cov_ratio", self.kl_cov_ratio, 0.0, 1.0, lo_open=True, fix="Use e.g. 0.0002.")
         errs += positive(f"{p}.kl_cov_coef", self.kl_cov_coef, allow_zero=True)
         errs += choice(f"{p}.router_replay", self.router_replay, ("disabled", "R2", "R3"))
-        if self.router_replay == "R3":
-            errs.append(f"{p}.router_replay: R3 (replay the rollout's routing) is not supported (got 'R3'). Use R2: "
-                        "the old-log-prob pass records the experts and the update replays them.")
         errs += choice(f"{p}.bypass_loss_type", self.bypass_loss_type, ("ppo_clip", "reinforce"))
         errs += choice(f"{p}.old_log_prob", self.old_log_prob, ("recompute", "rollout"))
         errs += positive(f"{p}.clip_ratio_low", self.clip_ratio_low, allow_zero=True)

@@ -116,17 +116,36 @@ def _parallel_rules(cfg: Config, shape: dict, world_size: int | None) -> list[st
 
 
 def _router_replay_rules(cfg: Config, experts: int) -> list[str]:
-    """actor.router_replay=R2 needs routers, and at pp > 1 no full recompute: 1F1B recomputes a micro-batch's
-    layers after later micro-batches have set their own experts (models.routing)."""
-    if cfg.actor.router_replay != "R2":
+    """actor.router_replay=R2 / R3 needs routers, and at pp > 1 no full recompute: 1F1B recomputes a micro-batch's
+    layers after later micro-batches have set their own experts (models.routing). R3 takes the rollout's routing
+    from the native engine's eager decode, one generate() per batch (`_r3_rollout_rules`)."""
+    mode = cfg.actor.router_replay
+    if mode not in ("R2", "R3"):
         return []
     if not experts:
-        return ["actor.router_replay: needs an MoE model (got 'R2' with a dense model). Set actor.router_replay="
+        return [f"actor.router_replay: needs an MoE model (got {mode!r} with a dense model). Set actor.router_replay="
                 "disabled."]
     if cfg.parallel.pp > 1 and cfg.model.recompute == "full":
-        return [f"actor.router_replay: R2 cannot replay through full recompute at pp > 1 (got model.recompute=full "
-                f"with pp={cfg.parallel.pp}). Use model.recompute=selective or none, or parallel.pp=1."]
-    return []
+        return [f"actor.router_replay: {mode} cannot replay through full recompute at pp > 1 (got model.recompute="
+                f"full with pp={cfg.parallel.pp}). Use model.recompute=selective or none, or parallel.pp=1."]
+    return _r3_rollout_rules(cfg) if mode == "R3" else []
+
+
+def _r3_rollout_rules(cfg: Config) -> list[str]:
+    """R3's rollouts: the native engine records the experts (SGLang's return_routed_experts is not wired), and
+    every row comes from one generate() call: partial rollouts and multi-turn rows are assembled from several."""
+    errs = []
+    if cfg.rollout.engine != "native":
+        errs.append(f"rollout.engine: actor.router_replay=R3 needs the rollout's experts, which only the native "
+                    f"engine records (got {cfg.rollout.engine!r}). Set rollout.engine=native, or "
+                    "actor.router_replay=R2.")
+    if cfg.async_training.partial_rollout:
+        errs.append("async_training.partial_rollout: rows resumed across steps carry no routing for actor."
+                    "router_replay=R3 (got true). Set it to false, or use actor.router_replay=R2.")
+    if cfg.rollout.mode != "single_turn":
+        errs.append(f"rollout.mode: actor.router_replay=R3 records single-turn rollouts only (got "
+                    f"{cfg.rollout.mode!r}). Set rollout.mode=single_turn, or use actor.router_replay=R2.")
+    return errs
 
 
 def _trained_roles(cfg: Config) -> tuple[str, ...]:

@@ -60,6 +60,12 @@ def _mode(value: Any) -> str:
     return "multi_turn" if _truthy(value) else "single_turn"
 
 
+def _rollout_routing(value: Any) -> str | None:
+    """verl's rollout.enable_rollout_routing_replay: True is R3 (the rollout records, every pass replays); False
+    sets nothing (None), so router_replay.mode decides."""
+    return "R3" if _truthy(value) else None
+
+
 def _dtype(value: Any) -> str:
     """verl's megatron dtype (bfloat16 | float16 | float32) -> model.dtype."""
     return {"bfloat16": "bf16", "bf16": "bf16", "float32": "fp32", "fp32": "fp32"}.get(str(value).strip(), str(value))
@@ -230,8 +236,8 @@ VERL_KEYS: dict[str, VerlKey] = {
         "samples decoded at once by partial rollouts' continuous batching; a synchronous step decodes its rows "
         "together (rollout.micro_batch_size bounds them)")),
     f"{_ARR}.rollout.mode": ignored("rollout is always in-process and synchronous"),
-    f"{_ARR}.rollout.enable_rollout_routing_replay": ignored(
-        "the rollout's routing is not recorded (router replay R3 is not supported; R2 is)", only="False"),
+    f"{_ARR}.rollout.enable_rollout_routing_replay": alias("actor.router_replay", convert=_rollout_routing, note=(
+        "the native rollout records each token's experts; False leaves actor.router_replay as it is")),
     f"{_ARR}.rollout.multi_turn.enable": alias("rollout.mode", convert=_mode),
     f"{_ARR}.rollout.multi_turn.max_assistant_turns": alias("rollout.multi_turn.max_turns"),
     f"{_ARR}.rollout.multi_turn.max_parallel_calls": alias("rollout.multi_turn.max_tool_calls"),
@@ -371,6 +377,8 @@ parallel.tp/pp split it'
     if not entry.ours:
         return [], f"verl key {dotted} ignored: {entry.note}", None
     converted = entry.convert(value) if entry.convert else value
+    if converted is None:  # a value that sets nothing (e.g. enable_rollout_routing_replay=False)
+        return [], f"verl key {dotted}={value} sets nothing: {entry.note}", None
     note = f"verl key {dotted} -> {', '.join(entry.ours)}"
     if entry.convert and str(converted) != str(value):
         note += f"={converted}"

@@ -82,7 +82,8 @@ def _build_model(role: str, hf: dict, model_cfg, parallel_cfg, ctx, source: str)
     spec = role_spec(role)
     tc = to_transformer_config(hf, model_cfg, parallel_cfg, source)
     family = spec_for_hf_config(hf, source)
-    tc.moe_enable_routing_replay = bool(tc.num_moe_experts) and role == "actor"  # models.routing: record, replay
+    # models.routing: record, replay (the reference too: R3 replays the rollout's experts in every pass)
+    tc.moe_enable_routing_replay = bool(tc.num_moe_experts) and role in ("actor", "ref")
     if tc.num_moe_experts:
         from rlhf_mcore.moe_compat import apply_moe_patches
 

@@ -78,6 +78,17 @@ def default_indices(n: int, tail: tuple, dtype, device) -> torch.Tensor:
     return torch.arange(k, device=device).to(dtype).expand(n, *tail).clone()
 
 
+def pad_columns(rows: torch.Tensor, width: int) -> torch.Tensor:
+    """[B, S, ..., k] -> [B, width, ..., k]: the columns past S hold experts 0..k-1 (padding).
+
+    >>> pad_columns(torch.tensor([[[3, 1]]]), 2).tolist()
+    [[[3, 1], [0, 1]]]
+    """
+    b, extra = rows.size(0), width - rows.size(1)
+    pad = default_indices(b * extra, rows.shape[2:], rows.dtype, rows.device).view(b, extra, *rows.shape[2:])
+    return torch.cat([rows, pad], dim=1)
+
+
 def sp_slice(flat: torch.Tensor, router) -> torch.Tensor:
     """This TP rank's share of the router order under sequence parallelism (all of it otherwise)."""
     if not router.config.sequence_parallel:

@@ -91,6 +91,7 @@ class EngineSetup:
     micro_batch_size: int  # rollout.micro_batch_size: sequences decoded together per rank (0 = all)
     replica_rows: int  # sequences one DP replica generates per step (its prompts x rollout.n)
     seed: int  # trainer.seed
+    record_routing: bool = False  # actor.router_replay=R3: the batch carries each token's experts (routed_experts)
 
 
 @dataclasses.dataclass(frozen=True)

@@ -24,6 +24,9 @@ then decode one token per step for the whole batch until every row has finished.
   (multi-turn) agree on each call and its max_new_tokens; `generate([])` then runs padding forwards only.
 - Continuous batching (`generate_continuous`, partial rollouts): with the static decoder, a finished row's cache
   slot takes the next queued row mid-decode (`rlhf_mcore.rollout.continuous`).
+- Routing replay R3 (`record_routing`, from actor.router_replay=R3): the eager path records each row's top-k
+  experts per MoE layer of this stage, prompt and response (`rollout.routing_record`), into
+  `RolloutBatch.routed_experts`; the static decoder does not record, so R3 decodes eagerly.
 - Not supported: sequence parallelism (a 1-token decode step cannot be split over TP ranks) and virtual
   pipeline chunks; the constructor says so.
 """
@@ -42,6 +45,7 @@ from rlhf_mcore.models.full_weights import unwrap_model
 from rlhf_mcore.rollout import comm, continuous, kv_cache
 from rlhf_mcore.rollout.base import ROLLOUT_ENGINES
 from rlhf_mcore.rollout.responses import Response, ResponseBuffer, assemble_batch
+from rlhf_mcore.rollout.routing_record import RolloutRouting
 from rlhf_mcore.rollout.sampling import replica_seed, sample
 from rlhf_mcore.rollout.static_decode import StaticDecoder, bucket_for, graph_blockers
 from rlhf_mcore.rollout.stopping import Decode, is_stop_token, stop_string_hits, tail_window
@@ -77,7 +81,8 @@ class NativeRolloutEngine:
 
     def __init__(self, model, ctx, pad_id: int, decode: Optional[Decode] = None, micro_batch_size: int = 0,
                  cuda_graphs: bool = True, keep_graphs: bool = True, compile_decode: bool = True,
-                 decode_attention: str = "auto", empty_cache: bool = True, static_on_cpu: bool = False):
+                 decode_attention: str = "auto", empty_cache: bool = True, static_on_cpu: bool = False,
+                 record_routing: bool = False):
         self.model = unwrap_model(model)
         if getattr(self.model.config, "sequence_parallel", False):
             raise ValueError("parallel.sequence_parallel: the native rollout engine cannot decode with sequence "
@@ -92,6 +97,7 @@ class NativeRolloutEngine:
         self._released = False
         self.keep_graphs = keep_graphs  # release_memory() keeps the static cache and graphs
         self.empty_cache = empty_cache  # release_memory() returns torch's cached blocks to the device
+        self.routing = RolloutRouting.for_model(self.model) if record_routing else None  # R3: None on dense stages
         self.static = self._static_decoder(cuda_graphs, compile_decode, decode_attention, static_on_cpu)
         self.continuous_attention = self._continuous_attention(decode_attention)
 
@@ -101,12 +107,16 @@ class NativeRolloutEngine:
         return cls(setup.model, setup.ctx, setup.pad_id, setup.decode, micro_batch_size=setup.micro_batch_size,
                    cuda_graphs=options.cuda_graphs, keep_graphs=options.keep_graphs,
                    compile_decode=options.compile_decode, decode_attention=options.decode_attention,
-                   empty_cache=options.empty_cache, static_on_cpu=options.static_on_cpu)
+                   empty_cache=options.empty_cache, static_on_cpu=options.static_on_cpu,
+                   record_routing=setup.record_routing)
 
     def _static_decoder(self, cuda_graphs: bool, compile_decode: bool, attention: str,
                         on_cpu: bool = False) -> Optional[StaticDecoder]:
         if not cuda_graphs:
             log.info("native rollout: CUDA graphs off (rollout.native.cuda_graphs=false); decoding eagerly")
+            return None
+        if self.routing is not None:
+            log.info("native rollout: decoding eagerly, which records the routing (actor.router_replay=R3)")
             return None
         blockers = graph_blockers(self.model, self.ctx)
         if self.ctx.device.type != "cuda" and not blockers and on_cpu:
@@ -278,28 +288,45 @@ class NativeRolloutEngine:
         slots = torch.arange(num_rows, device=self.ctx.device)  # chunk row held by each KV-cache slot
         alive = torch.ones(num_rows, dtype=torch.bool, device=self.ctx.device)
         step_input, mask = prompt, kv_cache.prefill_mask(valid)
-        for step in range(max_new):
-            hidden = self._forward(step_input, mask, kv)
-            tokens, logprobs, finished = self._next_tokens(hidden, params, generator, out, slots, alive, step)
-            out.record(slots[alive], step, tokens[alive], logprobs[alive])
-            done = finished & alive
-            out.finish(slots[done], step, stopped=True)
-            alive &= ~finished
-            bar.update(1)
-            num_alive = int(alive.sum())  # the one host sync per step
-            if self._group_max(0 if padding else num_alive) == 0 or step == max_new - 1:  # EP: while any rank runs
-                bar.update(max_new - 1 - step)
-                break
-            if 0 < num_alive <= alive.numel() // 2:  # stop decoding the finished rows
-                keep = alive.nonzero().squeeze(1)
-                kv_cache.compact(kv, keep)
-                slots, alive, tokens = slots[keep], alive[keep], tokens[keep]
-                key_valid = None if key_valid is None else key_valid[keep]
-            step_input = torch.where(alive, tokens, self.pad_id).unsqueeze(1)  # [b, 1]
-            mask = kv_cache.decode_mask(key_valid, kv.sequence_len_offset + 1)
-            kv.enable_decode_mode()
-        out.finish(slots[alive], max_new - 1, stopped=False)
-        return out.to_responses()
+        with self._recording(valid, max_new, padding) as routing:
+            for step in range(max_new):
+                hidden = self._forward(step_input, mask, kv)
+                if routing is not None:  # R3: this forward's experts, before the rows that end now are dropped
+                    routing.after_forward(step, valid, slots, alive)
+                tokens, logprobs, finished = self._next_tokens(hidden, params, generator, out, slots, alive, step)
+                out.record(slots[alive], step, tokens[alive], logprobs[alive])
+                done = finished & alive
+                out.finish(slots[done], step, stopped=True)
+                alive &= ~finished
+                bar.update(1)
+                num_alive = int(alive.sum())  # the one host sync per step
+                if self._group_max(0 if padding else num_alive) == 0 or step == max_new - 1:  # EP: while any runs
+                    bar.update(max_new - 1 - step)
+                    break
+                if 0 < num_alive <= alive.numel() // 2:  # stop decoding the finished rows
+                    keep = alive.nonzero().squeeze(1)
+                    kv_cache.compact(kv, keep)
+                    slots, alive, tokens = slots[keep], alive[keep], tokens[keep]
+                    key_valid = None if key_valid is None else key_valid[keep]
+                step_input = torch.where(alive, tokens, self.pad_id).unsqueeze(1)  # [b, 1]
+                mask = kv_cache.decode_mask(key_valid, kv.sequence_len_offset + 1)
+                kv.enable_decode_mode()
+            out.finish(slots[alive], max_new - 1, stopped=False)
+            responses = out.to_responses()
+            if routing is not None:
+                for r, row in zip(responses, routing.rows([len(r.tokens) for r in responses])):
+                    r.routing = row  # [prompt + response tokens, L, k]
+        return responses
+
+    @contextlib.contextmanager
+    def _recording(self, valid: torch.Tensor, max_new: int, padding: bool):
+        """R3: the chunk's routing recorder (`routing_record.RolloutRouting`), or None (no R3, a dense stage,
+        a padding chunk); the routers route normally again after the block."""
+        if padding or self.routing is None:
+            yield None
+            return
+        with self.routing.start(valid.sum(1), valid.size(1) + max_new) as routing:
+            yield routing
 
     def _generate_static(self, rows: list[list[int]], params: SamplingParams, bar) -> list[Response]:
         """Prefill, then one decode step per token over the smallest bucket holding the running rows."""

@@ -6,9 +6,11 @@ While decoding, every still-running row has the same response length (one token 
 from __future__ import annotations
 
 import dataclasses
+from typing import Optional
 
 import torch
 
+from rlhf_mcore.rollout.routing_record import stack_rows
 from rlhf_mcore.rollout.stopping import finish_reason
 from rlhf_mcore.rollout.types import RolloutBatch
 
@@ -18,6 +20,7 @@ class Response:
     tokens: list[int]
     logprobs: list[float]
     finish_reason: str
+    routing: Optional[torch.Tensor] = None  # [prompt + response tokens, L, k] experts (R3, native eager decode)
 
 
 @dataclasses.dataclass
@@ -73,10 +76,14 @@ def assemble_batch(prompts: list[list[int]], responses: list[Response], pad_id: 
         end = len(p) + len(r.tokens)
         tokens[i, :end] = torch.tensor(p + r.tokens, dtype=torch.long)
         logprobs[i, len(p):end] = torch.tensor(r.logprobs, dtype=torch.float32)
+    routed = None
+    if responses and all(r.routing is not None for r in responses):  # R3
+        routed = stack_rows([r.routing for r in responses], width).to(device)
     return RolloutBatch(
         tokens=tokens.to(device),
         prompt_lengths=torch.tensor([len(p) for p in prompts], dtype=torch.long, device=device),
         response_lengths=torch.tensor([len(r.tokens) for r in responses], dtype=torch.long, device=device),
         rollout_logprobs=logprobs.to(device),
         finish_reasons=[r.finish_reason for r in responses],
+        routed_experts=routed,
     )

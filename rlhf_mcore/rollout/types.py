@@ -33,6 +33,9 @@ class RolloutBatch:
     # (0 on tool output and template tokens between assistant turns).
     loss_mask: Optional[torch.Tensor] = None
     turns: Optional["TurnInfo"] = None  # multi-turn rollouts: per-row turns and tool statistics
+    # [B, S, L, k] the top-k experts each token was routed to in this rank's L MoE layers while sampling (R3,
+    # actor.router_replay=R3; experts 0..k-1 on padding and each row's last token); None otherwise
+    routed_experts: Optional[torch.Tensor] = None
 
     def __post_init__(self):
         if self.loss_mask is None:

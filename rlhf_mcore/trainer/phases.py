@@ -19,7 +19,7 @@ from rlhf_mcore.algorithms.kl import apply_kl_penalty
 from rlhf_mcore.data.packing import plan_dp_split
 from rlhf_mcore.logs import heartbeat, progress, timer
 from rlhf_mcore.models.moe_load import moe_update_metrics
-from rlhf_mcore.models.routing import RoutingHooks
+from rlhf_mcore.models.routing import RoutingHooks, pad_columns
 from rlhf_mcore.rollout.modes.metrics import turn_report
 from rlhf_mcore.rollout.types import RolloutBatch, SamplingParams
 from rlhf_mcore.trainer.losses import actor_loss, critic_agg_mode, critic_loss, reward_model_scores, rollout_mismatch
@@ -84,7 +84,8 @@ def last_policy_token(mask: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor
 def make_batch(rollout: RolloutBatch, scores: torch.Tensor, group_index: torch.Tensor, seq_len: int) -> StepBatch:
     """RolloutBatch + sequence scores [B] -> the step batch (per-token fields padded to seq_len). Its
     response_mask is the rollout's loss mask (verl's multi-turn convention: response_mask = loss_mask), and
-    the score sits at the last policy token (the last response token, single turn)."""
+    the score sits at the last policy token (the last response token, single turn). R3: the rollout's experts
+    (`routed_experts`) come along, replayed by every pass over the batch."""
     pad = seq_len - rollout.tokens.size(1)
     mask = F.pad(rollout.loss_mask, (0, pad)).float()
     lengths = rollout.total_lengths
@@ -95,7 +96,8 @@ def make_batch(rollout: RolloutBatch, scores: torch.Tensor, group_index: torch.T
     return StepBatch(
         tokens=F.pad(rollout.tokens, (0, pad)), lengths=lengths, response_mask=mask,
         rollout_logp=F.pad(rollout.rollout_logprobs.float(), (0, pad)), token_level_scores=token_scores,
-        group_index=group_index, response_lengths=rollout.response_lengths, prompt_lengths=rollout.prompt_lengths)
+        group_index=group_index, response_lengths=rollout.response_lengths, prompt_lengths=rollout.prompt_lengths,
+        routed_experts=None if rollout.routed_experts is None else pad_columns(rollout.routed_experts, seq_len))
 
 
 def score(run, rollout: RolloutBatch, prompts, baseline: torch.Tensor | None) -> tuple[StepBatch, dict, dict]:
@@ -189,7 +191,7 @@ def is_on_policy(cfg, rows: int, rows_per_mini: int) -> bool:
 def old_from_rollout(cfg) -> bool:
     """pi_old is the rollout engine's log-probs, no old-policy pass: actor.old_log_prob=rollout, or the
     bypass_mode loss (which reads the rollout's log-probs itself, as verl's bypass mode) unless the pass is
-    needed for more than log-probs (sum pi^2 for OTB, R2's recorded experts)."""
+    needed for more than log-probs (sum pi^2 for OTB, R2's recorded experts; R3's come from the rollout)."""
     needs_pass = needs_sum_pi_squared(cfg) or cfg.actor.router_replay == "R2"
     return cfg.actor.old_log_prob == "rollout" or (cfg.actor.policy_loss == "bypass_mode" and not needs_pass)
 
@@ -216,17 +218,20 @@ def _forward_passes(roles, losses: LossFns, mbs: list, seq: int, cfg, ctx, timin
     with timer("old_log_prob", timings):
         if not skip_old:
             keys = ("logp", "sum_pi_squared") if needs_sum_pi_squared(cfg) else ("logp",)
-            record = routing_record(cfg, roles, mbs, seq)
-            with record or nullcontext():
-                res = forward_collect(roles.actor.model, mbs, losses.old_logp, keys, seq, ctx.pgs.pp, hooks=record)
+            routing = old_pass_routing(cfg, roles.actor.model, mbs, seq)
+            with routing or nullcontext():
+                res = forward_collect(roles.actor.model, mbs, losses.old_logp, keys, seq, ctx.pgs.pp, hooks=routing)
             out["old_logp"] = res["logp"]
-            if record is not None:
-                out["routed_experts"] = record.recorded
+            if routing is not None and routing.recorded is not None:  # R2
+                out["routed_experts"] = routing.recorded
             if "sum_pi_squared" in res:
                 out["sum_pi_squared"] = res["sum_pi_squared"]
     if roles.ref is not None:
         with timer("ref", timings):
-            out["ref_logp"] = forward_collect([roles.ref], mbs, losses.ref, ("logp",), seq, ctx.pgs.pp)["logp"]
+            routing = RoutingHooks.for_model([roles.ref], replay=True) if cfg.actor.router_replay == "R3" else None
+            with routing or nullcontext():
+                out["ref_logp"] = forward_collect([roles.ref], mbs, losses.ref, ("logp",), seq, ctx.pgs.pp,
+                                                  hooks=routing)["logp"]
     if roles.critic is not None:
         with timer("values", timings):
             out["values"] = forward_collect(roles.critic.model, mbs, losses.critic, ("values",), seq,
@@ -234,13 +239,16 @@ def _forward_passes(roles, losses: LossFns, mbs: list, seq: int, cfg, ctx, timin
     return out
 
 
-def routing_record(cfg, roles, mbs: list, seq: int) -> RoutingHooks | None:
-    """actor.router_replay=R2 on an MoE actor: hooks that record the old policy's experts per (row, position)
-    in the old-log-prob pass (`routed_experts`, replayed by the update whatever its micro-batches); else None."""
+def old_pass_routing(cfg, chunks: list, mbs: list, seq: int) -> RoutingHooks | None:
+    """The old-log-prob pass's routing hooks on an MoE actor: actor.router_replay=R2 records the old policy's
+    experts per (row, position) (`routed_experts`, replayed by the update whatever its micro-batches); R3
+    replays the rollout's (already in the batch); else None."""
+    if cfg.actor.router_replay == "R3":
+        return RoutingHooks.for_model(chunks, replay=True)
     if cfg.actor.router_replay != "R2":
         return None
     rows = sum(mb["row_index"].numel() for mb in mbs)
-    return RoutingHooks.for_model(roles.actor.model, record_shape=(rows, seq))
+    return RoutingHooks.for_model(chunks, record_shape=(rows, seq))
 
 
 def reward_model_pass(roles, batch: dict, cfg, ctx) -> torch.Tensor:

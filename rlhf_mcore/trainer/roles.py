@@ -61,6 +61,10 @@ def needs_critic(cfg) -> bool:
     return estimator_needs(cfg.algorithm.adv_estimator).critic
 
 
+REPLAY_MODES = {"R2": "R2, the update replays the old-log-prob pass's experts",
+                "R3": "R3, every pass replays the experts the rollout used"}
+
+
 def needs_ref(cfg) -> bool:
     return cfg.actor.use_kl_loss or cfg.algorithm.use_kl_in_reward
 
@@ -125,8 +129,7 @@ def build_roles(cfg, hf: dict, ctx) -> Roles:
     if experts:
         log.info("actor: MoE, %d experts, %d on this rank (parallel.ep=%d); routing replay: %s", experts,
                  experts // cfg.parallel.ep, cfg.parallel.ep,
-                 "R2, the update replays the old-log-prob pass's experts" if cfg.actor.router_replay == "R2"
-                 else "off (actor.router_replay=disabled)")
+                 REPLAY_MODES.get(cfg.actor.router_replay, "off (actor.router_replay=disabled)"))
     ref = build_reference(cfg, hf, ctx, actor_model) if needs_ref(cfg) else None
     critic = None
     if needs_critic(cfg):

@@ -351,7 +351,8 @@ def engine_setup(cfg, roles: Roles, hf_config: dict, tokenizer, ctx) -> EngineSe
     in_flight = max_lag(a.staleness_threshold) + 1 if a.partial_rollout else 1
     return EngineSetup(model=roles.actor.model[0], hf_config=hf_config, ctx=ctx, pad_id=tokenizer.pad_id,
                        decode=tokenizer.decode, micro_batch_size=cfg.rollout.micro_batch_size,
-                       replica_rows=replica_prompts * cfg.rollout.n * in_flight, seed=cfg.trainer.seed)
+                       replica_rows=replica_prompts * cfg.rollout.n * in_flight, seed=cfg.trainer.seed,
+                       record_routing=cfg.actor.router_replay == "R3")
 
 
 def finish_run(run: Run, last: int) -> None:

@@ -1,5 +1,7 @@
 """`router_replay OUT.json [a.b=value ...]` (tests/dist/trainer/test_router_replay.py): one GRPO step with the
-routing capture on every rank; rank 0 writes each rank's mismatches and row count, and the step's metrics, as JSON."""
+routing capture on every rank; rank 0 writes each rank's mismatches and row count, the tokens x layers whose
+experts differ from the batch's routed_experts (R2: the old pass's record; R3: the rollout's) in the old pass and
+each optimizer step ("replayed"), and the step's metrics, as JSON."""
 import json
 
 import pytest
@@ -18,12 +20,13 @@ def main(out_path: str, *overrides: str) -> None:
         capture = RoutingCapture().install(patch)
         cfg = load_config(f"{ROOT}/configs/tiny_grpo.yaml", list(overrides), world_size=int(os.environ["WORLD_SIZE"]))
         run = train(cfg)
-    mine = {"mismatches": capture.mismatches(), "rows": len(capture.old)}
+    recorded = capture.recorded()
+    mine = {"mismatches": capture.mismatches(), "rows": len(capture.old),
+            "replayed": [capture.differ(capture.old, recorded)] + [capture.differ(s, recorded) for s in capture.update]}
     gathered = [None] * dist.get_world_size()
     dist.all_gather_object(gathered, mine)
     if dist.get_rank() == 0:
-        result = {"mismatches": [g["mismatches"] for g in gathered], "rows": [g["rows"] for g in gathered],
-                  "metrics": run.history[-1]}
+        result = {key: [g[key] for g in gathered] for key in mine} | {"metrics": run.history[-1]}
         with open(out_path, "w") as f:
             json.dump(result, f)
     from rlhf_mcore.parallel import destroy_distributed
