@@ -16,8 +16,7 @@ from __future__ import annotations
 
 import dataclasses
 
-from rlhf_mcore.plan.params import Shape
-from rlhf_mcore.plan.static import WEIGHT_BYTES
+from rlhf_mcore.plan.params import WEIGHT_BYTES, Shape
 
 FP32 = 4
 LOGPROB_CHUNK = 4096  # tokens per chunk of the fused log-prob kernel (models.logprobs.token_logprobs)

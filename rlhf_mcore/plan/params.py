@@ -17,6 +17,8 @@ import dataclasses
 from rlhf_mcore.models.spec import num_experts
 from rlhf_mcore.models.transformer_config import padded_vocab_size
 
+WEIGHT_BYTES = {"bf16": 2, "fp32": 4}  # bytes of a parameter (and of an activation) in model.dtype
+
 
 @dataclasses.dataclass(frozen=True)
 class Shape:

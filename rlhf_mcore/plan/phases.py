@@ -18,8 +18,8 @@ from rlhf_mcore.plan.dynamic import (
     layer_activation_elements,
     logprob_bytes,
 )
-from rlhf_mcore.plan.params import Shape
-from rlhf_mcore.plan.static import WEIGHT_BYTES, Layout, roles_of, stage_bytes
+from rlhf_mcore.plan.params import WEIGHT_BYTES, Shape
+from rlhf_mcore.plan.static import Layout, roles_of, stage_bytes
 
 PHASES = ("rollout", "log_prob", "update")
 

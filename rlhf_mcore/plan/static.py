@@ -13,9 +13,8 @@ from __future__ import annotations
 
 import dataclasses
 
-from rlhf_mcore.plan.params import Shape, rank_params
+from rlhf_mcore.plan.params import WEIGHT_BYTES, Shape, rank_params
 
-WEIGHT_BYTES = {"bf16": 2, "fp32": 4}
 GRAD_BYTES = 4
 ADAM_BYTES = {"bf16": 12, "fp32": 8}
 
