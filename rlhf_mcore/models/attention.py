@@ -25,6 +25,7 @@ from megatron.core.utils import divide
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from rlhf_mcore.models.packed import packed_attention
+from rlhf_mcore.models.spec import active_window
 
 
 def bottom_right_causal_mask(sq: int, sk: int, device, window: Optional[int] = None) -> torch.Tensor:
@@ -52,16 +53,6 @@ def layer_window(config, layer_number: int) -> Optional[int]:
     if left < 0 or right != 0:
         raise ValueError(f"SDPAttention: window_size {config.window_size} is not a causal sliding window (W - 1, 0)")
     return left + 1
-
-
-def active_window(window: Optional[int], length: int) -> Optional[int]:
-    """The window where it masks something among `length` keys; None where it covers them all (then the plain
-    causal kernels run, as for a model without a window).
-
-    >>> active_window(8, 8), active_window(8, 9), active_window(None, 9)
-    (None, 8, None)
-    """
-    return window if window is not None and length > window else None
 
 
 SDPA_KERNELS = {"flash": SDPBackend.FLASH_ATTENTION, "cudnn": SDPBackend.CUDNN_ATTENTION,

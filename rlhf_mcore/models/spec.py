@@ -61,6 +61,16 @@ def no_sliding_layers(hf: dict) -> tuple[bool, ...]:
     return (False,) * hf.get("num_hidden_layers", 0)
 
 
+def active_window(window: int | None, length: int) -> int | None:
+    """The window where it masks something among `length` keys; None where it covers them all (then the plain
+    causal kernels run, as for a model without a window).
+
+    >>> active_window(8, 8), active_window(8, 9), active_window(None, 9)
+    (None, 8, None)
+    """
+    return window if window is not None and length > window else None
+
+
 def every_layer_slides(hf: dict) -> tuple[bool, ...]:
     """Mistral, Mixtral: every layer attends within `sliding_window` when config.json sets one.
 

@@ -20,7 +20,7 @@ class Response:
     tokens: list[int]
     logprobs: list[float]
     finish_reason: str
-    routing: Optional[torch.Tensor] = None  # [prompt + response tokens, L, k] experts (R3, native eager decode)
+    routing: Optional[torch.Tensor] = dataclasses.field(default=None, repr=False)  # [tokens, L, k] experts (R3)
 
 
 @dataclasses.dataclass

@@ -45,8 +45,8 @@ from typing import Callable, Optional
 import torch
 
 from rlhf_mcore.kernels.logits import logits_fp32
-from rlhf_mcore.models.attention import active_window
 from rlhf_mcore.models.rope import attention_scaling
+from rlhf_mcore.models.spec import active_window
 from rlhf_mcore.rollout import decode_layer as fn
 from rlhf_mcore.rollout.decode_state import DecodeState
 from rlhf_mcore.rollout.merged_weights import MergedWeights

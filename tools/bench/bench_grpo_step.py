@@ -56,6 +56,7 @@ from rlhf_mcore.trainer import loop as trainer
 from rlhf_mcore.trainer.roles import build_roles
 from rlhf_mcore.trainer.run import Run, engine_setup
 from rlhf_mcore.trainer.scoring import Scored
+from rlhf_mcore.trainer.step_log import peak_memory_gb
 from tools.bench.memory_plan_check import compare as compare_plan
 from tools.bench.memory_plan_check import print_comparison
 
@@ -324,7 +325,7 @@ def summarize(args, cfg, run, steps: list[dict], rollout: dict) -> dict:
         "system": f"ours-{args.engine}" + (f"-{args.label}" if args.label else ""), "engine": args.engine,
         "step_s": med["step"], "phases_s": med,
         "steps_s": [s["timing_s/step"] for s in steps], "tokens_per_s": rows * seq / med["step"],
-        "peak_mem_gib": torch.cuda.max_memory_allocated() / 2**30 if torch.cuda.is_available() else None,
+        "peak_mem_gib": peak_memory_gb() if torch.cuda.is_available() else None,  # the run's (phases reset theirs)
         "mismatch": {k: last.get(k) for k in ("rollout/mismatch_logp_abs_diff", "rollout/mismatch_kl_k1",
                                               "rollout/mismatch_kl_k3", "rollout/mismatch_first_abs_diff",
                                               "rollout/mismatch_exact_frac")},
