@@ -147,6 +147,10 @@ def main(argv: list[str] | None = None) -> int:
             print(f"  {what:<16} {why}")
         for line in lora_lines(cfg):
             print(f"  {line}")
+        from rlhf_mcore.plan.phases import plan_line
+
+        gpu = torch.cuda.get_device_properties(0).total_memory if torch.cuda.is_available() else 0.0
+        print(f"  {plan_line(cfg, gpu_bytes=gpu)}")
     return 0
 
 

@@ -101,6 +101,9 @@ def main(argv=None, body=None) -> int:
         if problems:
             return EXIT_STARTUP
         print(dump_yaml(cfg), end="")
+        from rlhf_mcore.plan.phases import plan_line
+
+        print(f"# {plan_line(cfg, world_size)}")  # a YAML comment: the output stays the config
         return 0
     exit_with_launcher(LAUNCHER_PID)
     forked_children_die_with_us()  # megatron's checkpoint writers (and so the resource tracker) die with the rank

@@ -69,3 +69,33 @@ def rank_peak(cfg, shape: Shape, layout: Layout, gpu_bytes: float = 0.0, experts
         phase, total = peak(phase_terms(cfg, shape, layout, gpu_bytes, stage, experts_per_token))
         found.append((phase, total, stage))
     return max(found, key=lambda f: f[1])
+
+
+def plan_line(cfg, world_size: int | None = None, gpu_bytes: float = 0.0) -> str:
+    """One line for `--validate-only` and `diagnose`: the plan's peak per rank at the config's layout (DP from
+    `world_size`, else 1) and that phase's terms; what reads no model config says why."""
+    from rlhf_mcore.models.transformer_config import load_hf_config
+    from rlhf_mcore.plan.params import Shape
+
+    try:
+        hf = load_hf_config(cfg.model)
+        shape = Shape.of(hf)
+    except (OSError, ValueError) as err:
+        return f"memory plan: not made ({str(err).splitlines()[0]})"
+    p = cfg.parallel
+    layout = Layout(p.tp, p.pp, p.ep, max((world_size or p.tp * p.pp) // (p.tp * p.pp), 1))
+    top_k = int(hf.get("num_experts_per_tok") or 1)
+    phase, total, stage = rank_peak(cfg, shape, layout, gpu_bytes, top_k)
+    terms = phase_terms(cfg, shape, layout, gpu_bytes, stage, top_k)[phase]
+    return (f"memory plan: {size(total)} per rank at {layout}, peak in the {phase} phase ("
+            + " + ".join(f"{k} {size(v)}" for k, v in terms.items())
+            + "); every layout: python -m rlhf_mcore.plan --config CFG --gpus N --gpu-memory GiB")
+
+
+def size(nbytes: float) -> str:
+    """GiB from 1 GiB up, MiB below.
+
+    >>> size(3 * 2**30), size(5.5 * 2**20)
+    ('3.00 GiB', '5.5 MiB')
+    """
+    return f"{nbytes / 2**30:.2f} GiB" if nbytes >= 2**30 else f"{nbytes / 2**20:.1f} MiB"

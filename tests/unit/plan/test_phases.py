@@ -45,3 +45,21 @@ def test_offload_and_sglang_change_the_rollout():
     assert rollout["sglang"] == 50 * 2**30 and "kv_cache" not in rollout
     phase, total, stage = rank_peak(cfg, SMOL, one)
     assert stage == 0 and total == max(sum(t.values()) for t in terms.values()) and phase in terms
+
+
+def test_the_plan_line_of_validate_only_and_diagnose(tmp_path):
+    """`--validate-only` ends with the plan as a YAML comment, `diagnose` prints it; a model it cannot read is
+    said in the line."""
+    import json
+
+    from rlhf_mcore.plan.phases import plan_line
+
+    (tmp_path / "config.json").write_text(json.dumps({**HF_SHAPES["smollm2"], "architectures": ["LlamaForCausalLM"],
+                                                      "tie_word_embeddings": True}))
+    cfg = load_config(str(CONFIGS / "gsm8k_grpo_smollm2.yaml"), [f"model.hf_path={tmp_path}"], check=False)
+    assert plan_line(cfg, world_size=2) == (
+        "memory plan: 34.94 GiB per rank at TP1 PP1 EP1 DP2, peak in the update phase (weights 513.1 MiB + "
+        "grads+optimizer 2.00 GiB + activations 30.94 GiB + logprob 1.50 GiB); every layout: python -m "
+        "rlhf_mcore.plan --config CFG --gpus N --gpu-memory GiB")
+    missing = load_config(str(CONFIGS / "gsm8k_grpo_smollm2.yaml"), [f"model.hf_path={tmp_path}/none"], check=False)
+    assert plan_line(missing).startswith("memory plan: not made (model.hf_path: no config.json in ")
