@@ -6,9 +6,11 @@
 #   bash tools/gpu/gpu_presets.sh part1   # carry .gpu-async-w (megatron-core cp312, gguf) and gguf/smollm2.gguf.part1
 #   bash tools/gpu/gpu_presets.sh part2   # carry gguf/smollm2.gguf.part2: SmolLM2 + GSM8K, then every run of RUNS
 #                                         # side by side, and the start model's pass@k (PASSK=16; 0: none)
-# RUNS: "name:config:a.b=1,c.d=2;name2:config2:" (default: the five presets). Per run: $OUT/<name>.log,
-# <name>_metrics.jsonl, <name>_val/ (every validation sample: the per-problem curve). Then
+# RUNS: "name:config:a.b=1,c.d=2;name2:config2:" (default: the five presets). Per run: <name>.log,
+# <name>_metrics.jsonl, <name>_val/ (every validation sample: the per-problem curve), packed in $OUT/runs.tgz. Then
 # tools/bench/learning_summary.py: $OUT/learning.json and $OUT/summary.md.
+# Longer than one call (10 minutes): SAVE=1 MINUTES=8 part2, then RESUME=1 VAL_BEFORE=false MINUTES=... part2 with
+# the same RUNS on the same warm machine: each run resumes its checkpoint (metrics.jsonl goes on), validates at the end.
 # VAL_BEFORE=false: no validation before training (runs that share one start model: part2's gives the "before").
 # BUDGET: actor.max_tokens_per_gpu for each run (16384: side by side, the presets' 65536 would peak near 40 GB each;
 # micro-batching does not change the metrics).
@@ -62,16 +64,19 @@ else
   EXTRA=(data.val_batch_size=256)
   EVAL_EXTRA=(data.val_batch_size=${PASSK_BATCH:-64})
 fi
+SAVE_FREQ=0 RESUME_MODE=disable
+[[ -z "${SAVE:-}${RESUME:-}" ]] || SAVE_FREQ=-1  # a checkpoint at the end, for a later call to resume
+[[ -z "${RESUME:-}" ]] || RESUME_MODE=auto
 COMMON=(model.hf_path=$MODEL/hf model.load=$MODEL/mcore data.train_files=$MODEL/gsm8k/train.parquet
-        data.val_files=$MODEL/gsm8k/test.parquet trainer.save_freq=0 trainer.export_hf=false trainer.resume=disable
-        "trainer.logger=[console,jsonl]")
+        data.val_files=$MODEL/gsm8k/test.parquet trainer.save_freq=$SAVE_FREQ trainer.export_hf=false
+        trainer.resume=$RESUME_MODE "trainer.logger=[console,jsonl]")
 port=29610
 names=() pids=()
 for run in "${RUN_LIST[@]}"; do
   IFS=: read -r name config sets <<< "$run"
   IFS=, read -r -a overrides <<< "$sets"
   names+=("$name")
-  rm -rf $W/run_$name
+  [[ -n "${RESUME:-}" ]] || rm -rf $W/run_$name  # RESUME=1: the same runs go on from their last checkpoint
   log "$name: configs/$config ${overrides[*]}"
   MASTER_PORT=$port timeout -k 10 ${RUN_TIMEOUT:-480} $PY -m rlhf_mcore.train --config configs/$config "${COMMON[@]}" trainer.output_dir=$W/run_$name \
       trainer.val_before_train=${VAL_BEFORE:-true} trainer.time_limit_min=$MINUTES trainer.total_steps=1000 trainer.test_freq=100000 \
@@ -99,3 +104,4 @@ done
 [[ $PASSK -gt 0 ]] && { cp $W/passk/eval.json $OUT/passk_eval.json 2>/dev/null; grep "best@\|Error" $OUT/passk.log | tail -3; }
 passk=(); [[ $PASSK -gt 0 ]] && passk=(--passk $W/passk/generations)
 $PY -m tools.bench.learning_summary --out $OUT --runs "${names[@]}" "${passk[@]}" | tee $OUT/summary.md
+(cd $OUT && tar czf runs.tgz --remove-files *.log *_metrics.jsonl *_val gpu.csv 2>/dev/null)  # few files come back
