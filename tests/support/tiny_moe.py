@@ -43,3 +43,16 @@ def save_tiny_moe(path, seed: int = 0) -> str:
     randomize_(model, seed)
     model.save_pretrained(str(path))
     return str(path)
+
+
+def load_tiny_moe(directory, ctx):
+    """`save_tiny_moe` into `directory`, built as megatron's actor on `ctx` (fp32) and loaded from it, in eval mode."""
+    from rlhf_mcore.convert.mcore import build_for_conversion
+    from rlhf_mcore.models.hf_io import read_hf_config
+    from rlhf_mcore.models.hf_load import load_hf_weights
+
+    path = save_tiny_moe(directory)
+    hf_cfg = read_hf_config(path)
+    model = build_for_conversion(hf_cfg, "actor", ctx, "fp32")
+    load_hf_weights(model, path, hf_cfg, 0, 1)
+    return model.eval()

@@ -24,10 +24,7 @@ export PYTHONUNBUFFERED=1 NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1
 log() { echo "=== $* ($(date +%T), ${SECONDS}s)"; }
 
 if [[ $PART == part1 ]]; then
-  mkdir -p /tmp/site "$OUT" && $PY -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
-      --target /tmp/site .gpu-async-w/*.whl || exit 3
-  cp gguf/smollm2.gguf.part1 /tmp/ || exit 4
-  nvidia-smi -L; $PY -c "import torch, megatron.core; print(torch.__version__, megatron.core.__version__)"
+  source tools/gpu/smol.sh && smol_part1 .gpu-async-w
   log "GPU tests: the graphed static decoder (per-row columns) and continuous batching against it"
   timeout 240 $PY -m pytest -q -p no:cacheprovider -p no:warnings -m gpu ${GPU_TESTS:-tests/unit/rollout/test_static_decode.py \
       tests/unit/rollout/test_continuous.py tests/unit/rollout/test_lora_decode.py} 2>&1 | tail -4
@@ -59,20 +56,14 @@ if [[ -n "${DRY:-}" ]]; then
 else
   [[ -d /tmp/site/megatron ]] || { echo "COLD_MACHINE: run part1 first"; exit 9; }
   GGUF=/tmp/smollm2.gguf
-  [[ -f $GGUF ]] || cat /tmp/smollm2.gguf.part1 gguf/smollm2.gguf.part2 > $GGUF || exit 4
   SIZES=()
   EXTRA=(${RESPONSE:-rollout.max_response_length=1024})
 fi
 read -r -a SETS <<< "${SET:-}"  # more overrides for every variant (e.g. rollout.multi_turn.workers=256)
 read -r -a ARGS <<< "${ARGS:-}"  # more arguments of the entry point (e.g. --tool-sleep-ms 50-500)
-if [[ ! -d $W/mcore ]]; then
-  log "SmolLM2-135M-Instruct: GGUF -> HF -> megatron; GSM8K"
-  $PY -m tools.gguf_to_hf --gguf $GGUF --out $W/hf --dtype bf16 --overwrite 2>&1 | tail -1
-  $PY -m tools.convert_checkpoint hf-to-mcore --hf-dir $W/hf --out $W/mcore --dtype bf16 2>&1 | tail -1
-  $PY -m tools.prepare_gsm8k --output-dir $W/gsm8k "${SIZES[@]}" | tail -1 || exit 5
-  $PY -c "import pyarrow.parquet as pq; t = pq.read_table('$W/gsm8k/test.parquet'); \
+source tools/gpu/smol.sh && smol_prepare $W $GGUF "${SIZES[@]}"
+[[ -f $W/gsm8k/val.parquet ]] || $PY -c "import pyarrow.parquet as pq; t = pq.read_table('$W/gsm8k/test.parquet'); \
 pq.write_table(t.slice(0, $VAL), '$W/gsm8k/val.parquet'); print('validation prompts:', min($VAL, t.num_rows))"
-fi
 for variant in "${VARIANTS[@]}"; do
   name=${variant%%:*}
   IFS=, read -r -a overrides <<< "${variant#*:}"

@@ -98,14 +98,7 @@ C)
   cp gguf/smollm2.gguf.part1 /tmp/ && ls -la /tmp/smollm2.gguf.part1 ;;
 D)
   mkdir -p $OUT/D
-  if [[ -z "${DRY:-}" && ! -d $SMOL/mcore ]]; then
-    GGUF=/tmp/smollm2.gguf
-    cat /tmp/smollm2.gguf.part1 gguf/smollm2.gguf.part2 > $GGUF || exit 4
-    log "SmolLM2-135M-Instruct: GGUF -> HF -> megatron; GSM8K"
-    $PY -m tools.gguf_to_hf --gguf $GGUF --out $SMOL/hf --dtype bf16 --overwrite 2>&1 | tail -1
-    $PY -m tools.convert_checkpoint hf-to-mcore --hf-dir $SMOL/hf --out $SMOL/mcore --dtype bf16 2>&1 | tail -1
-    $PY -m tools.prepare_gsm8k --output-dir $SMOL/gsm8k | tail -1 || exit 5
-  fi
+  [[ -n "${DRY:-}" ]] || { source tools/gpu/smol.sh && smol_prepare $SMOL /tmp/smollm2.gguf; }
   STEPS=${STEPS:-5}
   for variant in ${VARIANTS:-base: pack:data.use_sequence_packing=true pack_lp:data.use_sequence_packing=true,actor.log_prob_max_tokens_per_gpu=262144}; do
     IFS=, read -r -a overrides <<< "${variant#*:}"

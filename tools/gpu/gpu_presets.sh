@@ -27,11 +27,9 @@ export PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True
 [[ -n "${DRY:-}" ]] || export PYTHONPATH=/tmp/site:$PWD
 log() { echo "=== $* ($(date +%T), ${SECONDS}s)"; }
 
+source tools/gpu/smol.sh
 if [[ $PART == part1 ]]; then
-  mkdir -p /tmp/site "$OUT" && $PY -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
-      --target /tmp/site .gpu-async-w/*.whl || exit 3
-  cp gguf/smollm2.gguf.part1 /tmp/ || exit 4
-  nvidia-smi -L; $PY -c "import torch, megatron.core; print(torch.__version__, megatron.core.__version__)"
+  smol_part1 .gpu-async-w
   exit 0
 fi
 
@@ -53,14 +51,7 @@ if [[ -n "${DRY:-}" ]]; then
 else
   [[ -d /tmp/site/megatron ]] || { echo "COLD_MACHINE: run part1 first"; exit 9; }
   MODEL=$W
-  if [[ ! -d $W/mcore ]]; then
-    GGUF=/tmp/smollm2.gguf
-    cat /tmp/smollm2.gguf.part1 gguf/smollm2.gguf.part2 > $GGUF || exit 4
-    log "SmolLM2-135M-Instruct: GGUF -> HF -> megatron; GSM8K"
-    $PY -m tools.gguf_to_hf --gguf $GGUF --out $W/hf --dtype bf16 --overwrite 2>&1 | tail -1
-    $PY -m tools.convert_checkpoint hf-to-mcore --hf-dir $W/hf --out $W/mcore --dtype bf16 2>&1 | tail -1
-    $PY -m tools.prepare_gsm8k --output-dir $W/gsm8k | tail -1 || exit 5
-  fi
+  smol_prepare $W /tmp/smollm2.gguf
   EXTRA=(data.val_batch_size=256)
   EVAL_EXTRA=(data.val_batch_size=${PASSK_BATCH:-64})
 fi

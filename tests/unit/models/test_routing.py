@@ -9,22 +9,14 @@ import torch
 
 from rlhf_mcore.models.routing import RoutingHooks, from_router_order, moe_routers
 from rlhf_mcore.trainer.schedule import forward_collect, split_micro_batches
-from tests.support.tiny_moe import EXPERTS, NUM_LAYERS, TOPK, save_tiny_moe
+from tests.support.tiny_moe import EXPERTS, NUM_LAYERS, TOPK, load_tiny_moe
 
 B, S = 6, 20
 
 
 @pytest.fixture(scope="module")
 def moe(tmp_path_factory, mcore_ctx):
-    from rlhf_mcore.convert.mcore import build_for_conversion
-    from rlhf_mcore.models.hf_io import read_hf_config
-    from rlhf_mcore.models.hf_load import load_hf_weights
-
-    path = save_tiny_moe(tmp_path_factory.mktemp("moe"))
-    hf_cfg = read_hf_config(path)
-    model = build_for_conversion(hf_cfg, "actor", mcore_ctx, "fp32")
-    load_hf_weights(model, path, hf_cfg, 0, 1)
-    return model.eval()
+    return load_tiny_moe(tmp_path_factory.mktemp("moe"), mcore_ctx)
 
 
 def make_batch() -> dict:

@@ -10,7 +10,7 @@ from rlhf_mcore.rollout.native import NativeRolloutEngine
 from rlhf_mcore.rollout.routing_record import stack_rows
 from rlhf_mcore.rollout.types import SamplingParams
 from rlhf_mcore.trainer.schedule import forward_collect, split_micro_batches
-from tests.support.tiny_moe import NUM_LAYERS, TOPK, save_tiny_moe
+from tests.support.tiny_moe import NUM_LAYERS, TOPK, load_tiny_moe
 
 PROMPTS = [[5, 6, 7, 8, 9, 10, 11], [12, 13], [14, 15, 16, 17], [18]]
 # a third of the vocabulary stops a row: rows end at different steps, and the cache drops them (compaction)
@@ -19,15 +19,7 @@ PARAMS = SamplingParams(n=3, max_new_tokens=8, temperature=1.0, stop_token_ids=t
 
 @pytest.fixture(scope="module")
 def moe(tmp_path_factory, mcore_ctx):
-    from rlhf_mcore.convert.mcore import build_for_conversion
-    from rlhf_mcore.models.hf_io import read_hf_config
-    from rlhf_mcore.models.hf_load import load_hf_weights
-
-    path = save_tiny_moe(tmp_path_factory.mktemp("moe"))
-    hf_cfg = read_hf_config(path)
-    model = build_for_conversion(hf_cfg, "actor", mcore_ctx, "fp32")
-    load_hf_weights(model, path, hf_cfg, 0, 1)
-    return model.eval()
+    return load_tiny_moe(tmp_path_factory.mktemp("moe"), mcore_ctx)
 
 
 def trainer_routing(model, ctx, batch) -> torch.Tensor:
