@@ -15,12 +15,10 @@ import torch
 import torch.distributed as dist
 
 from rlhf_mcore.convert.mcore import build_for_conversion, load_converted
-from rlhf_mcore.logs import init_logger
 from rlhf_mcore.models.hf_io import read_hf_config
 from rlhf_mcore.models.hf_load import load_hf_weights
 from rlhf_mcore.models.weights import default_role
-from rlhf_mcore.parallel import destroy_distributed, init_distributed, reset_model_parallel, torchrun_env
-from tests.support.layouts import parse_work_layouts_cases, split_layouts
+from tests.support.layouts import each_layout
 
 
 def mismatched(work: Path, case: str, ctx) -> list[str]:
@@ -39,19 +37,13 @@ def mismatched(work: Path, case: str, ctx) -> list[str]:
 
 
 def main(argv: list[str]) -> int:
-    args = parse_work_layouts_cases(argv)
-    init_logger(torchrun_env()[0])
     failures = 0
-    for tp, pp, ep in split_layouts(args.layouts):
-        layout = f"{tp}x{pp}" + (f"x{ep}" if ep > 1 else "")
-        reset_model_parallel()
-        ctx = init_distributed(tp, pp, ep=ep)
+    for args, layout, ctx in each_layout(argv):
         for case in args.cases.split(","):
             bad = mismatched(args.work, case, ctx)
             failures += bool(bad)
             if dist.get_rank() == 0:
                 print(f"hf_load case={case} layout={layout} mismatched={len(bad)} {' '.join(bad[:4])}", flush=True)
-    destroy_distributed()
     return int(failures > 0)
 
 

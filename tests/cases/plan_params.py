@@ -14,31 +14,24 @@ import torch
 import torch.distributed as dist
 
 from rlhf_mcore.convert.mcore import build_for_conversion
-from rlhf_mcore.logs import init_logger
-from rlhf_mcore.parallel import destroy_distributed, init_distributed, reset_model_parallel, torchrun_env
 from rlhf_mcore.plan.params import Shape, rank_params
-from tests.support.layouts import parse_work_layouts_cases, split_layouts
+from tests.support.layouts import each_layout
 
 
 def entry(argv: list[str]) -> int:
-    args = parse_work_layouts_cases(argv)
-    init_logger(torchrun_env()[0])
     failures = 0
-    for tp, pp, ep in split_layouts(args.layouts):
-        layout = f"{tp}x{pp}" + (f"x{ep}" if ep > 1 else "")
-        reset_model_parallel()
-        ctx = init_distributed(tp, pp, ep=ep)
+    for args, layout, ctx in each_layout(argv):
         for case in args.cases.split(","):
             hf = json.loads((args.work / f"{case}.json").read_text())
-            if ep > 1 and not Shape.of(hf).experts:
+            if ctx.dims.ep > 1 and not Shape.of(hf).experts:
                 continue
             for role in ("actor", "critic"):
                 built = sum(p.numel() for p in build_for_conversion(hf, role, ctx, "fp32").parameters())
-                planned = rank_params(Shape.of(hf), tp, pp, ep, ctx.pp_rank, lm_head=role == "actor")
+                d = ctx.dims
+                planned = rank_params(Shape.of(hf), d.tp, d.pp, d.ep, ctx.pp_rank, lm_head=role == "actor")
                 bad = torch.tensor([int(built != planned)])
                 dist.all_reduce(bad)
                 failures += int(bad)
                 if dist.get_rank() == 0:
                     print(f"plan_params case={case} layout={layout} role={role} mismatched={int(bad)}", flush=True)
-    destroy_distributed()
     return int(failures > 0)

@@ -34,3 +34,17 @@ def parse_work_layouts_cases(argv: list[str]) -> argparse.Namespace:
 def split_layouts(spec: str) -> list[tuple[int, int, int]]:
     """"1x1,2x1,1x1x2" -> [(1, 1, 1), (2, 1, 1), (1, 1, 2)] (tp, pp, ep)."""
     return [(*(int(x) for x in layout.split("x")), 1)[:3] for layout in spec.split(",")]
+
+
+def each_layout(argv: list[str]):
+    """The cases' loop over layouts: parse `--work --layouts --cases`, and per layout reset model parallelism and
+    initialise it; yields (args, layout label "TPxPP[xEP]", ctx). Process groups are destroyed at the end."""
+    from rlhf_mcore.logs import init_logger
+    from rlhf_mcore.parallel import destroy_distributed, init_distributed, reset_model_parallel, torchrun_env
+
+    args = parse_work_layouts_cases(argv)
+    init_logger(torchrun_env()[0])
+    for tp, pp, ep in split_layouts(args.layouts):
+        reset_model_parallel()
+        yield args, f"{tp}x{pp}" + (f"x{ep}" if ep > 1 else ""), init_distributed(tp, pp, ep=ep)
+    destroy_distributed()
