@@ -5,8 +5,9 @@ builds, at a TP x PP x EP x DP layout, from the exact parameter counts of `plan.
 - gradients (trained roles): megatron's DDP buffer, in fp32 (`grad_reduce_in_fp32`): 4 bytes a parameter;
 - optimizer state (trained roles): Adam's two moments in fp32, plus fp32 main weights in a bf16 run: 12 bytes a
   parameter (8 in fp32); the distributed optimizer shards it over DP.
-The roles: the actor, the reference (a frozen copy, where a KL term needs one and LoRA does not make it free) and
-the critic (GAE). A rank's peak is its pipeline stage's largest sum (the first and last stages hold the
+The roles: the actor, the reference (a frozen copy, where a KL term needs one and LoRA does not make it free), the
+critic (GAE), LoRA's adapters (trained; the base is the frozen actor) and a reward model (`reward.model_path`,
+its own shape). A rank's peak is its pipeline stage's largest sum (the first and last stages hold the
 embedding and the head).
 """
 from __future__ import annotations
@@ -24,6 +25,8 @@ class Role:
     name: str
     trained: bool
     lm_head: bool = True
+    shape: Shape | None = None  # another model's shape (the reward model); None: the run's model
+    whole: int = 0  # parameters split evenly over TP x PP instead of a shape's count (LoRA's adapters)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -38,16 +41,41 @@ class Layout:
 
 
 def roles_of(cfg) -> list[Role]:
-    """The roles a run builds (a reward model's own shape is not counted here)."""
+    """The roles a run builds (LoRA's adapters and a reward model read their config.json files)."""
     from rlhf_mcore.algorithms.advantages import estimator_needs
 
-    roles = [Role("actor", trained=not cfg.model.lora_rank)]  # LoRA: a frozen base (its adapters are not counted)
+    roles = [Role("actor", trained=not cfg.model.lora_rank)]  # LoRA: a frozen base, and the "adapters" role
     kl = cfg.actor.use_kl_loss or cfg.algorithm.use_kl_in_reward
     if kl and not cfg.model.lora_rank:  # LoRA's reference is the actor with its adapters off
         roles.append(Role("ref", trained=False))
     if estimator_needs(cfg.algorithm.adv_estimator).critic:
         roles.append(Role("critic", trained=True, lm_head=False))
+    if cfg.model.lora_rank:
+        roles.append(Role("adapters", trained=True, whole=adapter_params(cfg)))
+    if cfg.reward.model_path:
+        roles.append(Role("reward", trained=False, lm_head=False, shape=reward_shape(cfg.reward.model_path)))
     return roles
+
+
+def adapter_params(cfg) -> int:
+    """The actor's LoRA adapters over the whole model (`models.lora_budget`)."""
+    from rlhf_mcore.models.lora import LoraSettings
+    from rlhf_mcore.models.lora_budget import lora_param_count
+    from rlhf_mcore.models.spec import num_experts
+    from rlhf_mcore.models.transformer_config import load_hf_config
+    from rlhf_mcore.models.weights import model_dims
+
+    hf = load_hf_config(cfg.model)
+    settings = LoraSettings.from_model_cfg(cfg.model)
+    return lora_param_count(model_dims(hf, "config.json"), settings.rank, settings.target_modules,
+                            moe=bool(num_experts(hf)))
+
+
+def reward_shape(path: str) -> Shape:
+    """The reward model's shape, from its HF directory or its conversion's hf/config.json."""
+    from rlhf_mcore.trainer.roles import reward_model_config
+
+    return Shape.of(reward_model_config(path)[0])
 
 
 def role_bytes(params: int, role: Role, dtype: str, dp: int, distributed_optimizer: bool) -> dict[str, int]:
@@ -66,9 +94,11 @@ def role_bytes(params: int, role: Role, dtype: str, dp: int, distributed_optimiz
 def stage_bytes(shape: Shape, layout: Layout, pp_rank: int, roles: list[Role], dtype: str,
                 distributed_optimizer: bool, vocab_divisible_by: int = 128) -> dict[str, dict[str, int]]:
     """{role: {weights, grads, optimizer}} on a rank of pipeline stage `pp_rank`."""
-    return {r.name: role_bytes(rank_params(shape, layout.tp, layout.pp, layout.ep, pp_rank, r.lm_head,
-                                           vocab_divisible_by), r, dtype, layout.dp, distributed_optimizer)
-            for r in roles}
+    def params(r: Role) -> int:
+        if r.whole:
+            return -(-r.whole // (layout.tp * layout.pp))
+        return rank_params(r.shape or shape, layout.tp, layout.pp, layout.ep, pp_rank, r.lm_head, vocab_divisible_by)
+    return {r.name: role_bytes(params(r), r, dtype, layout.dp, distributed_optimizer) for r in roles}
 
 
 def peak_bytes(shape: Shape, layout: Layout, roles: list[Role], dtype: str, distributed_optimizer: bool,

@@ -63,3 +63,34 @@ def test_the_plan_line_of_validate_only_and_diagnose(tmp_path):
         "rlhf_mcore.plan --config CFG --gpus N --gpu-memory GiB")
     missing = load_config(str(CONFIGS / "gsm8k_grpo_smollm2.yaml"), [f"model.hf_path={tmp_path}/none"], check=False)
     assert plan_line(missing).startswith("memory plan: not made (model.hf_path: no config.json in ")
+
+
+def test_lora_adapters_and_a_reward_model_are_roles_of_the_plan(tmp_path):
+    """LoRA: the base is frozen (weights only) and the adapters train (the count of models.lora_budget, split over
+    TP x PP); a reward model's weights come from its own config.json."""
+    import json
+
+    from rlhf_mcore.models.lora import LoraSettings
+    from rlhf_mcore.models.lora_budget import lora_param_count
+    from rlhf_mcore.models.weights import model_dims
+    from rlhf_mcore.plan.params import rank_params
+    from rlhf_mcore.plan.static import roles_of, stage_bytes
+
+    hf = {**HF_SHAPES["smollm2"], "architectures": ["LlamaForCausalLM"], "tie_word_embeddings": True}
+    (tmp_path / "config.json").write_text(json.dumps(hf))
+    rm = tmp_path / "rm"  # a converted reward model: its HF config under hf/
+    (rm / "hf").mkdir(parents=True)
+    (rm / "hf" / "config.json").write_text(json.dumps({**hf, "architectures": ["LlamaForSequenceClassification"],
+                                                "num_hidden_layers": 4, "num_labels": 1}))
+    cfg = load_config(str(CONFIGS / "gsm8k_grpo_lora_smollm2.yaml"), [f"model.hf_path={tmp_path}",
+                                                                        f"reward.model_path={rm}"], check=False)
+    roles = {r.name: r for r in roles_of(cfg)}
+    assert sorted(roles) == ["actor", "adapters", "reward"]  # the reference is the actor without its adapters
+    settings = LoraSettings.from_model_cfg(cfg.model)
+    adapters = lora_param_count(model_dims(hf, "config.json"), settings.rank, settings.target_modules)
+    terms = stage_bytes(SMOL, Layout(2, 1, 1, 1), 0, list(roles.values()), "bf16", False)
+    assert terms["actor"] == {"weights": 2 * rank_params(SMOL, 2, 1, 1, 0, True), "grads": 0, "optimizer": 0}
+    assert terms["adapters"] == {"weights": 2 * adapters // 2, "grads": 4 * adapters // 2,
+                                 "optimizer": 12 * adapters // 2}
+    assert terms["reward"]["weights"] == 2 * rank_params(Shape.of({**hf, "num_hidden_layers": 4}), 2, 1, 1, 0, False)
+    assert terms["reward"]["grads"] == terms["reward"]["optimizer"] == 0
