@@ -72,7 +72,11 @@ def _model_shape(cfg: Config) -> tuple[dict | None, list[str]]:
     if missing:
         return None, [f"model.{k}: required when model.hf_path is empty (got None). Set it, or set "
                       "model.hf_path to an HF model directory." for k in missing]
-    return {"layers": m.num_layers, "heads": m.num_attention_heads,
+    from rlhf_mcore.models.registry import MODEL_FAMILIES
+
+    family = MODEL_FAMILIES.get(m.family) if m.family in MODEL_FAMILIES else None  # an unknown one: registry_fields
+    return {"run_errors": family.run_errors(cfg) if family else [], "layers": m.num_layers,
+            "heads": m.num_attention_heads,
             "groups": m.num_query_groups or m.num_attention_heads, "ffn": m.ffn_hidden_size,
             "ffn_key": "model.ffn_hidden_size", "positions": m.max_position_embeddings,
             "positions_key": "model.max_position_embeddings"}, []

@@ -126,6 +126,10 @@ def test_validate_refuses_what_is_not_there_yet(vl_dir):
     errs = validate(cfg)
     assert any(e.startswith("parallel.pp: Qwen2.5-VL runs at pp=1") for e in errs)
     assert any(e.startswith("model.hf_path: Qwen2.5-VL trains with images not yet") for e in errs)
+    inline = load_config(None, ["model.family=qwen2_5_vl", "model.num_layers=2", "model.hidden_size=64",
+                                "model.ffn_hidden_size=96", "model.num_attention_heads=4", "model.vocab_size=300"],
+                         check=False)
+    assert any(e.startswith("model.hf_path: Qwen2.5-VL trains with images not yet") for e in validate(inline))
 
 
 def test_video_tokens_and_left_padding_are_refused(ours):
