@@ -58,8 +58,11 @@ def _model_shape(cfg: Config) -> tuple[dict | None, list[str]]:
         refused = architecture_errors(hf, f"model.hf_path: {path}")  # what the builder would refuse, before it
         if refused:
             return None, refused
-        window = sliding_window(hf, spec_for_hf_config(hf, path))
-        return {"layers": hf.get("num_hidden_layers"), "heads": hf.get("num_attention_heads"),
+        spec = spec_for_hf_config(hf, path)
+        hf = spec.text_config(hf)  # a vision-language config.json nests the LM's fields
+        window = sliding_window(hf, spec)
+        return {"run_errors": spec.run_errors(cfg),
+                "layers": hf.get("num_hidden_layers"), "heads": hf.get("num_attention_heads"),
                 "groups": hf.get("num_key_value_heads") or hf.get("num_attention_heads"),
                 "ffn": hf.get("intermediate_size"), "ffn_key": f"{path}: intermediate_size",
                 "positions": hf.get("max_position_embeddings"), "positions_key": f"{path}: max_position_embeddings",
@@ -69,14 +72,18 @@ def _model_shape(cfg: Config) -> tuple[dict | None, list[str]]:
     if missing:
         return None, [f"model.{k}: required when model.hf_path is empty (got None). Set it, or set "
                       "model.hf_path to an HF model directory." for k in missing]
-    return {"layers": m.num_layers, "heads": m.num_attention_heads,
+    from rlhf_mcore.models.registry import MODEL_FAMILIES
+
+    family = MODEL_FAMILIES.get(m.family) if m.family in MODEL_FAMILIES else None  # an unknown one: registry_fields
+    return {"run_errors": family.run_errors(cfg) if family else [], "layers": m.num_layers,
+            "heads": m.num_attention_heads,
             "groups": m.num_query_groups or m.num_attention_heads, "ffn": m.ffn_hidden_size,
             "ffn_key": "model.ffn_hidden_size", "positions": m.max_position_embeddings,
             "positions_key": "model.max_position_embeddings"}, []
 
 
 def _parallel_rules(cfg: Config, shape: dict, world_size: int | None) -> list[str]:
-    p, errs = cfg.parallel, []
+    p, errs = cfg.parallel, list(shape.get("run_errors", ()))  # what the model's family cannot run yet
     if shape["heads"] % p.tp:
         errs.append(f"parallel.tp: must divide the number of attention heads {shape['heads']} (got {p.tp}). "
                     "Pick a divisor of the head count.")

@@ -82,6 +82,7 @@ def _build_model(role: str, hf: dict, model_cfg, parallel_cfg, ctx, source: str)
     spec = role_spec(role)
     tc = to_transformer_config(hf, model_cfg, parallel_cfg, source)
     family = spec_for_hf_config(hf, source)
+    hf = family.text_config(hf)  # a vision-language config.json nests the LM's fields
     # models.routing: record, replay (the reference too: R3 replays the rollout's experts in every pass)
     tc.moe_enable_routing_replay = bool(tc.num_moe_experts) and role in ("actor", "ref")
     if tc.num_moe_experts:
@@ -112,7 +113,7 @@ def _build_model(role: str, hf: dict, model_cfg, parallel_cfg, ctx, source: str)
         pre_process=ctx.is_first_stage,
         post_process=ctx.is_last_stage,
         share_embeddings_and_output_weights=tied,
-        position_embedding_type="rope",
+        position_embedding_type="mrope" if tc.mrope_section else "rope",  # M-RoPE: [3, B, S] positions
         rotary_base=rope_theta(hf, source),
         parallel_output=True,
     )

@@ -46,6 +46,7 @@ def model_fields_from_hf(hf: dict, source: str = "config.json", init_std: float 
     >>> f["family"], f["tie_embeddings"], f["rope_theta"], f["num_query_groups"]
     ('llama', True, 100000.0, 3)
     """
+    hf = spec_for_hf_config(hf, source).text_config(hf)  # a vision-language config.json nests the LM's fields
     params = hf.get("rope_parameters") or hf.get("rope_scaling") or {}
     heads = hf.get("num_attention_heads")
     return {

@@ -89,31 +89,45 @@ def check_weight_files(hf_dir: str | os.PathLike) -> None:
             open_weight_file(path)
 
 
+def canonical_name(name: str, aliases: tuple[tuple[str, str], ...]) -> str:
+    """`name` with the first matching alias prefix replaced by its canonical one (`ModelSpec.checkpoint_aliases`).
+
+    >>> canonical_name("model.language_model.norm.weight", (("model.language_model.", "model."),))
+    'model.norm.weight'
+    """
+    for alias, canonical in aliases:
+        if name.startswith(alias):
+            return canonical + name[len(alias):]
+    return name
+
+
 class LazyStateDict(Mapping):
     """name -> tensor over checkpoint files, each tensor read only when accessed (torch .bin files are
-    memory-mapped). Lets a pipeline stage convert just its own layers of a large checkpoint."""
+    memory-mapped). Lets a pipeline stage convert just its own layers of a large checkpoint. `aliases`: (prefix,
+    canonical prefix) pairs; a tensor stored under an alias prefix is found under the canonical name."""
 
-    def __init__(self, files: list[Path]):
-        self._handles: dict[str, object] = {}
+    def __init__(self, files: list[Path], aliases: tuple[tuple[str, str], ...] = ()):
+        self._handles: dict[str, tuple[object, str]] = {}  # name -> (file handle, the name stored there)
         for path in files:
             handle = open_weight_file(path)
-            for name in handle.keys():
+            for stored in handle.keys():
+                name = canonical_name(stored, aliases)
                 if name in self._handles:
-                    raise ValueError(f"{path}: tensor '{name}' also appears in another shard.")
-                self._handles[name] = handle
+                    raise ValueError(f"{path}: tensor '{stored}' also appears in another shard (as '{name}').")
+                self._handles[name] = (handle, stored)
 
     def __getitem__(self, name: str) -> torch.Tensor:
-        handle = self._handles[name]
+        handle, name = self._handles[name]
         return handle[name] if isinstance(handle, dict) else handle.get_tensor(name)
 
     def shape(self, name: str) -> tuple[int, ...]:
         """The stored shape, without reading the tensor."""
-        handle = self._handles[name]
+        handle, name = self._handles[name]
         return tuple(handle[name].shape) if isinstance(handle, dict) else tuple(handle.get_slice(name).get_shape())
 
     def read_slice(self, name: str, dim: int, start: int, stop: int) -> torch.Tensor:
         """Rows (dim 0) or columns (dim 1) [start, stop) of a tensor; safetensors reads only those bytes."""
-        handle = self._handles[name]
+        handle, name = self._handles[name]
         if isinstance(handle, dict):
             return handle[name].narrow(dim, start, stop - start).clone()
         part = handle.get_slice(name)

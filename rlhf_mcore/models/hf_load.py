@@ -52,9 +52,12 @@ def weight_source(model_cfg) -> tuple[str, str]:
 
 
 def _check_names(sd: LazyStateDict, hf_config: dict, role: str, rules: list, source: str) -> None:
+    from rlhf_mcore.models.registry import spec_for_hf_config
     from rlhf_mcore.models.weights import _check_leftovers
 
     used = {key for rule in rules for key in rule.hf}
+    vision = spec_for_hf_config(hf_config, source).vision_prefix  # the vision tower's tensors: models.vision's
+    used |= {key for key in sd if vision and key.startswith(vision)}
     if not role_spec(role).lm_head or hf_config.get("tie_word_embeddings"):
         used.add("lm_head.weight")  # a scalar head model has no LM head; a tied one may store a copy
     _check_leftovers(set(sd) - used, source, "HF")
@@ -115,11 +118,14 @@ def read_shard(sd: LazyStateDict, rule, dims: dict, param, tp_rank: int, tp_size
 def load_hf_weights(model, hf_dir: str, hf_config: dict, tp_rank: int, tp_size: int) -> str:
     """Copy an HF checkpoint's weights into this rank's shard of `model` (role from `model.role`); a critic
     without a value head in the checkpoint keeps its own. Returns a description of the source for the log."""
+    from rlhf_mcore.models.registry import spec_for_hf_config
     from rlhf_mcore.models.weights import SCORE_HEAD, model_dims, rules_for
 
     files = weight_files(hf_dir)
     source = str(files[0]) if len(files) == 1 else os.path.join(hf_dir, "model.safetensors.index.json")
-    sd = LazyStateDict(files)
+    spec = spec_for_hf_config(hf_config, source)
+    hf_config = spec.text_config(hf_config)  # a vision-language config.json nests the LM's fields
+    sd = LazyStateDict(files, spec.checkpoint_aliases)
     role = model.role
     dims = model_dims(hf_config, source)
     rules = rules_for(hf_config, role, source)

@@ -3,13 +3,13 @@
 """
 from __future__ import annotations
 
-from rlhf_mcore.models.families import llama, mistral, mixtral, qwen2, qwen3, qwen3_moe
+from rlhf_mcore.models.families import llama, mistral, mixtral, qwen2, qwen2_5_vl, qwen3, qwen3_moe
 from rlhf_mcore.models.spec import ModelSpec
 from rlhf_mcore.registry import Registry
 
 MODEL_FAMILIES: Registry[ModelSpec] = Registry("model family")
 
-for _spec in (llama.SPEC, qwen2.SPEC, mistral.SPEC, qwen3.SPEC, qwen3_moe.SPEC, mixtral.SPEC):
+for _spec in (llama.SPEC, qwen2.SPEC, mistral.SPEC, qwen3.SPEC, qwen3_moe.SPEC, mixtral.SPEC, qwen2_5_vl.SPEC):
     MODEL_FAMILIES.register(_spec.name)(_spec)
 
 
@@ -29,3 +29,9 @@ def spec_for_hf_config(hf_cfg: dict, source: str = "config.json") -> ModelSpec:
         f"{source}: unsupported architecture (architectures={archs}, model_type={model_type!r}). "
         f"Supported: {', '.join(known)}."
     )
+
+
+def language_config(hf_cfg: dict, source: str = "config.json") -> dict:
+    """The language model's config.json fields as one flat dict (its family's `text_config`: a vision-language
+    config nests them under `text_config`); a text model's config as it is."""
+    return spec_for_hf_config(hf_cfg, source).text_config(hf_cfg)

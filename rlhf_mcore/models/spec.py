@@ -11,7 +11,10 @@ A spec carries everything that differs between families:
 - `weights`: the HF <-> megatron weight-map table (`WeightRule` rows, "{i}" the layer index);
 - `optional_weights(hf)`: rows only some config.json values have (Llama's linear biases);
 - `decode_paths`: the native rollout's decode paths that run it ("static": the functional / graphed
-  decoder of `rollout.static_decode`; "eager": megatron's modules).
+  decoder of `rollout.static_decode`; "eager": megatron's modules);
+- `text_config(hf)`: the language model's fields as one flat dict (a vision-language config.json nests them under
+  `text_config`); `registry.language_config` applies it where config.json is read;
+- `run_errors(cfg)`: run settings the family cannot take yet (one line each, asked by `config.validate`).
 """
 from __future__ import annotations
 
@@ -108,6 +111,14 @@ def no_weights(hf: dict) -> tuple:
     return ()
 
 
+def same_config(hf: dict) -> dict:
+    return hf
+
+
+def no_run_errors(cfg) -> list[str]:
+    return []
+
+
 def no_attention_bias(hf: dict, source: str) -> None:
     """o_proj and MLP biases (config.json attention_bias / mlp_bias) this family's converter does not map."""
     for field, what in (("attention_bias", "o_proj biases"), ("mlp_bias", "MLP biases")):
@@ -123,19 +134,19 @@ class ModelSpec:
     model_types: tuple[str, ...]  # HF config.json "model_type" values this spec reads
     architectures: tuple[str, ...]  # HF "architectures" entries (causal LM and sequence classification)
     weights: tuple[WeightRule, ...]  # the weight-map table
-    qkv_bias: bool = False  # q/k/v projections carry a bias (Qwen2); o_proj and MLP never do
-    config_fields: Callable[[dict], dict] = no_fields
-    check: Callable[[dict, str], None] = no_attention_bias
-    layer_options: Callable[[dict], dict] = no_fields
-    sliding_layers: Callable[[dict], tuple[bool, ...]] = no_sliding_layers
-
-
     qkv_bias: bool = False  # q/k/v projections always carry a bias (Qwen2); Llama's optional ones: optional_weights
     config_fields: Callable[[dict], dict] = no_fields
     check: Callable[[dict, str], None] = no_attention_bias
     layer_options: Callable[[dict], dict] = no_fields
+    sliding_layers: Callable[[dict], tuple[bool, ...]] = no_sliding_layers
     optional_weights: Callable[[dict], tuple[WeightRule, ...]] = no_weights
     decode_paths: tuple[str, ...] = ("static", "eager")
+    # A vision-language family (Qwen2.5-VL): its LM's fields as one flat dict, the run settings it cannot take yet,
+    # other prefixes its checkpoints store the table's tensors under, and the vision tower's prefix (models.vision)
+    text_config: Callable[[dict], dict] = same_config
+    run_errors: Callable[[object], list[str]] = no_run_errors
+    checkpoint_aliases: tuple[tuple[str, str], ...] = ()  # (prefix some checkpoints use, the table's prefix)
+    vision_prefix: str | None = None  # HF tensors under it belong to the vision tower, not the table
 
 
 # The GPT structure every family shares (RMSNorm, RoPE, SwiGLU, GQA), in Llama's HF names.

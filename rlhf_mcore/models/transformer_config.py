@@ -48,6 +48,7 @@ def architecture_errors(hf: dict, source: str) -> list[str]:
         spec = spec_for_hf_config(hf, source)
     except ValueError as e:
         return [str(e)]
+    hf = spec.text_config(hf)  # a vision-language config.json nests the LM's fields
     errs = [e for e in (activation_error(hf, source),) if e]
     for check in (lambda: spec.check(hf, source), lambda: rope_theta(hf, source)):
         try:
@@ -113,6 +114,7 @@ def to_transformer_config(hf: dict, model_cfg, parallel_cfg, source: str = "conf
 
     _check_supported(hf, source)
     spec = spec_for_hf_config(hf, source)
+    hf = spec.text_config(hf)
     heads = hf["num_attention_heads"]
     bf16 = model_cfg.dtype == "bf16"
     dtype = torch.bfloat16 if bf16 else torch.float32

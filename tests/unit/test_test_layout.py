@@ -15,7 +15,7 @@ THIS = Path(__file__).resolve()
 LAUNCHER = TESTS / "launch.py"
 # scripts that are run by hand, not by the suite
 SCRIPTS = {TESTS / "worker.py", TESTS / "tiers.py", TESTS / "unit" / "algorithms" / "verl_golden" / "gen_golden.py"}
-HF_CONFIGS = re.compile(r"\b(Llama|Qwen2|Qwen3|Mistral|Qwen3Moe|Mixtral)Config\(")
+HF_CONFIGS = re.compile(r"\b(Llama|Qwen2|Qwen3|Mistral|Qwen3Moe|Mixtral|Qwen2_5_VL)Config\(")
 
 
 def python_files(under=TESTS):

@@ -9,6 +9,7 @@
   at TP2 and PP2 (dense, a reward model included) and EP2 and TP2 (Qwen3-MoE, Mixtral).
 - Qwen3-MoE loaded straight at EP2 (four experts per rank, different tokens per rank: the dispatcher exchanges
   them) gives transformers' logits.
+- Qwen2.5-VL loaded straight at TP2 (the vision tower whole on each rank) gives transformers' logits with images.
 
 The module fixture runs every case in two launches of the shared worker (2 ranks, then 4); the tests read what
 the cases printed, and convert back in this process (the converter's CLI is tested in tests/e2e/tools/).
@@ -21,6 +22,7 @@ from tests.conftest import HF_LOAD_CASES
 from tests.launch import worker
 from tests.support.tiny_hf import DIST_CASES, diff_state_dicts, load_tensors, parse_verify_lines, save_tiny
 from tests.support.tiny_moe import tiny_mixtral, tiny_moe
+from tests.support.tiny_vl import save_tiny_vl
 from tools.convert_checkpoint import run
 
 pytestmark = pytest.mark.dist
@@ -36,13 +38,14 @@ def converted(tiny_work, hf_load_work, hf_load_moe_work, tmp_path_factory) -> di
     """{"work": {name: dir}, "rows": {ranks: the verify rows of that launch}, "out": {ranks: its stdout}}."""
     root = tmp_path_factory.mktemp("hf_layouts")
     works = {"dense": tiny_work, "moe2": root / "moe2", "moe4": root / "moe4", "qwen3": root / "qwen3",
-             "ep_logits": root / "ep_logits"}
+             "ep_logits": root / "ep_logits", "vl": root / "vl"}
     tiny_moe(False).save_pretrained(str(works["moe2"] / "hf" / "qwen3_moe"))
     tiny_mixtral().save_pretrained(str(works["moe2"] / "hf" / "mixtral"))
     tiny_moe(True).save_pretrained(str(works["moe4"] / "hf" / "qwen3_moe"))
     save_tiny(works["qwen3"] / "hf" / "qwen3", "qwen3")
     save_tiny(works["qwen3"] / "hf" / "qwen3_window", "qwen3_window")
     tiny_moe(False).save_pretrained(str(works["ep_logits"]))
+    save_tiny_vl(works["vl"])
     rows, out = {}, {}
     for nproc in (2, 4):
         runs = [("convert_layouts", "--work", tiny_work, "--layouts", ",".join(DENSE[nproc]), "--cases",
@@ -51,6 +54,7 @@ def converted(tiny_work, hf_load_work, hf_load_moe_work, tmp_path_factory) -> di
                  for name, (n, layouts, cases) in CONVERT.items() if n == nproc]
         if nproc == 2:
             runs += [("moe_logits", "--hf-dir", works["ep_logits"], "--ep", 2),
+                     ("vl_logits", "--hf-dir", works["vl"], "--tp", 2),
                      ("hf_load", "--work", hf_load_work, "--layouts", "1x1,2x1,1x2", "--cases", ",".join(HF_LOAD_CASES)),
                      ("hf_load", "--work", hf_load_moe_work, "--layouts", "1x1,1x1x2,2x1", "--cases",
                       "qwen3_moe,mixtral")]
@@ -157,3 +161,9 @@ def test_direct_load_equals_converter_then_load_at_tp2_and_pp2(converted):
 def test_moe_direct_load_equals_converter_then_load_at_ep2_and_tp2(converted):
     lines = hf_load_lines(converted, ("qwen3_moe", "mixtral"))
     assert len(lines) == 6 and all("mismatched=0" in line for line in lines)
+
+
+def test_qwen2_5_vl_logits_match_transformers_with_images_at_tp2(converted):
+    rows = re.findall(r"vl tp=2 rank=(\d) logits_max=(\d\.\d+e[-+]\d+)", converted["out"][2])
+    print(rows)
+    assert sorted(r[0] for r in rows) == ["0", "1"] and all(float(r[1]) <= 1e-5 for r in rows)

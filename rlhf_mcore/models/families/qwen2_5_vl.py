@@ -1,0 +1,88 @@
+"""Qwen2.5-VL: the language model is Qwen2 (q/k/v biases) with multimodal RoPE, the vision tower transformers' own
+(`models.vision`). config.json nests the LM's fields under `text_config` (transformers >= 5) or keeps them at the top
+level (the Hub's files); `text_config` flattens both. M-RoPE's `mrope_section` (temporal, height, width frequency
+counts) becomes megatron's `mrope_section`: the build then picks megatron's `MultimodalRotaryEmbedding`, which takes
+[3, B, S] positions (`models.mrope`). Checkpoints store the LM as `model.*` (the Hub's, and what transformers 5
+writes) or `model.language_model.*` (transformers 4.5x); the vision tower as `visual.*` or `model.visual.*`.
+"""
+from rlhf_mcore.models.spec import BASE_WEIGHTS, QKV_BIAS, ModelSpec
+
+RUN_NOT_YET = "trains with images not yet (issue 43: the model and its forward only)"
+
+
+def _rope_fields(hf: dict) -> list[tuple[str, dict]]:
+    return [(f, hf[f]) for f in ("rope_parameters", "rope_scaling") if isinstance(hf.get(f), dict)]
+
+
+def text_config(hf: dict) -> dict:
+    """The LM's fields flat (the top level wins over `text_config`); HF's rope type "mrope" is the default
+    frequencies (transformers maps it so too). Idempotent.
+
+    >>> flat = text_config({"model_type": "qwen2_5_vl", "text_config": {"model_type": "qwen2_5_vl_text",
+    ...     "hidden_size": 64, "rope_scaling": {"type": "mrope", "mrope_section": [2, 3, 3]}}})
+    >>> flat["model_type"], flat["hidden_size"], flat["rope_scaling"]
+    ('qwen2_5_vl', 64, {'mrope_section': [2, 3, 3], 'rope_type': 'default'})
+    """
+    text = {k: v for k, v in (hf.get("text_config") or {}).items() if k != "model_type"}
+    flat = {**text, **{k: v for k, v in hf.items() if k != "text_config"}}
+    for field, params in _rope_fields(flat):
+        if params.get("rope_type", params.get("type")) == "mrope":
+            flat[field] = {**{k: v for k, v in params.items() if k != "type"}, "rope_type": "default"}
+    return flat
+
+
+def mrope_section(hf: dict) -> list[int] | None:
+    """The rotary frequencies per axis (temporal, height, width) of a flat config."""
+    for _, params in _rope_fields(hf):
+        if params.get("mrope_section"):
+            return list(params["mrope_section"])
+    return None
+
+
+def check(hf: dict, source: str) -> None:
+    """What this converter cannot honour, one line each (config.json fields of the flat config)."""
+    heads = hf.get("num_attention_heads") or 1
+    half = (hf.get("head_dim") or (hf.get("hidden_size") or 0) // heads) // 2
+    section, errs = mrope_section(hf), []
+    if not section or len(section) != 3 or sum(section) != half:
+        errs.append(f"{source}: rope_parameters.mrope_section must be three counts summing to head_dim / 2 = {half} "
+                    f"(got {section}). Use the model's own config.json.")
+    kind = next((p.get("rope_type", p.get("type")) for _, p in _rope_fields(hf)), "default")
+    if kind not in (None, "default"):
+        errs.append(f"{source}: rope type {kind!r} with M-RoPE is not supported for Qwen2.5-VL (got {kind}). "
+                    "Use a model with default M-RoPE.")
+    if not isinstance(hf.get("vision_config"), dict):
+        errs.append(f"{source}: vision_config is missing (got {hf.get('vision_config')!r}). Point model.hf_path at a "
+                    "Qwen2.5-VL directory.")
+    if hf.get("use_sliding_window"):
+        errs.append(f"{source}: use_sliding_window=true is not supported for Qwen2.5-VL (got true). Set it false.")
+    if errs:
+        raise ValueError("\n".join(errs))
+
+
+def config_fields(hf: dict) -> dict:
+    return {"mrope_section": mrope_section(hf)}
+
+
+def layout_errors(parallel) -> list[str]:
+    """pp=1 and no sequence parallelism for now: the image embeddings replace token rows before the decoder, whole
+    along the sequence (`models.vision`)."""
+    errs = []
+    if parallel.pp > 1:
+        errs.append(f"parallel.pp: Qwen2.5-VL runs at pp=1 only for now (got {parallel.pp}). Set parallel.pp=1.")
+    if parallel.sequence_parallel:
+        errs.append("parallel.sequence_parallel: not yet with Qwen2.5-VL (got true). Set it to false.")
+    return errs
+
+
+def run_errors(cfg) -> list[str]:
+    """The layout's errors, and a training run (not yet: the next pieces of issue 43)."""
+    return layout_errors(cfg.parallel) + [
+        f"model.hf_path: Qwen2.5-VL {RUN_NOT_YET} (got {cfg.model.hf_path}). Use a text-only model for now."]
+
+
+SPEC = ModelSpec("qwen2_5_vl", ("qwen2_5_vl",), ("Qwen2_5_VLForConditionalGeneration",),
+                 BASE_WEIGHTS + (QKV_BIAS,), qkv_bias=True, check=check, config_fields=config_fields,
+                 decode_paths=(),  # rollout with images: a later piece of issue 43
+                 text_config=text_config, run_errors=run_errors, vision_prefix="visual.",
+                 checkpoint_aliases=(("model.language_model.", "model."), ("model.visual.", "visual.")))

@@ -1,0 +1,151 @@
+"""A vision-language model (Qwen2.5-VL): megatron's GPTModel with M-RoPE for the language model (`models.build`,
+family `qwen2_5_vl`) and transformers' own vision tower and merger as a plain torch module on every rank.
+
+The tower is `Qwen2_5_VisionTransformerPretrainedModel` built from config.json's `vision_config` and loaded from
+the checkpoint's `visual.*` tensors (or `model.visual.*`), frozen by default. A forward (`vision_lm_forward`):
+1. the tower turns pixel_values [num_patches, C * T * P * P] of the batch's images (grids `image_grid_thw`) into
+   one embedding per merged patch [num_image_tokens, hidden];
+2. the LM's word embeddings of input_ids [B, S], with the `<|image_pad|>` tokens' rows replaced by those, in order
+   (transformers' `masked_scatter`), go to the decoder as `decoder_input`;
+3. positions are M-RoPE's [3, B, S] (`models.mrope`), which megatron's `MultimodalRotaryEmbedding` turns into the
+   rotary table its attention applies (sections interleaved as transformers' `apply_multimodal_rotary_pos_emb`).
+Rows are right-padded (the attention is causal; padding sees only what precedes it). pp=1 and no sequence
+parallelism for now (`families.qwen2_5_vl.run_errors`); videos are refused.
+"""
+from __future__ import annotations
+
+import dataclasses
+
+import torch
+
+from rlhf_mcore.models.families.qwen2_5_vl import layout_errors
+from rlhf_mcore.models.mrope import mrope_position_ids
+
+DEFAULT_TOKENS = {"image_token_id": 151655, "video_token_id": 151656}  # transformers' Qwen2_5_VLConfig defaults
+
+
+def tower_class():
+    from transformers.models.qwen2_5_vl.modeling_qwen2_5_vl import Qwen2_5_VisionTransformerPretrainedModel
+
+    return Qwen2_5_VisionTransformerPretrainedModel
+
+
+def build_vision_tower(hf: dict, dtype: torch.dtype, device, attention: str = "sdpa") -> torch.nn.Module:
+    """transformers' vision tower + merger of config.json's `vision_config` (random weights until loaded)."""
+    cls = tower_class()
+    config = cls.config_class(**hf["vision_config"])  # the modeling code's own config of that dict
+    config._attn_implementation = attention
+    return cls(config).to(device=device, dtype=dtype).eval()
+
+
+@torch.no_grad()
+def load_vision_weights(tower: torch.nn.Module, sd, prefix: str, source: str) -> int:
+    """Copy the checkpoint's `prefix*` tensors (sd: a `hf_io.LazyStateDict` with the family's aliases) into the
+    tower; returns how many. Missing or unexpected names are one ValueError."""
+    state = {k[len(prefix):]: sd[k] for k in sd if k.startswith(prefix)}
+    own = tower.state_dict()
+    missing, unexpected = sorted(set(own) - set(state)), sorted(set(state) - set(own))
+    if missing or unexpected:
+        raise ValueError(f"{source}: vision tower tensors do not match vision_config (missing {missing[:3]}, "
+                         f"unexpected {unexpected[:3]}). Use the checkpoint its config.json belongs to.")
+    bad = [k for k in state if tuple(state[k].shape) != tuple(own[k].shape)]
+    if bad:
+        key = bad[0]
+        raise ValueError(f"{source}: vision tower tensor '{prefix}{key}' has shape {list(state[key].shape)}, "
+                         f"expected {list(own[key].shape)} from vision_config. Use the checkpoint's own config.json.")
+    for key, tensor in state.items():
+        own[key].copy_(tensor)
+    return len(state)
+
+
+@dataclasses.dataclass
+class VisionLM:
+    """This rank's language model (GPTModel, M-RoPE) and the vision tower, with the token ids they share."""
+
+    lm: torch.nn.Module
+    tower: torch.nn.Module
+    image_token_id: int
+    video_token_id: int
+    merge: int  # the merger's spatial_merge_size
+
+    @classmethod
+    def from_parts(cls, lm, tower, hf: dict) -> "VisionLM":
+        tokens = {k: hf.get(k, v) for k, v in DEFAULT_TOKENS.items()}
+        return cls(lm, tower, merge=hf["vision_config"].get("spatial_merge_size", 2), **tokens)
+
+
+def build_vision_lm(hf_dir: str, role: str, model_cfg, parallel_cfg, ctx, train_vision: bool = False) -> VisionLM:
+    """Build and load a Qwen2.5-VL checkpoint directory at this rank's layout: the LM through `models.build` and
+    `models.hf_load` (this rank's TP slice), the tower whole; the tower frozen unless `train_vision`."""
+    from rlhf_mcore.models.build import build_model
+    from rlhf_mcore.models.hf_io import LazyStateDict, read_hf_config, weight_files
+    from rlhf_mcore.models.hf_load import load_hf_weights
+    from rlhf_mcore.models.registry import spec_for_hf_config
+
+    hf = read_hf_config(hf_dir)
+    spec = spec_for_hf_config(hf, f"{hf_dir}/config.json")
+    if spec.vision_prefix is None:
+        raise ValueError(f"model.hf_path: {spec.name} has no vision tower (got {hf_dir}). Use a vision model.")
+    errs = layout_errors(parallel_cfg)
+    if errs:
+        raise ValueError(errs[0])
+    lm = build_model(role, hf, model_cfg, parallel_cfg, ctx, source=f"{hf_dir}/config.json")
+    load_hf_weights(lm, hf_dir, hf, ctx.tp_rank, ctx.dims.tp)
+    tower = build_vision_tower(hf, next(lm.parameters()).dtype, ctx.device)
+    files = weight_files(hf_dir)
+    load_vision_weights(tower, LazyStateDict(files, spec.checkpoint_aliases), spec.vision_prefix, str(files[0]))
+    tower.requires_grad_(train_vision)
+    return VisionLM.from_parts(lm, tower, hf)
+
+
+def image_embeddings(tower: torch.nn.Module, pixel_values: torch.Tensor, image_grid_thw: torch.Tensor) -> torch.Tensor:
+    """[num_image_tokens, out_hidden] from pixel_values [num_patches, C*T*P*P] and grids [num_images, 3] (no graph
+    when the tower is frozen)."""
+    frozen = not any(p.requires_grad for p in tower.parameters())
+    with torch.set_grad_enabled(torch.is_grad_enabled() and not frozen):
+        out = tower(pixel_values.to(next(tower.parameters()).dtype), grid_thw=image_grid_thw)
+    return out.pooler_output
+
+
+def merge_image_embeddings(embeddings: torch.Tensor, input_ids: torch.Tensor, images: torch.Tensor,
+                           image_token_id: int) -> torch.Tensor:
+    """embeddings [S, B, h] (megatron's layout) with the image tokens' rows replaced by `images` [N, h], in the
+    batch's row-major token order (transformers' masked_scatter over [B, S]).
+
+    >>> emb = torch.zeros(3, 2, 1)
+    >>> merge_image_embeddings(emb, torch.tensor([[5, 9, 9], [9, 5, 5]]), torch.tensor([[1.], [2.], [3.]]), 9)[..., 0].T
+    tensor([[0., 1., 2.],
+            [3., 0., 0.]])
+    """
+    mask = input_ids == image_token_id  # [B, S]
+    if int(mask.sum()) != images.size(0):
+        raise ValueError(f"input_ids: {int(mask.sum())} image tokens for {images.size(0)} image embeddings. Give "
+                         "each image as many <|image_pad|> tokens as its grid says.")
+    batch_first = embeddings.transpose(0, 1)  # [B, S, h]
+    merged = batch_first.masked_scatter(mask[..., None], images.to(batch_first.dtype))
+    return merged.transpose(0, 1).contiguous()
+
+
+def check_right_padded(attention_mask: torch.Tensor) -> None:
+    """Every row's tokens first, then its padding (the causal attention needs no mask for that)."""
+    mask = attention_mask.long()
+    if (mask[:, 1:] > mask[:, :-1]).any():
+        raise ValueError("attention_mask: a row has a token after padding. Pad the rows on the right.")
+
+
+def vision_lm_forward(vlm: VisionLM, input_ids: torch.Tensor, pixel_values: torch.Tensor | None = None,
+                      image_grid_thw: torch.Tensor | None = None, attention_mask: torch.Tensor | None = None):
+    """The LM's output (hidden states [B, S, h] for an actor / ref's `HiddenStatesHead`) of a right-padded batch
+    input_ids [B, S] (attention_mask [B, S], 1 = token) with its images (pixel_values, image_grid_thw)."""
+    if (input_ids == vlm.video_token_id).any():
+        raise ValueError("input_ids: video tokens are not supported yet (Qwen2.5-VL images only). Use images.")
+    if attention_mask is not None:
+        check_right_padded(attention_mask)
+    embeddings = vlm.lm.embedding(input_ids=input_ids, position_ids=None)  # [S, B, h], whole over TP
+    if pixel_values is not None:
+        images = image_embeddings(vlm.tower, pixel_values, image_grid_thw)
+        embeddings = merge_image_embeddings(embeddings, input_ids, images, vlm.image_token_id)
+    elif (input_ids == vlm.image_token_id).any():
+        raise ValueError("input_ids: image tokens without pixel_values. Pass the images with their tokens.")
+    positions, _ = mrope_position_ids(input_ids, image_grid_thw, vlm.image_token_id, vlm.merge, attention_mask)
+    return vlm.lm(input_ids, positions, None, decoder_input=embeddings)

@@ -1,0 +1,56 @@
+"""A tiny random Qwen2.5-VL (transformers' `Qwen2_5_VLForConditionalGeneration`) and a batch of images for it.
+
+LM: 2 layers, hidden 64, 4 heads / 2 KV heads (head_dim 16, M-RoPE sections 2 + 3 + 3 = 8), vocab 300.
+Vision: depth 2 (block 0 windowed, block 1 full attention), hidden 32, patch 14, temporal patch 2, merge 2, out 64.
+A 56x56 image is a 4x4 patch grid -> 4 LM tokens; a 56x84 one 4x6 -> 6 tokens (height and width positions differ).
+"""
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+
+from tests.support.tiny_hf import randomize_
+
+VOCAB, IMAGE, VIDEO, START, END = 300, 290, 291, 288, 289
+GRIDS = ((1, 4, 4), (1, 4, 6))  # (t, h, w) patch grids of the two images
+PATCH_DIM = 3 * 2 * 14 * 14  # channels x temporal patch x patch x patch
+
+
+def tiny_vl_model(seed: int = 0):
+    from transformers import Qwen2_5_VLConfig, Qwen2_5_VLForConditionalGeneration
+
+    config = Qwen2_5_VLConfig(
+        text_config=dict(hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4,
+                         num_key_value_heads=2, vocab_size=VOCAB, max_position_embeddings=512, rms_norm_eps=1e-6,
+                         bos_token_id=1, eos_token_id=2, pad_token_id=0,
+                         rope_parameters={"rope_type": "default", "mrope_section": [2, 3, 3], "rope_theta": 10000.0}),
+        vision_config=dict(depth=2, hidden_size=32, intermediate_size=48, num_heads=2, patch_size=14,
+                           spatial_merge_size=2, temporal_patch_size=2, window_size=56, out_hidden_size=64,
+                           fullatt_block_indexes=[1]),
+        image_token_id=IMAGE, video_token_id=VIDEO, vision_start_token_id=START, vision_end_token_id=END)
+    model = Qwen2_5_VLForConditionalGeneration(config)
+    randomize_(model, seed)
+    return model.eval()
+
+
+def save_tiny_vl(out_dir: Path) -> Path:
+    tiny_vl_model().save_pretrained(str(out_dir))
+    return Path(out_dir)
+
+
+def image_batch(seed: int = 0) -> dict:
+    """Three right-padded rows: one image each in rows 0 and 1 (4 and 6 tokens), row 2 text only and shorter.
+    input_ids / attention_mask [3, 16], pixel_values [40, 1176], image_grid_thw [2, 3], mm_token_type_ids."""
+    gen = torch.Generator().manual_seed(seed)
+    text = lambda n: torch.randint(3, START, (n,), generator=gen).tolist()  # noqa: E731
+    rows = [text(3) + [START] + [IMAGE] * 4 + [END] + text(5),
+            text(2) + [START] + [IMAGE] * 6 + [END] + text(6),
+            text(9)]
+    width = max(len(r) for r in rows)
+    input_ids = torch.tensor([r + [0] * (width - len(r)) for r in rows])
+    mask = torch.tensor([[1] * len(r) + [0] * (width - len(r)) for r in rows])
+    patches = sum(t * h * w for t, h, w in GRIDS)
+    return {"input_ids": input_ids, "attention_mask": mask, "image_grid_thw": torch.tensor(GRIDS),
+            "pixel_values": torch.randn(patches, PATCH_DIM, generator=gen),
+            "mm_token_type_ids": (input_ids == IMAGE).int()}
