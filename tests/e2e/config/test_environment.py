@@ -71,7 +71,8 @@ def test_an_unsupported_architecture_names_the_supported_ones(tmp_path):
                     "['Gemma2ForCausalLM'], model_type='gemma2'). Supported: LlamaForCausalLM, "
                     "LlamaForSequenceClassification, MistralForCausalLM, MistralForSequenceClassification, "
                     "MixtralForCausalLM, MixtralForSequenceClassification, "
-                    "Qwen2ForCausalLM, Qwen2ForSequenceClassification, Qwen3ForCausalLM, "
+                    "Qwen2ForCausalLM, Qwen2ForSequenceClassification, Qwen2_5_VLForConditionalGeneration, "
+                    "Qwen3ForCausalLM, "
                     "Qwen3ForSequenceClassification, Qwen3MoeForCausalLM, Qwen3MoeForSequenceClassification.")
 
 
