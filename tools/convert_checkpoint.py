@@ -38,6 +38,7 @@ from rlhf_mcore.convert.mcore import (
     read_converted,
     save_converted,
 )
+from rlhf_mcore.convert.vision_weights import split_vision, vision_for_export
 from rlhf_mcore.models.hf_io import load_hf_state_dict, read_hf_config, save_hf_checkpoint
 from rlhf_mcore.models.logprobs import full_logits
 from rlhf_mcore.models.registry import spec_for_hf_config
@@ -79,19 +80,20 @@ def hf_to_mcore_cmd(args) -> int:
     start = time.perf_counter()
     hf_cfg = read_hf_config(args.hf_dir)
     role, dtype = args.role or default_role(hf_cfg), resolve_dtype(args.dtype, hf_cfg)
-    spec_for_hf_config(hf_cfg, f"{args.hf_dir}/config.json")
+    spec = spec_for_hf_config(hf_cfg, f"{args.hf_dir}/config.json")
     ctx = init_distributed(args.tp, args.pp, ep=args.ep)
     step(f"building the {role} model at tp={args.tp} pp={args.pp} ep={args.ep} ({dtype})", start)
     model = build_for_conversion(hf_cfg, role, ctx, dtype, source=f"{args.hf_dir}/config.json")
-    hf_sd, source = load_hf_state_dict(args.hf_dir, lazy=True)
+    hf_sd, source = load_hf_state_dict(args.hf_dir, lazy=True, aliases=spec.checkpoint_aliases)
     step(f"converting {len(hf_sd)} HF tensors from {source} (this stage's only)", start)
     full = hf_to_mcore(hf_sd, hf_cfg, role=role, source=source, only=needed_keys(model))
     load_full_state_dict(model, full, ctx.tp_rank, ctx.dims.tp, source=source)
+    vision = split_vision(hf_sd, hf_cfg, source)  # the tower: vision.safetensors beside the dist-checkpoint
     del hf_sd, full
     step(f"saving dist-checkpoint to {args.out}", start)
     meta = {"role": role, "dtype": dtype, "source": str(Path(args.hf_dir).resolve()), "saved_tp": args.tp,
             "saved_pp": args.pp, "saved_ep": args.ep, "padded_vocab_size": model.vocab_size}
-    save_converted(model, args.out, args.hf_dir, meta, overwrite=args.overwrite)
+    save_converted(model, args.out, args.hf_dir, meta, overwrite=args.overwrite, vision=vision)
     step(f"done: {args.out}", start)
     return 0
 
@@ -121,6 +123,7 @@ def mcore_to_hf_cmd(args) -> int:
     model = build_for_conversion(hf_cfg, role, ctx, dtype, f"{hf_dir}/config.json")
     load_converted(model, args.mcore_dir)
     hf_sd = mcore_to_hf(full_state_dict(model), hf_cfg, role=role, source=str(args.mcore_dir))
+    hf_sd.update(vision_for_export(hf_cfg, [args.mcore_dir, hf_dir], DTYPES[dtype], str(args.mcore_dir)))
     step(f"writing {len(hf_sd)} tensors to {args.out}", start)
     save_hf_checkpoint(args.out, hf_sd, export_config(hf_cfg, role, dtype), hf_dir, max_shard_bytes=max_shard,
                        overwrite=args.overwrite)
@@ -186,6 +189,9 @@ def verify_cmd(args) -> int:
 
     hf_cfg, meta = read_converted(args.mcore_dir)
     role, dtype = meta["role"], meta["dtype"]
+    if spec_for_hf_config(hf_cfg).vision_prefix is not None:
+        raise ValueError(f"{args.mcore_dir}: verify compares text-only forwards, not a vision model's (got "
+                         f"{hf_cfg.get('model_type')}). Export it with mcore-to-hf and compare in transformers.")
     if role in ("critic", "reward") and default_role(read_hf_config(args.hf_dir)) != "reward":
         raise ValueError(f"{args.hf_dir}: verify compares a {role} head only against a "
                          "*ForSequenceClassification checkpoint (a causal LM has no score head).")

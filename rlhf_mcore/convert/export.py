@@ -136,6 +136,7 @@ def convert(ckpt: str, out: str, model_cfg) -> Path:
     from rlhf_mcore.checkpoint.model_weights import load_model_weights
     from rlhf_mcore.config.schema import ParallelConfig
     from rlhf_mcore.convert.mcore import full_state_dict
+    from rlhf_mcore.convert.vision_weights import vision_for_export
     from rlhf_mcore.models.build import build_model
     from rlhf_mcore.models.full_weights import FullWeights
     from rlhf_mcore.models.hf_io import save_hf_checkpoint
@@ -156,6 +157,7 @@ def convert(ckpt: str, out: str, model_cfg) -> Path:
             load_model_weights(model, ckpt)
         full = FullWeights(model, ctx) if lora else full_state_dict(model)  # LoRA: merged weights
         hf_sd = mcore_to_hf(full, hf_cfg, role="actor", source=ckpt)
+        hf_sd.update(vision_for_export(hf_cfg, tower_dirs(ckpt, model_cfg), next(iter(hf_sd.values())).dtype, ckpt))
         check_finite(hf_sd, ckpt)
         saved = save_hf_checkpoint(out, hf_sd, hf_export_config(hf_cfg, model_cfg.dtype), aux_dirs(model_cfg),
                                    overwrite=True, generation=generation_config(model_cfg))
@@ -164,6 +166,12 @@ def convert(ckpt: str, out: str, model_cfg) -> Path:
         return saved
     finally:
         destroy_distributed()
+
+
+def tower_dirs(ckpt: str, model_cfg) -> list[str]:
+    """Where a vision model's export finds its (frozen) tower, in order: the checkpoint's own vision.safetensors,
+    then model.load's (a converted checkpoint), then model.hf_path's weights."""
+    return [d for d in (ckpt, model_cfg.load, model_cfg.hf_path) if d]
 
 
 def aux_dirs(model_cfg) -> list[str]:

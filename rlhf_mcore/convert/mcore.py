@@ -7,6 +7,7 @@ reshards on load) with two additions beside it:
     out/                 dist-checkpoint files (metadata.json, .metadata, __*.distcp)
     out/hf/              config.json + tokenizer / generation files of the source HF model
     out/conversion.json  {"role", "dtype", "source", "saved_tp", "saved_pp", "padded_vocab_size"}
+    out/vision.safetensors  a vision model's tower (`convert.vision_weights`), whole: it is never sharded
 """
 from __future__ import annotations
 
@@ -19,6 +20,7 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
+from rlhf_mcore.convert.vision_weights import save_vision
 from rlhf_mcore.disk import publish_dir
 from rlhf_mcore.models.full_weights import global_key as _global_key
 from rlhf_mcore.models.full_weights import merged_linears, partition_dim, tp_split
@@ -91,8 +93,10 @@ def _shared_tmp_dir(out_dir: Path) -> Path:
     return out_dir.parent / name[0]
 
 
-def save_converted(model, out_dir: str | Path, hf_src_dir: str | Path, meta: dict, overwrite: bool = False):
-    """Collective: dist-checkpoint of `model` + hf/ + conversion.json, renamed into `out_dir` at the end."""
+def save_converted(model, out_dir: str | Path, hf_src_dir: str | Path, meta: dict, overwrite: bool = False,
+                   vision: dict | None = None):
+    """Collective: dist-checkpoint of `model` + hf/ + conversion.json (+ a vision model's tower, `vision`: HF name
+    -> tensor, in vision.safetensors), renamed into `out_dir` at the end."""
     from megatron.core import dist_checkpointing
 
     out_dir = Path(out_dir).resolve()
@@ -110,6 +114,7 @@ def save_converted(model, out_dir: str | Path, hf_src_dir: str | Path, meta: dic
             (tmp / HF_SUBDIR).mkdir()
             write_config(tmp / HF_SUBDIR, read_hf_config(hf_src_dir))
             copy_aux_files(hf_src_dir, tmp / HF_SUBDIR)
+            save_vision(tmp, vision or {})
             (tmp / META_FILE).write_text(json.dumps(meta, indent=2, sort_keys=True) + "\n")
             publish_dir(tmp, out_dir)
     except BaseException:

@@ -140,11 +140,12 @@ class LazyStateDict(Mapping):
         return len(self._handles)
 
 
-def load_hf_state_dict(hf_dir: str | os.PathLike, lazy: bool = False) -> tuple[Mapping[str, torch.Tensor], str]:
+def load_hf_state_dict(hf_dir: str | os.PathLike, lazy: bool = False,
+                       aliases: tuple[tuple[str, str], ...] = ()) -> tuple[Mapping[str, torch.Tensor], str]:
     """(name -> tensor, description of the source files) for every tensor of an HF checkpoint dir;
-    `lazy` reads each tensor on first access instead of all up front."""
+    `lazy` reads each tensor on first access instead of all up front; `aliases` as `LazyStateDict`'s."""
     files = weight_files(hf_dir)
-    tensors = LazyStateDict(files)
+    tensors = LazyStateDict(files, aliases)
     source = str(files[0]) if len(files) == 1 else f"{files[0].parent}/{SAFETENSORS_INDEX}"
     return (tensors if lazy else dict(tensors.items())), source
 

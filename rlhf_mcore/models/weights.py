@@ -143,10 +143,13 @@ def hf_to_mcore(hf_sd: Mapping[str, torch.Tensor], hf_config: dict, *, role: str
                 divisible_by: int = 128, source: str = "HF state dict",
                 only: set[str] | None = None) -> dict[str, torch.Tensor]:
     """HF state dict -> megatron full (TP1/PP1) state dict for `role` (default: from the architecture).
-    `only`: convert just these megatron keys (one pipeline stage); the other HF tensors are never read."""
+    `only`: convert just these megatron keys (one pipeline stage); the other HF tensors are never read. A vision
+    model's tower tensors (its family's `vision_prefix`) are left to `convert.vision_weights`."""
     role = role or default_role(hf_config)
+    spec = spec_for_hf_config(hf_config, source)
+    hf_config = spec.text_config(hf_config)  # a vision-language config.json nests the LM's fields
     dims = model_dims(hf_config, source)
-    used, out = set(), {}
+    used, out = {k for k in hf_sd if spec.vision_prefix and k.startswith(spec.vision_prefix)}, {}
     for rule in rules_for(hf_config, role, source):
         if only is not None and rule.mcore not in only:
             used.update(rule.hf)
@@ -179,6 +182,7 @@ def iter_mcore_to_hf(mcore_sd: dict[str, torch.Tensor], hf_config: dict, *, role
     """`mcore_to_hf` one (HF name, tensor) at a time: split / trimmed tensors are made only as they are
     consumed (a weight refresh in buckets holds one bucket of copies, not the whole model)."""
     role = role or default_role(hf_config)
+    hf_config = spec_for_hf_config(hf_config, source).text_config(hf_config)  # a VL config nests the LM's fields
     dims = model_dims(hf_config, source)
     rules = rules_for(hf_config, role, source)
     leftovers = set(mcore_sd) - {r.mcore for r in rules}
