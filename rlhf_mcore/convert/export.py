@@ -20,7 +20,6 @@ import json
 import logging
 import os
 import shutil
-import socket
 import subprocess
 import sys
 import time
@@ -30,6 +29,7 @@ import torch.distributed as dist
 
 from rlhf_mcore.disk import disk_full_message, is_disk_full
 from rlhf_mcore.logs import heartbeat
+from rlhf_mcore.ports import free_port
 from rlhf_mcore.trainer.guards import EXIT_DISK_FULL, EXIT_DIVERGED, EXIT_STARTUP
 
 log = logging.getLogger(__name__)
@@ -105,7 +105,7 @@ def remove_unfinished(out: Path) -> list[Path]:
 def _convert_in_subprocess(model_cfg, ckpt: Path, out: Path) -> int:
     env = {k: v for k, v in os.environ.items() if k not in _RUN_ENV and not k.startswith("TORCHELASTIC_")}
     env["CUDA_VISIBLE_DEVICES"] = ""  # host memory only; leave the GPUs to the training ranks
-    env["MASTER_ADDR"], env["MASTER_PORT"] = "127.0.0.1", str(_free_port())  # not the training job's port
+    env["MASTER_ADDR"], env["MASTER_PORT"] = "127.0.0.1", str(free_port())  # not the training job's port
     cmd = [sys.executable, "-m", "rlhf_mcore.convert.export", "--ckpt", str(ckpt), "--out", str(out),
            "--model-config", json.dumps(dataclasses.asdict(model_cfg))]
     start = time.perf_counter()
@@ -114,12 +114,6 @@ def _convert_in_subprocess(model_cfg, ckpt: Path, out: Path) -> int:
     if rc == 0:
         log.info("exported %s to %s in %.1fs", ckpt, out, time.perf_counter() - start)
     return rc
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def hf_export_config(hf_cfg: dict, dtype: str) -> dict:

@@ -1,9 +1,5 @@
-"""Ports for rendezvous in tests."""
-import socket
+"""Ports for rendezvous in tests: rlhf_mcore.ports (below the kernel's ephemeral range, so that gloo's own
+connections in other tests cannot take a port between its choice and its bind)."""
+from rlhf_mcore.ports import free_port
 
-
-def free_port() -> int:
-    """A TCP port nobody listens on now (for torchrun's rendezvous in tests)."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+__all__ = ["free_port"]
