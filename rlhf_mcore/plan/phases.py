@@ -10,6 +10,8 @@
 """
 from __future__ import annotations
 
+import dataclasses
+
 from rlhf_mcore.plan.dynamic import (
     Batch,
     activation_bytes,
@@ -71,24 +73,38 @@ def rank_peak(cfg, shape: Shape, layout: Layout, gpu_bytes: float = 0.0, experts
     return max(found, key=lambda f: f[1])
 
 
-def plan_line(cfg, world_size: int | None = None, gpu_bytes: float = 0.0) -> str:
-    """One line for `--validate-only` and `diagnose`: the plan's peak per rank at the config's layout (DP from
-    `world_size`, else 1) and that phase's terms; what reads no model config says why."""
-    from rlhf_mcore.models.transformer_config import load_hf_config
-    from rlhf_mcore.plan.params import Shape
+@dataclasses.dataclass(frozen=True)
+class RunPlan:
+    """A run's plan at its own layout: the largest phase's bytes per rank and that phase's terms."""
 
-    try:
-        hf = load_hf_config(cfg.model)
-        shape = Shape.of(hf)
-    except (OSError, ValueError) as err:
-        return f"memory plan: not made ({str(err).splitlines()[0]})"
-    p = cfg.parallel
+    layout: Layout
+    phase: str
+    total: int
+    terms: dict[str, int]
+
+
+def run_plan(cfg, world_size: int | None = None, gpu_bytes: float = 0.0) -> RunPlan:
+    """The plan at the config's TP x PP x EP with DP from `world_size` (else 1). Raises OSError / ValueError when
+    the model's config.json cannot be read."""
+    from rlhf_mcore.models.transformer_config import load_hf_config
+
+    hf = load_hf_config(cfg.model)
+    shape, p = Shape.of(hf), cfg.parallel
     layout = Layout(p.tp, p.pp, p.ep, max((world_size or p.tp * p.pp) // (p.tp * p.pp), 1))
     top_k = int(hf.get("num_experts_per_tok") or 1)
     phase, total, stage = rank_peak(cfg, shape, layout, gpu_bytes, top_k)
-    terms = phase_terms(cfg, shape, layout, gpu_bytes, stage, top_k)[phase]
-    return (f"memory plan: {size(total)} per rank at {layout}, peak in the {phase} phase ("
-            + " + ".join(f"{k} {size(v)}" for k, v in terms.items())
+    return RunPlan(layout, phase, total, phase_terms(cfg, shape, layout, gpu_bytes, stage, top_k)[phase])
+
+
+def plan_line(cfg, world_size: int | None = None, gpu_bytes: float = 0.0) -> str:
+    """One line for `--validate-only` and `diagnose`: `run_plan`'s peak and terms; what reads no model config
+    says why."""
+    try:
+        plan = run_plan(cfg, world_size, gpu_bytes)
+    except (OSError, ValueError) as err:
+        return f"memory plan: not made ({str(err).splitlines()[0]})"
+    return (f"memory plan: {size(plan.total)} per rank at {plan.layout}, peak in the {plan.phase} phase ("
+            + " + ".join(f"{k} {size(v)}" for k, v in plan.terms.items())
             + "); every layout: python -m rlhf_mcore.plan --config CFG --gpus N --gpu-memory GiB")
 
 

@@ -240,25 +240,18 @@ def memory_plan_errors(cfg, device_bytes: float | None = None) -> list[str]:
 
     if not cfg.trainer.check_memory_plan or (device_bytes is None and not torch.cuda.is_available()):
         return []
-    from rlhf_mcore.models.transformer_config import load_hf_config
-    from rlhf_mcore.plan.params import Shape
-    from rlhf_mcore.plan.phases import phase_terms, rank_peak
-    from rlhf_mcore.plan.static import Layout
+    from rlhf_mcore.plan.phases import run_plan
 
     device_bytes = device_bytes or torch.cuda.get_device_properties(0).total_memory
-    hf = load_hf_config(cfg.model)
-    p, world = cfg.parallel, int(os.environ.get("WORLD_SIZE", "1"))
-    layout, top_k = Layout(p.tp, p.pp, p.ep, max(world // (p.tp * p.pp), 1)), int(hf.get("num_experts_per_tok") or 1)
-    shape = Shape.of(hf)
-    phase, peak, stage = rank_peak(cfg, shape, layout, device_bytes, top_k)
-    if peak <= device_bytes * (1 + PLAN_MARGIN):
+    plan = run_plan(cfg, int(os.environ.get("WORLD_SIZE", "1")), device_bytes)
+    if plan.total <= device_bytes * (1 + PLAN_MARGIN):
         return []
-    terms = phase_terms(cfg, shape, layout, device_bytes, stage, top_k)[phase]
-    term = max(terms, key=terms.get)
+    term = max(plan.terms, key=plan.terms.get)
     gib = 2**30
-    return [f"memory plan: the {phase} phase needs {peak / gib:.1f} GiB per rank on a {device_bytes / gib:.1f} GiB "
-            f"device ({term} {terms[term] / gib:.1f} GiB; python -m rlhf_mcore.plan shows every term and layout). "
-            f"Cheapest fix: {PLAN_FIXES[term]}; or set trainer.check_memory_plan=false to start anyway."]
+    return [f"memory plan: the {plan.phase} phase needs {plan.total / gib:.1f} GiB per rank on a "
+            f"{device_bytes / gib:.1f} GiB device ({term} {plan.terms[term] / gib:.1f} GiB; python -m rlhf_mcore.plan "
+            f"shows every term and layout). Cheapest fix: {PLAN_FIXES[term]}; or set trainer.check_memory_plan=false "
+            "to start anyway."]
 
 
 def _sandbox_errors(cfg) -> list[str]:
