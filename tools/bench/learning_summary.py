@@ -17,6 +17,8 @@ import statistics
 from collections import defaultdict
 from pathlib import Path
 
+from tools.bench.problem_curve import curve
+
 
 def val_metric(record: dict, name: str) -> float | None:
     """The mean over data sources of val-core/<source>/<name>/mean@N."""
@@ -83,6 +85,7 @@ def summarize(rows: list[dict], val_dir: Path) -> dict:
         n = out["problems"]["prompts"]
         p0, p1 = out["val_acc_before"] or 0.0, out["val_acc_after"] or 0.0
         out["acc_change_se"] = math.sqrt((p0 * (1 - p0) + p1 * (1 - p1)) / max(n, 1))
+        out["problem_curve"] = curve({int(p.stem): read_jsonl(p) for p in dumps})
     if out["train_minutes"] and out["val_acc_after"] is not None and out["val_acc_before"] is not None:
         out["acc_gain_per_min"] = (out["val_acc_after"] - out["val_acc_before"]) / out["train_minutes"]
         out["format_gain_per_min"] = (out["val_format_after"] - out["val_format_before"]) / out["train_minutes"]
