@@ -53,7 +53,7 @@ def normalize_mathd(answer: str) -> str:
         answer = m.group("text").strip()
     try:
         return _strip_mathd(answer)
-    except (AssertionError, IndexError):
+    except (ValueError, IndexError):  # two units; a \sqrt or \frac with nothing after it
         return answer
 
 
@@ -63,7 +63,8 @@ def _strip_mathd(s: str) -> str:
     s = s.replace("^{\\circ}", "").replace("^\\circ", "").replace("\\$", "")
     if "\\text{ " in s:  # a unit after the value: keep the value (two units cannot be told apart: give up)
         parts = s.split("\\text{ ")
-        assert len(parts) == 2
+        if len(parts) != 2:
+            raise ValueError("more than one unit")
         s = parts[0]
     s = s.replace("\\%", "").replace("%", "").replace(" .", " 0.").replace("{.", "{0.")
     if not s:
