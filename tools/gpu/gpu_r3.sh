@@ -33,7 +33,8 @@ if [[ $MODE == sglang1 || $MODE == sglang2 ]]; then
   sglang_part "part${MODE#sglang}"  # part1 exits here
   ENGINE=sglang ARMS=${ARMS:-R3 disabled}
   log "GPU tests: R3 through SGLang"
-  timeout -k 5 240 $PY -m pytest -q -p no:cacheprovider tests/unit/rollout/test_sglang_routing.py -m gpu -s 2>&1 \
+  timeout -k 5 240 $PY -m pytest -q -p no:cacheprovider -m gpu -s tests/unit/rollout/test_sglang_routing.py \
+      tests/dist/rollout/test_sglang_r3.py 2>&1 \
       | grep -v "Warning\|warnings.warn" | grep "passed\|failed\|Error\|assert\|{" | tail -12
 elif [[ -z "${DRY:-}" ]]; then
   export PYTHONPATH=/tmp/site:$PWD
