@@ -139,12 +139,17 @@ def _router_replay_rules(cfg: Config, experts: int) -> list[str]:
 
 
 def _r3_rollout_rules(cfg: Config) -> list[str]:
-    """R3's rollouts: the native engine records the experts (SGLang's return_routed_experts is not wired), and
-    every row comes from one generate() call: partial rollouts and multi-turn rows are assembled from several."""
+    """R3's rollouts: an engine that returns each token's experts (its `records_routing` trait: the native
+    engine's eager decode, SGLang's return_routed_experts), and every row from one generate() call: partial
+    rollouts and multi-turn rows are assembled from several."""
+    from rlhf_mcore.rollout.base import ROLLOUT_ENGINES
+
     errs = []
-    if cfg.rollout.engine != "native":
-        errs.append(f"rollout.engine: actor.router_replay=R3 needs the rollout's experts, which only the native "
-                    f"engine records (got {cfg.rollout.engine!r}). Set rollout.engine=native, or "
+    engine = cfg.rollout.engine
+    if engine in ROLLOUT_ENGINES and not ROLLOUT_ENGINES.traits(engine).records_routing:
+        recording = ", ".join(n for n in ROLLOUT_ENGINES.names() if ROLLOUT_ENGINES.traits(n).records_routing)
+        errs.append(f"rollout.engine: actor.router_replay=R3 needs the rollout's experts, which only these "
+                    f"engines return: {recording} (got {engine!r}). Set rollout.engine to one of them, or "
                     "actor.router_replay=R2.")
     if cfg.async_training.partial_rollout:
         errs.append("async_training.partial_rollout: rows resumed across steps carry no routing for actor."

@@ -99,6 +99,7 @@ class EngineTraits:
     section: str  # the rollout.<section> config sub-section holding the engine's options
     requires: tuple[str, ...] = ()  # modules it imports when built (config validation checks they are installed)
     needs_cuda: bool = False  # the start-up checks stop a run without CUDA before any model is built
+    records_routing: bool = False  # it returns each token's experts (EngineSetup.record_routing: R3)
 
 
 ROLLOUT_ENGINES: Registry = Registry("rollout engine", traits=EngineTraits)

@@ -75,7 +75,7 @@ def check_request(prompts: list[list[int]], params: SamplingParams) -> None:
         raise ValueError(f"rollout prompts: prompt(s) {empty[:5]} have no tokens. Filter empty prompts out.")
 
 
-@ROLLOUT_ENGINES.register("native", section="native")
+@ROLLOUT_ENGINES.register("native", section="native", records_routing=True)
 class NativeRolloutEngine:
     """generate() with the actor's megatron modules; see `rlhf_mcore.rollout.base` for the contract."""
 

@@ -21,6 +21,10 @@ What differs from the native engine, by design of SGLang:
 - `SamplingParams.seed` is not honoured per request (the engine has one random_seed per rank);
 - stop strings are applied after generation (the engine runs without a tokenizer): a response is cut right
   after the first stop string, with finish reason "stop".
+
+Routing replay R3 (`record_routing`, actor.router_replay=R3): the engine starts with SGLang's
+enable_return_routed_experts, every request asks for its routed experts, and each row's come back in the native
+recorder's layout, cut to this rank's MoE layers (`sglang_routing`), into `RolloutBatch.routed_experts`.
 """
 from __future__ import annotations
 
@@ -43,6 +47,7 @@ from rlhf_mcore.rollout import sglang_continuous
 from rlhf_mcore.rollout.base import ROLLOUT_ENGINES, EngineSetup
 from rlhf_mcore.rollout.replicas import generate_shared
 from rlhf_mcore.rollout.responses import Response, assemble_batch
+from rlhf_mcore.rollout.sglang_routing import SGLangRouting
 from rlhf_mcore.rollout.sglang_weights import FLATTENED, flatten_bucket, sglang_payload, weight_buckets
 from rlhf_mcore.rollout.stopping import Decode, ends_with_stop_string
 from rlhf_mcore.rollout.types import RolloutBatch, SamplingParams
@@ -170,15 +175,17 @@ def per_gpu_rows(replica_rows: int, gpus_per_replica: int, micro_batch_size: int
 def engine_kwargs(options, setup: EngineSetup, dtype: torch.dtype, gpu: int) -> dict:
     """sglang.Engine arguments: decode CUDA graphs up to the per-GPU rollout batch (sglang 0.5.17 stops
     at 256 by default and decodes larger batches eagerly, 2.8x slower at 512), the configured attention
-    backend, memory saver for release/resume between rollouts, one seed per rank, no tokenizer."""
+    backend, memory saver for release/resume between rollouts, one seed per rank, no tokenizer; R3: the routed
+    experts of every forward kept for the requests (`sglang_routing`)."""
     ctx = setup.ctx
     rows = per_gpu_rows(setup.replica_rows, ctx.dims.tp * ctx.dims.pp, setup.micro_batch_size)
+    routing = {"enable_return_routed_experts": True} if setup.record_routing else {}
     return dict(skip_tokenizer_init=True, dtype="bfloat16" if dtype == torch.bfloat16 else "float32",
                 attention_backend=options.attention_backend, enable_memory_saver=True,
                 mem_fraction_static=options.gpu_memory_utilization, base_gpu_id=gpu,
                 cuda_graph_max_bs_decode=options.cuda_graph_max_bs or rows,
                 random_seed=setup.seed + ctx.rank, log_level="error",
-                enable_fp32_lm_head=options.fp32_lm_head)
+                enable_fp32_lm_head=options.fp32_lm_head, **routing)
 
 
 def set_compile_cache(directory: str) -> None:
@@ -207,7 +214,8 @@ def to_response(out: dict) -> Response:
                     reason if reason in ("stop", "abort") else "length")
 
 
-@ROLLOUT_ENGINES.register("sglang", section="sglang", requires=("sglang",), needs_cuda=True)
+@ROLLOUT_ENGINES.register("sglang", section="sglang", requires=("sglang",), needs_cuda=True,
+                           records_routing=True)
 class SGLangRolloutEngine:
     """One embedded engine per GPU (any training layout); see the module doc and `rollout.base`."""
 
@@ -221,6 +229,8 @@ class SGLangRolloutEngine:
         self.hf_cfg, self.bucket_bytes, self.engine = setup.hf_config, bucket_bytes, server
         self.weights = weights or FullWeights(setup.model, setup.ctx)
         self.encode, self.prefill_prompts_once, self.stopped = encode, True, False
+        self.routing = SGLangRouting.for_model(unwrap_model(setup.model), setup.hf_config) \
+            if setup.record_routing else None  # R3
 
     @classmethod
     def build(cls, options, setup: EngineSetup) -> "SGLangRolloutEngine":
@@ -248,13 +258,21 @@ class SGLangRolloutEngine:
         if not rows:
             return assemble_batch([], [], self.pad_id, self.ctx.device)
         sampling = sglang_sampling(params)
+        routed = {"return_routed_experts": True} if self.routing is not None else {}
 
         def generate_rows(mine: list[list[int]]) -> list[Response]:
             self._prefill_shared_prompts(mine)
-            outs = self.engine.generate(input_ids=mine, sampling_params=sampling, return_logprob=True)
-            return [cut_at_stop_string(to_response(o), params.stop_strings, self.decode) for o in outs]
+            outs = self.engine.generate(input_ids=mine, sampling_params=sampling, return_logprob=True, **routed)
+            responses = [cut_at_stop_string(to_response(o), params.stop_strings, self.decode) for o in outs]
+            if self.routing is not None:  # R3: every layer's, so any rank of the replica can take its own
+                for prompt, out, r in zip(mine, outs, responses):
+                    r.routing = self.routing.row(out, len(prompt), len(r.tokens))
+            return responses
 
         responses = generate_shared(rows, generate_rows, self.ctx.pgs.mp)  # every GPU of the replica
+        if self.routing is not None:
+            for r in responses:
+                r.routing = self.routing.this_rank(r.routing)
         return assemble_batch(rows, responses, self.pad_id, self.ctx.device)
 
     @property

@@ -56,3 +56,22 @@ def load_tiny_moe(directory, ctx):
     model = build_for_conversion(hf_cfg, "actor", ctx, "fp32")
     load_hf_weights(model, path, hf_cfg, 0, 1)
     return model.eval()
+
+
+# The SGLang routing-replay model (GPU): SGLang's attention kernels want head_dim 64.
+GPU_MOE = dict(architectures=["Qwen3MoeForCausalLM"], model_type="qwen3_moe", hidden_size=256, intermediate_size=512,
+               moe_intermediate_size=128, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+               head_dim=64, num_experts=8, num_experts_per_tok=2, norm_topk_prob=True, vocab_size=258,
+               max_position_embeddings=512, rms_norm_eps=1e-6, rope_theta=10000.0, tie_word_embeddings=False,
+               decoder_sparse_step=1, mlp_only_layers=[])
+
+
+def gpu_moe_dir(path) -> str:
+    """A tiny Qwen3-MoE config.json SGLang's kernels take (head_dim 64; R3 on a GPU); random weights come from
+    `model.init`."""
+    import json
+
+    path.mkdir(parents=True, exist_ok=True)
+    (path / "config.json").write_text(json.dumps(GPU_MOE))
+    return str(path)
+

@@ -14,7 +14,8 @@ Reported: per-phase seconds (median of the timed steps), tokens/s, peak memory, 
 log-prob mismatch (`rollout/mismatch_*`), MFU of the log-prob + update phases, and a standalone rollout
 (512 x 256 with log-probs; prefill-only call for ms per decode step). `--hf-path DIR` takes the architecture
 from DIR/config.json instead (random weights; e.g. a Qwen3-MoE shape, `--moe-expert-impl`; MFU counts the
-active experts).
+active experts). `--router-replay R2|R3` (actor.router_replay, an MoE --hf-path; issue 40: tools/gpu/gpu_r3.sh
+compares the modes) adds the update's own MFU next to the mismatch.
 """
 from __future__ import annotations
 
@@ -91,6 +92,10 @@ def parse_args(argv=None):
     p.add_argument("--hf-path", default="", help="the architecture from this HF dir's config.json (random bf16 "
                    "weights, e.g. an MoE shape) instead of the Qwen2.5-0.5B shape")
     p.add_argument("--moe-expert-impl", default="auto", help="model.moe_expert_impl of an MoE --hf-path")
+    p.add_argument("--router-replay", default="disabled", choices=["disabled", "R2", "R3"],
+                   help="actor.router_replay of an MoE --hf-path (R3 decodes eagerly: compare with --cuda-graphs 0)")
+    p.add_argument("--gpu-init", type=int, default=0,
+                   help="1: draw the random weights on the GPU (seconds for billions of parameters; not layout-exact)")
     p.add_argument("--steps", type=int, default=3, help="timed steps (after --warmup)")
     p.add_argument("--warmup", type=int, default=1)
     p.add_argument("--attention-backend", default="triton", help="rollout.sglang.attention_backend")
@@ -125,7 +130,8 @@ def build_config(args) -> Config:
     actor = ActorConfig(optim=OptimConfig(lr=1e-6), ppo_mini_batch_size=args.prompts // args.mini_batches,
                         use_kl_loss=bool(args.kl_loss),
                         micro_batch_size_per_gpu=args.micro_batch, use_dynamic_bsz=args.max_tokens > 0,
-                        max_tokens_per_gpu=args.max_tokens, log_prob_max_tokens_per_gpu=args.log_prob_max_tokens)
+                        max_tokens_per_gpu=args.max_tokens, log_prob_max_tokens_per_gpu=args.log_prob_max_tokens,
+                        router_replay=args.router_replay)
     model = ModelConfig(**model_shape(args), sdpa_kernel=args.sdpa_kernel)
     return Config(model=model, rollout=rollout, actor=actor,
                   algorithm=AlgorithmConfig(adv_estimator="grpo"),  # the default is verl's gae (a critic)
@@ -173,7 +179,8 @@ def build_run(cfg, ctx, args) -> Run:
     if errors:
         raise ValueError("\n".join(errors))
     hf = load_hf_config(cfg.model)
-    roles = build_roles(cfg, hf, ctx)
+    with random_weights_on_gpu(args.gpu_init):
+        roles = build_roles(cfg, hf, ctx)
     if not args.swiglu_fusion:  # A/B of megatron's torch.compile'd SwiGLU (its MLP reads the flag per call)
         roles.actor.model[0].config.bias_activation_fusion = False
     tokenizer = types.SimpleNamespace(pad_id=0, decode=None)
@@ -186,6 +193,17 @@ def build_run(cfg, ctx, args) -> Run:
               total_steps=1 << 30, run_dir=tempfile.mkdtemp(), metric_logger=MetricLogger("", [], False))
     run.engine_start_s = time.perf_counter() - start
     return run
+
+
+def random_weights_on_gpu(enabled: int):
+    """bench_lora_step.gpu_initialization where asked for and a GPU is there, else nothing."""
+    import contextlib
+
+    if not (enabled and torch.cuda.is_available()):
+        return contextlib.nullcontext()
+    from tools.bench.bench_lora_step import gpu_initialization
+
+    return gpu_initialization()
 
 
 def sync() -> None:
@@ -330,6 +348,8 @@ def summarize(args, cfg, run, steps: list[dict], rollout: dict) -> dict:
                                               "rollout/mismatch_kl_k3", "rollout/mismatch_first_abs_diff",
                                               "rollout/mismatch_exact_frac")},
         "logprob_update_mfu": train_flops(hf, rows, seq, passes) / max(train_s, 1e-9) / (PEAK_TFLOPS * 1e12),
+        "update_mfu": train_flops(hf, rows, seq, 3.0) / max(med["update_actor"], 1e-9) / (PEAK_TFLOPS * 1e12),
+        "router_replay": cfg.actor.router_replay,
         "engine_start_s": run.engine_start_s, "rollout": rollout,
         "weight_sync_gb": last.get("perf/weight_sync_gb"), "weight_reshard_gb": last.get("perf/weight_reshard_gb"),
         "shape": {"prompts": args.prompts, "n": args.n, "prompt_len": args.prompt_len, "new_tokens": args.new_tokens,

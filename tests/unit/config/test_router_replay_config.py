@@ -1,6 +1,7 @@
-"""actor.router_replay (R2 / R3) at validation, and verl's keys for it: R3 loads on the tiny MoE preset; what it
-cannot serve (a dense model, full recompute at pp > 1, SGLang, partial rollouts, multi-turn) is one line each,
-naming the key, the value and the fix, before anything is built."""
+"""actor.router_replay (R2 / R3) at validation, and verl's keys for it: R3 loads on the tiny MoE preset, with the
+native engine or SGLang (both return each token's experts); what it cannot serve (a dense model, full recompute at
+pp > 1, an engine that returns no experts, partial rollouts, multi-turn) is one line each, naming the key, the value
+and the fix, before anything is built."""
 import pytest
 
 from rlhf_mcore.config.load import ConfigError, load_config
@@ -28,9 +29,6 @@ REFUSALS = {
                               "actor.router_replay: R3 cannot replay through full recompute at pp > 1 (got "
                               "model.recompute=full with pp=2). Use model.recompute=selective or none, or "
                               "parallel.pp=1."),
-    "sglang": (MOE, ["actor.router_replay=R3", "rollout.engine=sglang"], 1,
-               "rollout.engine: actor.router_replay=R3 needs the rollout's experts, which only the native engine "
-               "records (got 'sglang'). Set rollout.engine=native, or actor.router_replay=R2."),
     "partial rollouts": (MOE, ["actor.router_replay=R3", "async_training.partial_rollout=true",
                                "async_training.staleness_threshold=1"], 1,
                          "async_training.partial_rollout: rows resumed across steps carry no routing for "
@@ -45,6 +43,31 @@ REFUSALS = {
 def test_r3_refusals_are_one_line_each(name):
     path, overrides, world_size, line = REFUSALS[name]
     assert line in errors(path, *overrides, world_size=world_size)
+
+
+def test_r3_takes_the_experts_sglang_returns():
+    from rlhf_mcore.config.validate import _r3_rollout_rules
+
+    cfg = load_config(MOE, ["actor.router_replay=R3"], world_size=1)
+    cfg.rollout.engine = "sglang"
+    assert _r3_rollout_rules(cfg) == []
+
+
+def test_r3_refuses_an_engine_that_returns_no_experts(monkeypatch):
+    """The rule reads the engines' `records_routing` trait (here SGLang's is taken away)."""
+    import dataclasses
+
+    from rlhf_mcore.config.validate import _r3_rollout_rules
+    from rlhf_mcore.rollout.base import ROLLOUT_ENGINES
+
+    traits = ROLLOUT_ENGINES.traits
+    monkeypatch.setattr(ROLLOUT_ENGINES, "traits", lambda name: dataclasses.replace(
+        traits(name), records_routing=traits(name).records_routing and name != "sglang"))
+    cfg = load_config(MOE, ["actor.router_replay=R3"], world_size=1)
+    cfg.rollout.engine = "sglang"
+    assert _r3_rollout_rules(cfg) == [
+        "rollout.engine: actor.router_replay=R3 needs the rollout's experts, which only these engines return: "
+        "native (got 'sglang'). Set rollout.engine to one of them, or actor.router_replay=R2."]
 
 
 def test_r2_keeps_its_rules():
