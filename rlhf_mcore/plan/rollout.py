@@ -13,11 +13,11 @@ The rollout's transient peak is the larger of the prefill's layer step and the d
 """
 from __future__ import annotations
 
-from rlhf_mcore.plan.dynamic import FP32, forward_layer_bytes, mlp_elements, vocab_shard
 from rlhf_mcore.plan.params import WEIGHT_BYTES, Shape
 
 BUCKETS = (1, 2, 4, 8, 16, 32, 48, 64, 96, 128, 192, 256, 384, 512, 768, 1024)  # rollout.static_decode.BUCKETS
 LONG = 8
+FP32 = 4
 
 
 def bucket_for(num_rows: int) -> int:
@@ -63,6 +63,8 @@ def prefill_layer_bytes(shape: Shape, tokens: int, dtype: str) -> int:
     ... # (4 x 8 + (2 x 2 + 3 x 1) x 4 + 3 x 16) x 10 x 2 B
     2160
     """
+    from rlhf_mcore.plan.dynamic import mlp_elements  # (lazy: the import graph's depth)
+
     elements = 4 * shape.hidden + (2 * shape.heads + 3 * shape.groups) * shape.head_dim + mlp_elements(shape, 1)
     return elements * tokens * WEIGHT_BYTES[dtype]
 
@@ -73,6 +75,8 @@ def decode_logits_bytes(shape: Shape, rows: int, tp: int, divisible_by: int = 12
     >>> decode_logits_bytes(Shape(layers=1, hidden=8, ffn=16, heads=2, groups=2, head_dim=4, vocab=256), 2, 1)
     4096
     """
+    from rlhf_mcore.plan.dynamic import vocab_shard
+
     return 2 * rows * vocab_shard(shape, tp, divisible_by) * FP32
 
 
@@ -99,6 +103,8 @@ def merged_lora_bytes(cfg, shape: Shape, dtype: str) -> int:
 def rollout_terms(cfg, shape: Shape, rows: int, length: int, prompt: int, tp: int, pp: int, dtype: str,
                   divisible_by: int = 128) -> dict[str, int]:
     """The native engine's own terms during the rollout (weights and training state apart)."""
+    from rlhf_mcore.plan.dynamic import forward_layer_bytes
+
     max_new = length - prompt
     logits = decode_logits_bytes(shape, rows, tp, divisible_by)
     if uses_static_decoder(cfg, tp, pp):
