@@ -109,7 +109,8 @@ def test_an_engine_that_needs_cuda_stops_before_the_model_on_a_machine_without(t
 def test_a_plan_over_the_device_stops_naming_the_phase_the_term_and_the_fix(tmp_path):
     """The memory plan at start-up (here a given device size: CPU runs skip it): SmolLM2's GRPO preset at a
     65536-token budget plans ~44 GiB in its update (one 65,536-token bin of 128 rows, the decoder's KV cache); a
-    16 GiB device stops it with the activations' fix, a smaller budget fits, and trainer.check_memory_plan=false starts anyway."""
+    16 GiB device stops it with the activations' fix, a smaller budget fits, and
+    trainer.check_memory_plan=false starts anyway."""
     import json
 
     from rlhf_mcore.trainer.preflight import memory_plan_errors
