@@ -316,6 +316,20 @@ def to_dict(cfg) -> dict:
     return dataclasses.asdict(cfg)
 
 
+def from_dict(data: dict, overrides: list[str] = ()) -> Config:
+    """A `Config` from `to_dict`'s form (e.g. a record's saved config) with `a.b=value` overrides; types and names
+    checked (ConfigError lists every problem), not the cross-field rules."""
+    import copy
+
+    errors: list[str] = []
+    data = copy.deepcopy(data)
+    parse_overrides(list(overrides), data, errors)
+    cfg = _build(Config, data, "", errors)
+    if errors:
+        raise ConfigError(errors)
+    return cfg
+
+
 def dump_yaml(cfg) -> str:
     """The config as it will run. With model.hf_path the architecture comes from its config.json: those
     fields are left out of the model section (they would be ignored) and shown below it as comments."""

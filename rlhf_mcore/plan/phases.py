@@ -1,12 +1,15 @@
-"""Per-phase peaks of one rank: the resident terms (`plan.static`) plus what each RL phase adds (`plan.dynamic`).
+"""Per-phase peaks of one rank: the resident terms (`plan.static`) plus what each RL phase adds (`plan.dynamic`,
+`plan.rollout`). The phases are the trainer's timed ones (`perf/max_memory_gb/<phase>` measures each):
 
-- rollout: the native engine's KV cache for the rank's rows over the prompt + response budget and a decode step's
-  logits; SGLang instead takes `rollout.sglang.gpu_memory_utilization` of the device (weights and KV cache), so it
-  is only planned when the device's memory is known. `trainer.offload_during_rollout` moves the gradients and the
-  optimizer state off the device for it.
-- log_prob: old / reference log-probs and values, forward only, one layer's activations at a time and the fused
-  kernel's chunk of logits.
-- update: the activations a micro-batch keeps for its backward and the log-prob chunk with its gradient.
+- rollout (gen): the native engine's KV cache and its prefill or decode step (`plan.rollout`); SGLang instead takes
+  `rollout.sglang.gpu_memory_utilization` of the device (weights and KV cache), so it is only planned when the
+  device's memory is known. `trainer.offload_during_rollout` moves Adam's moments to the host and frees the gradient
+  buffers for it; the fp32 main weights stay (`plan.static.main_param_bytes`).
+- log_prob (old_log_prob, ref): forward only, one layer's live tensors and the fused kernel's chunk of logits.
+- values (a critic's forward), critic_update (its forward and backward): the critic's own micro-batches.
+- update (update_actor): the activations a micro-batch keeps for its backward, the head's, and the fused log-prob
+  kernel's backward buffers; optimizer: the optimizer step inside it (fused AdamW: nothing past the resident).
+Every phase after the rollout also holds what the engine keeps (`plan.rollout.resident_cache_bytes`).
 """
 from __future__ import annotations
 
@@ -15,41 +18,81 @@ import dataclasses
 from rlhf_mcore.plan.dynamic import (
     Batch,
     activation_bytes,
-    decode_logits_bytes,
-    kv_cache_bytes,
-    layer_activation_elements,
+    forward_layer_bytes,
+    head_activation_bytes,
+    logprob_backward_bytes,
     logprob_bytes,
 )
 from rlhf_mcore.plan.params import WEIGHT_BYTES, Shape
-from rlhf_mcore.plan.static import Layout, roles_of, stage_bytes
+from rlhf_mcore.plan.rollout import resident_cache_bytes, rollout_terms
+from rlhf_mcore.plan.static import Layout, main_param_bytes, roles_of, stage_bytes
 
-PHASES = ("rollout", "log_prob", "update")
+PHASES = ("rollout", "log_prob", "values", "update", "critic_update", "optimizer")
+
+
+def lora_layer_elements(cfg) -> int:
+    """What LoRA adds to a layer's saved activations, per token: each adapted linear's x A^T ([n x r] for its n
+    adapted sub-projections), saved for B's gradient (`models.lora`; x itself is the base linear's saved input).
+
+    >>> from rlhf_mcore.config import Config, ModelConfig
+    >>> lora_layer_elements(Config(model=ModelConfig(lora_rank=8, target_modules=["all-linear"])))  # 7 x 8
+    56
+    """
+    if not cfg.model.lora_rank:
+        return 0
+    from rlhf_mcore.models.lora import LoraSettings
+
+    return len(LoraSettings.from_model_cfg(cfg.model).target_modules) * cfg.model.lora_rank
 
 
 def phase_terms(cfg, shape: Shape, layout: Layout, gpu_bytes: float = 0.0, pp_rank: int = 0,
                 experts_per_token: int = 1) -> dict[str, dict[str, int]]:
-    """{phase: {term: bytes}} on a rank of pipeline stage `pp_rank`."""
+    """{phase: {term: bytes}} on a rank of pipeline stage `pp_rank` (a critic's phases only with a critic)."""
     dtype, tp, pp, div = cfg.model.dtype, layout.tp, layout.pp, cfg.model.make_vocab_size_divisible_by
-    static = stage_bytes(shape, layout, pp_rank, roles_of(cfg), dtype, cfg.parallel.use_distributed_optimizer, div)
+    roles = roles_of(cfg)
+    static = stage_bytes(shape, layout, pp_rank, roles, dtype, cfg.parallel.use_distributed_optimizer, div)
     weights = sum(t["weights"] for t in static.values())
     training = sum(t["grads"] + t["optimizer"] for t in static.values())
     batch = Batch.of(cfg, layout.dp)
-    rollout = {"weights": weights, "grads+optimizer": 0 if cfg.trainer.offload_during_rollout else training}
+    kept = main_param_bytes(static, dtype) if cfg.trainer.offload_during_rollout else training
+    rollout = {"weights": weights, "grads+optimizer": kept}
     if cfg.rollout.engine == "sglang":
         rollout["sglang"] = int(cfg.rollout.sglang.gpu_memory_utilization * gpu_bytes)
     else:
-        rollout["kv_cache"] = kv_cache_bytes(shape, batch.rows, batch.length, tp, pp, dtype)
-        rollout["decode_logits"] = decode_logits_bytes(shape, batch.rows, tp, div)
+        rollout.update(rollout_terms(cfg, shape, batch.rows, batch.length, batch.prompt, tp, pp, dtype, div))
     resident = {"weights": weights, "grads+optimizer": training}
-    one_layer = layer_activation_elements(shape, tp) * batch.forward_tokens * WEIGHT_BYTES[dtype]
-    return {
+    cache = resident_cache_bytes(cfg, shape, batch.rows, batch.length, batch.prompt, tp, pp, dtype)
+    resident.update({"rollout_cache": cache} if cache else {})
+    forward = forward_layer_bytes(shape, batch.forward_tokens, tp, dtype, experts_per_token)
+    phases = {
         "rollout": rollout,
-        "log_prob": {**resident, "activations": one_layer,
-                     "logprob": logprob_bytes(shape, batch.forward_tokens, tp, backward=False, divisible_by=div)},
-        "update": {**resident, "activations": activation_bytes(shape, batch.update_tokens, tp, pp, dtype,
-                                                               cfg.model.recompute, experts_per_token),
-                   "logprob": logprob_bytes(shape, batch.update_tokens, tp, backward=True, divisible_by=div)},
+        "log_prob": {**resident, "activations": forward,
+                     "logprob": logprob_bytes(shape, batch.forward_tokens, tp, div)},
+        "update": {**resident, **update_terms(cfg, shape, layout, batch.update_tokens, experts_per_token),
+                   "logprob": logprob_backward_bytes(shape, batch.update_tokens, tp, dtype,
+                                                     not cfg.model.lora_rank, div)},
+        "optimizer": dict(resident),
     }
+    if any(r.name == "critic" for r in roles):
+        phases["values"] = {**resident, "activations": forward}
+        phases["critic_update"] = {**resident, **update_terms(cfg, shape, layout, batch.critic_tokens,
+                                                              experts_per_token, lora=False)}
+    return {p: phases[p] for p in PHASES if p in phases}
+
+
+def update_terms(cfg, shape: Shape, layout: Layout, tokens: int, experts_per_token: int = 1,
+                 lora: bool = True) -> dict[str, int]:
+    """A trained role's saved activations over a micro-batch of `tokens` (padded micro-batches: SDPA's output
+    copy, `plan.dynamic.layer_activation_bytes`), with LoRA's, and the head's."""
+    dtype, tp, pp = cfg.model.dtype, layout.tp, layout.pp
+    out_copy = not cfg.data.use_sequence_packing and cfg.model.sdpa_kernel != "cudnn"
+    saved = activation_bytes(shape, tokens, tp, pp, dtype, cfg.model.recompute, experts_per_token, out_copy)
+    if lora and cfg.model.recompute != "full":
+        saved += (shape.layers // pp) * lora_layer_elements(cfg) * tokens * pp * WEIGHT_BYTES[dtype]
+    terms = {"activations": saved}
+    if pp == 1:  # the stage holds the head too (at PP > 1 the first stage's in-flight activations are planned)
+        terms["head"] = head_activation_bytes(shape, tokens, dtype)
+    return terms
 
 
 def peak(terms: dict[str, dict[str, int]]) -> tuple[str, int]:

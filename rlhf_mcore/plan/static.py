@@ -18,6 +18,7 @@ from rlhf_mcore.plan.params import WEIGHT_BYTES, Shape, rank_params
 
 GRAD_BYTES = 4
 ADAM_BYTES = {"bf16": 12, "fp32": 8}
+MAIN_BYTES = {"bf16": 4, "fp32": 0}  # of ADAM_BYTES: megatron's fp32 main weights of a bf16 model
 
 
 @dataclasses.dataclass(frozen=True)
@@ -89,6 +90,16 @@ def role_bytes(params: int, role: Role, dtype: str, dp: int, distributed_optimiz
         optimizer = -(-optimizer // dp)
     return {"weights": params * WEIGHT_BYTES[dtype], "grads": params * GRAD_BYTES if role.trained else 0,
             "optimizer": optimizer}
+
+
+def main_param_bytes(static: dict[str, dict[str, int]], dtype: str) -> int:
+    """What of the optimizer state stays on the device when `trainer.optim.offload_for_rollout` moves Adam's
+    moments to the host (and frees the gradient buffers): the fp32 main weights.
+
+    >>> main_param_bytes({"actor": {"weights": 2000, "grads": 4000, "optimizer": 3000}}, "bf16")
+    1000
+    """
+    return sum(t["optimizer"] for t in static.values()) * MAIN_BYTES[dtype] // ADAM_BYTES[dtype]
 
 
 def stage_bytes(shape: Shape, layout: Layout, pp_rank: int, roles: list[Role], dtype: str,

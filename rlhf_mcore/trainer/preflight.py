@@ -225,6 +225,10 @@ PLAN_FIXES = {
     "logprob": "lower actor.max_tokens_per_gpu (the fused log-prob kernel's chunk follows it)",
     "kv_cache": "set rollout.micro_batch_size to decode fewer rows at once, or a larger parallel.tp",
     "decode_logits": "set rollout.micro_batch_size to decode fewer rows at once",
+    "prefill": "set rollout.micro_batch_size to prefill fewer rows at once",
+    "rollout_cache": "set rollout.native.keep_graphs=false (the decoder's cache is freed after each rollout)",
+    "merged_lora": "set rollout.native.keep_graphs=false, or rollout.native.cuda_graphs=false (no merged copy)",
+    "head": "lower actor.max_tokens_per_gpu (or micro_batch_size_per_gpu)",
     "sglang": "lower rollout.sglang.gpu_memory_utilization",
     "grads+optimizer": "set parallel.use_distributed_optimizer=true over more DP ranks, trainer.offload_during_rollout"
                        "=true, or a larger parallel.tp / parallel.pp",

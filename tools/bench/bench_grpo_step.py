@@ -36,6 +36,7 @@ from rlhf_mcore.config import (
     ActorConfig,
     AlgorithmConfig,
     Config,
+    CriticConfig,
     DataConfig,
     ModelConfig,
     NativeRolloutConfig,
@@ -45,6 +46,7 @@ from rlhf_mcore.config import (
     SGLangRolloutConfig,
     TrainerConfig,
 )
+from rlhf_mcore.config.load import from_dict, to_dict
 from rlhf_mcore.config.validate import validate
 from rlhf_mcore.logs import MetricLogger, init_logger
 from rlhf_mcore.models.flops import forward_flops_per_token
@@ -59,13 +61,13 @@ from rlhf_mcore.trainer.run import Run, engine_setup
 from rlhf_mcore.trainer.scoring import Scored
 from rlhf_mcore.trainer.step_log import peak_memory_gb
 from tools.bench.memory_plan_check import compare as compare_plan
-from tools.bench.memory_plan_check import print_comparison
+from tools.bench.memory_plan_check import print_comparison, trainer_peaks
 
 QWEN = dict(family="qwen2", num_layers=24, hidden_size=896, ffn_hidden_size=4864, num_attention_heads=14,
             num_query_groups=2, vocab_size=151936, tie_embeddings=True, dtype="bf16")
 TINY = dict(num_layers=2, hidden_size=64, ffn_hidden_size=128, num_attention_heads=4, num_query_groups=2,
             vocab_size=300, dtype="fp32")
-PHASES = ("gen", "reward", "old_log_prob", "ref", "adv", "update_actor", "sync_weights")
+PHASES = ("gen", "reward", "old_log_prob", "ref", "values", "adv", "update_critic", "update_actor", "sync_weights")
 PEAK_TFLOPS = 790.0  # measured bf16 dense matmul rate of the H200 (benchmarks/2026-11-30-training-step)
 
 
@@ -114,6 +116,8 @@ def parse_args(argv=None):
     p.add_argument("--combined-name", default="grpo_step_qwen2.5-0.5b.json", help="file name of the merged JSON")
     p.add_argument("--out", default="", help="directory for the JSON result")
     p.add_argument("--label", default="", help="a name for this variant: system ours-<engine>-<label>, its own file")
+    p.add_argument("--set", action="append", default=[], metavar="A.B=VALUE",
+                   help="a config override on top of the flags' config (repeatable), e.g. --set model.lora_rank=32")
     return p.parse_args(argv)
 
 
@@ -127,18 +131,20 @@ def build_config(args) -> Config:
                             sglang=SGLangRolloutConfig(attention_backend=args.attention_backend,
                                                        fp32_lm_head=bool(args.fp32_lm_head),
                                                        gpu_memory_utilization=0.5))
-    actor = ActorConfig(optim=OptimConfig(lr=1e-6), ppo_mini_batch_size=args.prompts // args.mini_batches,
-                        use_kl_loss=bool(args.kl_loss),
-                        micro_batch_size_per_gpu=args.micro_batch, use_dynamic_bsz=args.max_tokens > 0,
-                        max_tokens_per_gpu=args.max_tokens, log_prob_max_tokens_per_gpu=args.log_prob_max_tokens,
-                        router_replay=args.router_replay)
+    batching = dict(ppo_mini_batch_size=args.prompts // args.mini_batches, micro_batch_size_per_gpu=args.micro_batch,
+                    use_dynamic_bsz=args.max_tokens > 0, max_tokens_per_gpu=args.max_tokens)
+    actor = ActorConfig(optim=OptimConfig(lr=1e-6), use_kl_loss=bool(args.kl_loss),
+                        log_prob_max_tokens_per_gpu=args.log_prob_max_tokens, router_replay=args.router_replay,
+                        **batching)
+    critic = CriticConfig(**batching)  # a critic (--set algorithm.adv_estimator=gae) batches as the actor, as verl's
     model = ModelConfig(**model_shape(args), sdpa_kernel=args.sdpa_kernel)
-    return Config(model=model, rollout=rollout, actor=actor,
-                  algorithm=AlgorithmConfig(adv_estimator="grpo"),  # the default is verl's gae (a critic)
-                  parallel=ParallelConfig(tp=args.tp, pp=args.pp),
-                  data=DataConfig(train_batch_size=args.prompts, max_prompt_length=args.prompt_len,
-                                  use_sequence_packing=bool(args.pack)),
-                  trainer=TrainerConfig(seed=1, logger=[], total_steps=1000))
+    cfg = Config(model=model, rollout=rollout, actor=actor, critic=critic,
+                 algorithm=AlgorithmConfig(adv_estimator="grpo"),  # the default is verl's gae (a critic)
+                 parallel=ParallelConfig(tp=args.tp, pp=args.pp),
+                 data=DataConfig(train_batch_size=args.prompts, max_prompt_length=args.prompt_len,
+                                 use_sequence_packing=bool(args.pack)),
+                 trainer=TrainerConfig(seed=1, logger=[], total_steps=1000))
+    return from_dict(to_dict(cfg), args.set) if args.set else cfg
 
 
 def model_shape(args) -> dict:
@@ -362,7 +368,9 @@ def summarize(args, cfg, run, steps: list[dict], rollout: dict) -> dict:
                    "fp32_lm_head": cfg.rollout.sglang.fp32_lm_head, "swiglu_fusion": bool(args.swiglu_fusion),
                    "exact_casts": bool(args.exact_casts)},
         "device": torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu",
-        "memory_plan": compare_plan(cfg, hf, steps),  # rlhf_mcore.plan's phases vs perf/max_memory_gb/<phase>
+        "memory_plan": compare_plan(cfg, hf, trainer_peaks(steps)),  # rlhf_mcore.plan vs perf/max_memory_gb/<phase>
+        "label": args.label, "overrides": list(args.set),
+        "plan_input": {"config": to_dict(cfg), "hf": hf, "phase_peaks_gib": trainer_peaks(steps)},  # --repredict
     }
 
 

@@ -3,9 +3,10 @@ config's micro-batching, and offload and SGLang change the rollout's terms."""
 import torch
 
 from rlhf_mcore.config.load import load_config
-from rlhf_mcore.plan.dynamic import Batch, kv_cache_bytes
+from rlhf_mcore.plan.dynamic import Batch
 from rlhf_mcore.plan.params import Shape
 from rlhf_mcore.plan.phases import phase_terms, rank_peak
+from rlhf_mcore.plan.rollout import kv_cache_bytes
 from rlhf_mcore.plan.static import Layout
 from rlhf_mcore.rollout.decode_state import DecodeState
 from tests.support.paths import CONFIGS
@@ -22,24 +23,31 @@ def test_the_kv_cache_is_the_decoders_allocation():
 
 
 def test_the_batch_follows_the_configs_micro_batching():
+    """Packed: balanced bins of whole rows (a 16-prompt mini-batch of 64 rows at DP2 is one 32,768-token bin, under
+    the 65,536 budget; the forward pass packs all 256 rows under its own budget); padded: micro-batch rows."""
     packed = load_config(str(CONFIGS / "gsm8k_grpo_smollm2.yaml"), ["actor.log_prob_max_tokens_per_gpu=131072"],
                          check=False)
-    assert Batch.of(packed, dp=2) == Batch(rows=64 * 8 // 2, length=512, update_tokens=65536, forward_tokens=131072)
+    assert Batch.of(packed, dp=2) == Batch(rows=64 * 8 // 2, length=512, update_tokens=64 * 512,
+                                           forward_tokens=256 * 512, prompt=256, critic_tokens=64 * 512)
     padded = load_config(str(CONFIGS / "gsm8k_grpo_smollm2.yaml"), [
         "data.use_sequence_packing=false", "actor.use_dynamic_bsz=false", "rollout.micro_batch_size=100"],
         check=False)
-    assert Batch.of(padded, dp=1) == Batch(rows=100, length=512, update_tokens=32 * 512, forward_tokens=32 * 512)
+    assert Batch.of(padded, dp=1) == Batch(rows=100, length=512, update_tokens=32 * 512, forward_tokens=32 * 512,
+                                           prompt=256, critic_tokens=32 * 512)  # the critic takes the actor's keys
 
 
-def test_offload_and_sglang_change_the_rollout():
+def test_offload_keeps_the_main_weights_and_sglang_changes_the_rollout():
     cfg = load_config(str(CONFIGS / "gsm8k_grpo_smollm2.yaml"), [], check=False)
     one = Layout(1, 1, 1, 1)
     terms = phase_terms(cfg, SMOL, one)
-    assert terms["rollout"]["grads+optimizer"] == terms["update"]["grads+optimizer"] > 0
+    training = terms["update"]["grads+optimizer"]
+    assert terms["rollout"]["grads+optimizer"] == training > 0
     assert terms["update"]["activations"] > terms["log_prob"]["activations"] > 0
+    assert "values" not in terms and "critic_update" not in terms  # GRPO: no critic
     offload = load_config(str(CONFIGS / "gsm8k_grpo_smollm2.yaml"), ["trainer.offload_during_rollout=true"],
                           check=False)
-    assert phase_terms(offload, SMOL, one)["rollout"]["grads+optimizer"] == 0
+    params = training // 16  # fp32 grads 4 B + Adam 12 B a parameter; the fp32 main weights (4 B) stay
+    assert phase_terms(offload, SMOL, one)["rollout"]["grads+optimizer"] == 4 * params
     sglang = load_config(str(CONFIGS / "gsm8k_grpo_smollm2.yaml"), ["rollout.engine=sglang"], check=False)
     rollout = phase_terms(sglang, SMOL, one, gpu_bytes=100 * 2**30)["rollout"]
     assert rollout["sglang"] == 50 * 2**30 and "kv_cache" not in rollout
@@ -57,10 +65,12 @@ def test_the_plan_line_of_validate_only_and_diagnose(tmp_path):
     (tmp_path / "config.json").write_text(json.dumps({**HF_SHAPES["smollm2"], "architectures": ["LlamaForCausalLM"],
                                                       "tie_word_embeddings": True}))
     cfg = load_config(str(CONFIGS / "gsm8k_grpo_smollm2.yaml"), [f"model.hf_path={tmp_path}"], check=False)
+    # update: 64 rows x 512 = 32,768 tokens (one packed bin); 30 layers x (9,216 x 2 B + 8 + 9 x 4) a token;
+    # rollout_cache: the static decoder's KV cache of 256 rows, kept (2 x 30 x 256 x 3 x 512 x 64 x 2 B)
     assert plan_line(cfg, world_size=2) == (
-        "memory plan: 34.94 GiB per rank at TP1 PP1 EP1 DP2, peak in the update phase (weights 513.1 MiB + "
-        "grads+optimizer 2.00 GiB + activations 30.94 GiB + logprob 1.50 GiB); every layout: python -m "
-        "rlhf_mcore.plan --config CFG --gpus N --gpu-memory GiB")
+        "memory plan: 23.66 GiB per rank at TP1 PP1 EP1 DP2, peak in the update phase (weights 513.1 MiB + "
+        "grads+optimizer 2.00 GiB + rollout_cache 2.81 GiB + activations 16.92 GiB + head 72.1 MiB + logprob 1.35 GiB)"
+        "; every layout: python -m rlhf_mcore.plan --config CFG --gpus N --gpu-memory GiB")
     missing = load_config(str(CONFIGS / "gsm8k_grpo_smollm2.yaml"), [f"model.hf_path={tmp_path}/none"], check=False)
     assert plan_line(missing).startswith("memory plan: not made (model.hf_path: no config.json in ")
 
