@@ -3,8 +3,12 @@
 # (perf/max_memory_gb/<phase>: torch.cuda.max_memory_allocated, reset as each phase starts), one GRPO bench run per
 # variant (tools/bench/bench_grpo_step.py, random bf16 weights, 64 prompts x 8 x (128 + 256) tokens unless the
 # variant says otherwise, 1 warm-up + 2 steps, 1 for the 3B and 7B shapes; eager decode steps in CUDA graphs).
-# One call, < 540 s in all (each variant has its own timeout, TIMEOUTS below); carry .gpu-async-w (megatron-core cp312):
-#   bash tools/gpu/gpu_memory_plan.sh
+# Two calls on one warm machine, each < 560 s (each variant has its own timeout, TIMEOUTS below); carry .gpu-async-w
+# (megatron-core cp312) in the first, nothing in the second:
+#   GROUP=small bash tools/gpu/gpu_memory_plan.sh   # the 0.5B variants, 1.5B, 3B
+#   GROUP=large bash tools/gpu/gpu_memory_plan.sh   # the 2-layer MoE, the two 7B shapes
+# (2026-12-04: in one call with 40-85 s timeouts and random weights drawn on the CPU, every shape above 0.5B ran out
+# of its time; the shapes above 0.5B now draw their weights on the GPU, --gpu-init 1.)
 # Each variant writes $RUNS_DIR/<name>/grpo_step_part_*.json (its "memory_plan" records and "plan_input": the
 # resolved config, config.json and measured peaks); $OUT gets memory_plan.json (the rows) and memory_plan_runs.json
 # (every result), and a table is printed. Re-predict on a CPU with the plan of the code checked out, against the same
@@ -44,19 +48,21 @@ for name, hf in shapes.items():
     os.makedirs(os.path.join(sys.argv[1], name), exist_ok=True)
     json.dump(hf, open(os.path.join(sys.argv[1], name, "config.json"), "w"))
 EOF
-SMALL="--prompts 16 --n 4 --steps 1"  # the 7B shapes: 64 rows a step
+SMALL="--prompts 16 --n 4 --steps 1 --gpu-init 1"  # the 7B shapes: 64 rows a step
 LORA="--set model.lora_rank=32 --set model.lora_alpha=32 --set model.target_modules=all-linear"
 DEFAULT="padded:;packed:--max-tokens 65536 --pack 1;kl_two_minis:--kl-loss 1 --mini-batches 2"
 DEFAULT+=";ppo_critic:--set algorithm.adv_estimator=gae --mini-batches 2"
-DEFAULT+=";q1.5b:--hf-path $SHAPES/qwen2.5-1.5b --micro-batch 32;q3b:--hf-path $SHAPES/qwen2.5-3b --micro-batch 16 --steps 1"
-DEFAULT+=";moe2l:--hf-path $SHAPES/qwen3-30b-a3b-2l --micro-batch 16"
-DEFAULT+=";q7b_lora:--hf-path $SHAPES/qwen2.5-7b $SMALL --micro-batch 8 $LORA"
-DEFAULT+=";q7b_offload:--hf-path $SHAPES/qwen2.5-7b $SMALL --micro-batch 1 --set trainer.offload_during_rollout=true"
-DEFAULT+=" --set rollout.native.keep_graphs=false"  # plan: 133 GiB at the update; the kept KV cache would add 1.3
+DEFAULT+=";q1.5b:--hf-path $SHAPES/qwen2.5-1.5b --micro-batch 32 --gpu-init 1"
+DEFAULT+=";q3b:--hf-path $SHAPES/qwen2.5-3b --micro-batch 16 --steps 1 --gpu-init 1"
+LARGE="moe2l:--hf-path $SHAPES/qwen3-30b-a3b-2l --micro-batch 16 --gpu-init 1"
+LARGE+=";q7b_lora:--hf-path $SHAPES/qwen2.5-7b $SMALL --micro-batch 8 $LORA"
+LARGE+=";q7b_offload:--hf-path $SHAPES/qwen2.5-7b $SMALL --micro-batch 1 --set trainer.offload_during_rollout=true"
+LARGE+=" --set rollout.native.keep_graphs=false"  # plan: 133 GiB at the update; the kept KV cache would add 1.3
 # seconds per variant (expected: 0.5B ~25 s, 1.5B ~35 s, 3B ~45 s, 7B ~60-80 s, start-up and warm-up included)
-declare -A TIMEOUTS=([padded]=40 [packed]=40 [kl_two_minis]=45 [ppo_critic]=45 [q1.5b]=45 [q3b]=60 [moe2l]=40
-                     [q7b_lora]=85 [q7b_offload]=100)  # 500 s, + the wheel's install
-IFS=';' read -r -a RUNS <<< "${VARIANTS:-$DEFAULT}"
+declare -A TIMEOUTS=([padded]=60 [packed]=60 [kl_two_minis]=60 [ppo_critic]=60 [q1.5b]=120 [q3b]=150 [moe2l]=120
+                     [q7b_lora]=180 [q7b_offload]=220)  # small 510 s, large 520 s, + the wheel's install
+case ${GROUP:-small} in small) PICK=$DEFAULT ;; large) PICK=$LARGE ;; *) echo "GROUP: small or large"; exit 2 ;; esac
+IFS=';' read -r -a RUNS <<< "${VARIANTS:-$PICK}"
 names=()
 for run in "${RUNS[@]}"; do
   name=${run%%:*}
