@@ -57,12 +57,13 @@ def _path_errors(cfg) -> list[str]:
 
 def _vocab_errors(cfg) -> list[str]:
     """The model's vocabulary must hold every id the tokenizer can produce."""
+    from rlhf_mcore.models.registry import language_config
     from rlhf_mcore.models.transformer_config import load_hf_config
     from rlhf_mcore.trainer.inputs import load_run_tokenizer
 
     try:
         tokenizer = load_run_tokenizer(cfg)
-        vocab = load_hf_config(cfg.model)["vocab_size"]
+        vocab = language_config(load_hf_config(cfg.model))["vocab_size"]  # a vision LM nests it under text_config
     except Exception as e:  # noqa: BLE001 - reported as one line
         return [f"model.tokenizer: cannot load the tokenizer (got {cfg.model.tokenizer or cfg.model.hf_path!r}): "
                 f"{type(e).__name__}: {e}."]

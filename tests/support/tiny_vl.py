@@ -54,3 +54,22 @@ def image_batch(seed: int = 0) -> dict:
     return {"input_ids": input_ids, "attention_mask": mask, "image_grid_thw": torch.tensor(GRIDS),
             "pixel_values": torch.randn(patches, PATCH_DIM, generator=gen),
             "mm_token_type_ids": (input_ids == IMAGE).int()}
+
+
+def vl_actor(vl_dir, mcore_ctx, freeze: bool = True):
+    """(config, TrainState) of the actor of a tiny VL directory at TP1, its tower frozen unless not `freeze`."""
+    from rlhf_mcore.config import load_config
+    from rlhf_mcore.models.build import build_model
+    from rlhf_mcore.models.hf_io import read_hf_config
+    from rlhf_mcore.models.hf_load import load_hf_weights
+    from rlhf_mcore.trainer.optim import build_train_state
+    from rlhf_mcore.trainer.roles import attach_run_tower
+
+    cfg = load_config(None, [f"model.hf_path={vl_dir}", "model.attention_backend=sdpa",
+                             f"model.freeze_vision_tower={str(freeze).lower()}", "trainer.export_hf=false"],
+                      check=False)
+    hf = read_hf_config(vl_dir)
+    model = build_model("actor", hf, cfg.model, cfg.parallel, mcore_ctx)
+    load_hf_weights(model, str(vl_dir), hf, 0, 1)
+    attach_run_tower(model, cfg, hf, mcore_ctx)
+    return cfg, build_train_state(model, cfg.actor.optim, cfg.parallel)

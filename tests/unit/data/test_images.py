@@ -11,7 +11,8 @@ import torch
 from rlhf_mcore.data.dataset import load_prompt_dataset
 from rlhf_mcore.data.io import write_prompt_parquet
 from rlhf_mcore.data.schema import check_row
-from rlhf_mcore.data.vision_prompt import VisionProcessor, row_images, stack_row_images
+from rlhf_mcore.data.vision_prompt import VisionProcessor
+from rlhf_mcore.models.vision_step import row_images, stack_row_images
 from tools.make_shapes_dataset import draw, png
 from tools.make_tiny_vlm import IDS, write_tiny_vlm
 
