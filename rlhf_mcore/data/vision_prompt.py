@@ -116,38 +116,25 @@ class VisionProcessor:
         return expand_image_tokens(ids, self.tokens.image, [self.token_count(g) for g in grids]), grids
 
 
-def stack_row_images(per_row: Sequence[tuple[torch.Tensor, torch.Tensor] | None], patch_dim: int,
-                     device) -> dict[str, torch.Tensor]:
-    """Rows' images as per-row fields of a step batch: pixel_values [B, P_max, D] (a row's patches first, zeros
-    after) and image_grid_thw [B, I_max, 3] (zero rows after a row's grids). `per_row[b]`: (pixels [p, D],
-    grids [i, 3]) or None for a row without images.
+class PromptPixels:
+    """prompts (PromptRow) -> per prompt (pixel_values [p, D], image_grid_thw [i, 3]) or None (no images): the
+    images opened and processed again per batch (a dataset holds their bytes or paths, not their pixels), the
+    last `cache_size` prompts' kept."""
 
-    >>> f = stack_row_images([(torch.ones(2, 3), torch.tensor([[1, 1, 2]])), None], 3, "cpu")
-    >>> f["pixel_values"].shape, f["image_grid_thw"].tolist()
-    (torch.Size([2, 2, 3]), [[[1, 1, 2]], [[0, 0, 0]]])
-    """
-    num = len(per_row)
-    patches = max((p.size(0) for p, _ in filter(None, per_row)), default=0)
-    count = max((g.size(0) for _, g in filter(None, per_row)), default=0)
-    pixels = torch.zeros(num, max(patches, 1), patch_dim)
-    grids = torch.zeros(num, max(count, 1), 3, dtype=torch.long)
-    for b, item in enumerate(per_row):
-        if item is not None:
-            pixels[b, :item[0].size(0)] = item[0]
-            grids[b, :item[1].size(0)] = item[1]
-    return {"pixel_values": pixels.to(device), "image_grid_thw": grids.to(device)}
+    def __init__(self, processor: VisionProcessor, cache_size: int = 1024):
+        self.processor, self.cache_size, self.cache = processor, cache_size, {}
 
+    def __call__(self, prompts: Sequence) -> list[tuple[torch.Tensor, torch.Tensor] | None]:
+        from rlhf_mcore.data.images import open_images
 
-def row_images(pixel_values: torch.Tensor, image_grid_thw: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """Undo `stack_row_images` over rows, in row order: (pixel_values [num_patches, D], grids [num_images, 3]).
-
-    >>> f = stack_row_images([(torch.ones(2, 3), torch.tensor([[1, 1, 2]])), None], 3, "cpu")
-    >>> [t.shape for t in row_images(f["pixel_values"], f["image_grid_thw"])]
-    [torch.Size([2, 3]), torch.Size([1, 3])]
-    """
-    pixels, grids = [], []
-    for b in range(image_grid_thw.size(0)):
-        g = image_grid_thw[b][image_grid_thw[b].prod(-1) > 0]
-        grids.append(g)
-        pixels.append(pixel_values[b, :int(g.prod(-1).sum())])
-    return torch.cat(pixels), torch.cat(grids)
+        out = []
+        for p in prompts:
+            if not p.images:
+                out.append(None)
+                continue
+            if p.images not in self.cache:
+                if len(self.cache) >= self.cache_size:
+                    self.cache.pop(next(iter(self.cache)))
+                self.cache[p.images] = self.processor.pixels(open_images(p.images, f"prompt row {p.index}"))
+            out.append(self.cache[p.images])
+        return out

@@ -72,6 +72,16 @@ def vision_processor(cfg):
     return VisionProcessor.from_hf_dir(cfg.model.hf_path, hf)
 
 
+def prompt_pixels(cfg):
+    """A vision LM's prompts -> their pixels (`data.vision_prompt.PromptPixels`), None for a text model."""
+    processor = vision_processor(cfg)
+    if processor is None:
+        return None
+    from rlhf_mcore.data.vision_prompt import PromptPixels
+
+    return PromptPixels(processor)
+
+
 def _load(paths: str, tokenizer, cfg):
     from rlhf_mcore.data.dataset import load_prompt_dataset
 
