@@ -1,8 +1,9 @@
 """Write the synthetic visual task (reward: `rlhf_mcore/rewards/shapes.py`) in verl's multimodal parquet schema.
 
-Each image is 56 x 56 pixels, white, with shapes (square, disc or triangle) in distinct cells of a 2 x 2 grid:
-- `colour`: one shape in red, green or blue; "<image>Which colour is the shape? Answer r, g or b." -> r / g / b
-- `count`: one to three shapes of one colour; "<image>How many shapes? Answer 1, 2 or 3." -> 1 / 2 / 3
+Each image is 56 x 56 pixels, white, with shapes (square, disc or triangle):
+- `colour`: one large shape (over the whole image) in red, green or blue; "<image>Colour? r, g or b." -> r / g / b
+- `count`: one to three small shapes of one colour, in distinct cells of a 2 x 2 grid; "<image>How many shapes?
+  1, 2 or 3." -> 1 / 2 / 3
 Colours and counts are balanced (row i takes answer i mod 3 before the shuffle of the rest of the scene). The
 images are PNG bytes in verl's / HF datasets' form, `images: [{"bytes": ..., "path": None}]`.
 
@@ -18,19 +19,20 @@ import random
 COLOURS = {"r": (220, 40, 40), "g": (40, 170, 40), "b": (40, 40, 220)}
 SIDE, CELL = 56, 28
 KINDS = ("square", "disc", "triangle")
-QUESTIONS = {"colour": "<image>Which colour is the shape? Answer r, g or b.",
-             "count": "<image>How many shapes? Answer 1, 2 or 3."}
+QUESTIONS = {"colour": "<image>Colour? r, g or b.", "count": "<image>How many shapes? 1, 2 or 3."}
 
 
 def draw(shapes: list[tuple[str, str, int]]):
-    """A white SIDE x SIDE image with (kind, colour letter, cell 0-3) shapes."""
+    """A white SIDE x SIDE image with (kind, colour letter, cell 0-3 of the 2 x 2 grid, or -1: the whole) shapes."""
     from PIL import Image, ImageDraw
 
     img = Image.new("RGB", (SIDE, SIDE), (255, 255, 255))
     pen = ImageDraw.Draw(img)
     for kind, colour, cell in shapes:
-        x, y = (cell % 2) * CELL + 4, (cell // 2) * CELL + 4
-        box, fill = (x, y, x + CELL - 8, y + CELL - 8), COLOURS[colour]
+        size = SIDE if cell < 0 else CELL  # cell -1: the whole image
+        x, y = (0, 0) if cell < 0 else ((cell % 2) * CELL, (cell // 2) * CELL)
+        x, y = x + 4, y + 4
+        box, fill = (x, y, x + size - 8, y + size - 8), COLOURS[colour]
         if kind == "square":
             pen.rectangle(box, fill=fill)
         elif kind == "disc":
@@ -50,7 +52,7 @@ def scene(task: str, i: int, rng: random.Random) -> tuple[list[tuple[str, str, i
     """(shapes, answer) of row i: the answer cycles over the three (balanced), the rest is drawn."""
     colour = "rgb"[i % 3] if task == "colour" else rng.choice("rgb")
     count = 1 if task == "colour" else i % 3 + 1
-    cells = rng.sample(range(4), count)
+    cells = [-1] if task == "colour" else rng.sample(range(4), count)
     shapes = [(rng.choice(KINDS), colour, cell) for cell in cells]
     return shapes, colour if task == "colour" else str(count)
 
