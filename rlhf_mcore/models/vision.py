@@ -98,6 +98,22 @@ def attach_tower(lm: torch.nn.Module, tower: torch.nn.Module, hf: dict, trainabl
         lm.add_module(TOWER_NAME, tower)
 
 
+def save_tower(directory, model, prefix: str = "visual.") -> bool:
+    """Write the tower of `model` (a vision LM's role, frozen or trained) as `directory/vision.safetensors` under
+    its HF names, where the HF export (`convert.vision_weights`) and a later run's `model.load` find it; False (and
+    nothing written) for a text model."""
+    from pathlib import Path
+
+    from safetensors.torch import save_file
+
+    side = vision_side(model)
+    if side is None:
+        return False
+    state = {f"{prefix}{k}": v.detach().cpu().contiguous() for k, v in side.tower.state_dict().items()}
+    save_file(state, str(Path(directory) / VISION_FILE), metadata={"format": "pt"})
+    return True
+
+
 def vision_side(model) -> VisionSide | None:
     """The `VisionSide` of a (possibly DDP-wrapped) model chunk, None for a text model."""
     while not hasattr(model, "vision") and hasattr(model, "module"):
