@@ -7,10 +7,9 @@ from functools import partial
 import pytest
 import torch
 
-from rlhf_mcore.models.vision_step import stack_row_images
 from rlhf_mcore.trainer.losses import actor_loss
 from rlhf_mcore.trainer.schedule import forward_collect, run_schedule, split_micro_batches
-from tests.support.tiny_vl import GRIDS, image_batch, save_tiny_vl, tiny_vl_model, vl_actor
+from tests.support.tiny_vl import image_batch, save_tiny_vl, tiny_vl_model, vl_actor, vl_step_batch
 
 TOL = 1e-5
 
@@ -18,21 +17,6 @@ TOL = 1e-5
 @pytest.fixture(scope="module")
 def vl_dir(tmp_path_factory):
     return save_tiny_vl(tmp_path_factory.mktemp("vl_train") / "hf")
-
-
-def step_batch(seed: int = 0) -> dict:
-    """tests/support/tiny_vl.py's image batch as a step batch: rows 0 and 1 have an image each, row 2 none."""
-    b = image_batch(seed)
-    lengths = b["attention_mask"].sum(1)
-    pos = torch.arange(b["input_ids"].size(1))[None]
-    patches = [t * h * w for t, h, w in GRIDS]
-    per_row = [(b["pixel_values"][:patches[0]], torch.tensor([GRIDS[0]])),
-               (b["pixel_values"][patches[0]:], torch.tensor([GRIDS[1]])), None]
-    g = torch.Generator().manual_seed(seed)
-    mask = ((pos >= 1) & (pos < lengths[:, None])).float()
-    return {"tokens": b["input_ids"], "lengths": lengths, "prompt_lengths": lengths, "response_mask": mask,
-            "advantages": torch.randn(mask.shape, generator=g), "rollout_logp": torch.zeros(mask.shape),
-            **stack_row_images(per_row, b["pixel_values"].size(1), "cpu")}
 
 
 def transformers_logp(batch_seed: int = 0) -> torch.Tensor:
@@ -47,7 +31,7 @@ def passes(cfg, state, mcore_ctx, split: dict):
     """(old log-probs [B, S], {param: grad}) of one forward-only pass and one update's backward."""
     from rlhf_mcore.trainer.optim import zero_grads
 
-    batch = step_batch()
+    batch = vl_step_batch()
     fn = partial(actor_loss, model=state.module, tp_group=mcore_ctx.pgs.tp, actor_cfg=cfg.actor, temperature=1.0,
                  norm_length=16.0)
     logp = forward_collect(state.model, split_micro_batches(batch, **split), fn, ("logp",), batch["tokens"].size(1),
@@ -63,7 +47,7 @@ def passes(cfg, state, mcore_ctx, split: dict):
 @pytest.mark.parametrize("freeze", [True, False])
 def test_log_probs_are_transformers_and_gradients_reach_the_right_parts(vl_dir, mcore_ctx, freeze):
     cfg, state = vl_actor(vl_dir, mcore_ctx, freeze)
-    want, mask = transformers_logp(), step_batch()["response_mask"].bool()
+    want, mask = transformers_logp(), vl_step_batch()["response_mask"].bool()
     padded, grads = passes(cfg, state, mcore_ctx, {"micro_batch_size": 2})
     packed, packed_grads = passes(cfg, state, mcore_ctx, {"micro_batch_size": 2, "max_tokens": 20, "pack": True})
     for name, got in (("padded", padded), ("packed", packed)):
