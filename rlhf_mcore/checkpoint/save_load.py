@@ -115,6 +115,10 @@ def _save_role(role_dir: Path, model, optimizer) -> dict:
         sharded["optimizer"] = optimizer_sharded_state_dict(optimizer, model_sd, is_loading=False)
     with watch_writers(role_dir):  # a writer that dies would hang the save forever (checkpoint/writers.py)
         dist_checkpointing.save(sharded, str(role_dir))
+    if _rank() == 0:  # a vision LM's tower, whole (the same on every rank), for the HF export: vision.safetensors
+        from rlhf_mcore.models.vision import save_tower
+
+        save_tower(role_dir, model)
     role = {"trainable": optimizer is not None, "architecture": architecture_of(model),
             "optimizer": optimizer_kind(optimizer) if optimizer is not None else None}
     return {**role, "lora": _lora_of(model)} if _lora_of(model) else role

@@ -74,6 +74,7 @@ class ModelConfig:
     moe_aux_loss_coeff: float = 0.0  # MoE load-balancing loss weight (RL usually 0: no loss, no router drift)
     moe_z_loss_coeff: float = 0.0  # MoE router z-loss weight (0: off)
     moe_expert_impl: str = "auto"  # auto (grouped: CUDA bf16 SM90) | sequential | grouped | grouped-reference
+    freeze_vision_tower: bool = True  # a vision-language policy's tower + merger: frozen (verl's key) or trained
 
     def _checks(self, p: str) -> list[str]:
         errs = choice(f"{p}.dtype", self.dtype, ("fp32", "bf16"))

@@ -172,6 +172,7 @@ VERL_KEYS: dict[str, VerlKey] = {
     f"{_ARR}.model.lora_rank": alias("model.lora_rank"),
     f"{_ARR}.model.lora_alpha": alias("model.lora_alpha"),
     f"{_ARR}.model.target_modules": alias("model.target_modules"),
+    f"{_ARR}.model.freeze_vision_tower": alias("model.freeze_vision_tower"),
     f"{_ARR}.model.exclude_modules": rejected("list the projections to adapt in model.target_modules"),
     # actor
     f"{_ARR}.actor.optim.lr": alias("actor.optim.lr"),

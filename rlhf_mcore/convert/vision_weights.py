@@ -17,8 +17,7 @@ import torch
 
 from rlhf_mcore.models.hf_io import LazyStateDict, weight_files
 from rlhf_mcore.models.registry import spec_for_hf_config
-
-VISION_FILE = "vision.safetensors"
+from rlhf_mcore.models.vision import VISION_FILE
 
 
 def vision_prefix(hf_cfg: dict, source: str = "config.json") -> str | None:

@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Sequence
 
+from rlhf_mcore.data.images import open_images, resolve_path
 from rlhf_mcore.data.io import read_parquet_rows
 from rlhf_mcore.data.schema import PromptRow, check_row
 
@@ -53,6 +54,26 @@ def tokenize_prompt(tokenizer, messages: Sequence[dict], tools: Sequence[dict] =
     return tokenizer.encode(tokenizer.apply_chat_template(list(messages), add_generation_prompt=True))
 
 
+def tokenize_row(tokenizer, row: PromptRow, where: str, tools: Sequence[dict] = (), processor=None,
+                 base_dir: str | Path | None = None) -> PromptRow:
+    """The row with its prompt ids; a row with images also gets its image tokens expanded and its grids (through
+    `processor`, a `vision_prompt.VisionProcessor`), its image paths resolved. A row with images for a text model
+    (no processor) is one error."""
+    if not row.images:
+        return row.with_ids(tokenize_prompt(tokenizer, row.messages, tools))
+    if processor is None:
+        raise ValueError(f"{where}: images: the row has {len(row.images)} image(s) but the model is text-only. "
+                         "Use a vision-language model (Qwen2.5-VL) or drop the images column.")
+    if tools:
+        raise ValueError(f"{where}: images: multi-turn prompts with images are not supported yet. Use "
+                         "rollout.mode=single_turn.")
+    images = open_images(row.images, where, base_dir)
+    ids, grids = processor.prompt_ids(tokenizer, row.messages, images,
+                                      lambda tok, messages: tokenize_prompt(tok, messages))
+    paths = tuple(s if isinstance(s, bytes) else str(resolve_path(s, base_dir)) for s in row.images)
+    return row.with_ids(ids, grids, paths)
+
+
 def build_prompt_dataset(
     records: Sequence[dict],
     tokenizer,
@@ -61,18 +82,21 @@ def build_prompt_dataset(
     source: str,
     filter_overlong: bool = True,
     tools: Sequence[dict] = (),
+    processor=None,
 ) -> PromptDataset:
     """Validate, tokenise and length-filter raw rows (from one or more files; ``source`` names them).
 
-    With ``filter_overlong=False`` an overlong prompt raises instead of being dropped (never truncated).
+    With ``filter_overlong=False`` an overlong prompt raises instead of being dropped (never truncated). Rows
+    with images need `processor` (`vision_prompt.VisionProcessor`); their image paths may be relative to
+    ``source``'s directory.
     """
     if max_prompt_length <= 0:
         raise ValueError(f"max_prompt_length must be positive (got {max_prompt_length})")
     kept, num_filtered = [], 0
     for i, record in enumerate(records):
         where = f"{source}: row {i}"
-        row = check_row(record, where, i)
-        ids = tokenize_prompt(tokenizer, row.messages, tools)
+        row = tokenize_row(tokenizer, check_row(record, where, i), where, tools, processor, Path(source).parent)
+        ids = row.prompt_ids
         if not ids:
             raise ValueError(f"{where}: prompt tokenises to zero tokens")
         if len(ids) > max_prompt_length:
@@ -83,7 +107,7 @@ def build_prompt_dataset(
                 )
             num_filtered += 1
             continue
-        kept.append(row.with_ids(ids))
+        kept.append(row)
     if not kept:
         raise ValueError(
             f"{source}: no prompts left ({len(records)} rows, {num_filtered} longer than "
@@ -105,6 +129,7 @@ def load_prompt_dataset(
     *,
     filter_overlong: bool = True,
     tools: Sequence[dict] = (),
+    processor=None,
 ) -> PromptDataset:
     """Load one or more verl-schema parquet files as a single PromptDataset.
 
@@ -118,7 +143,7 @@ def load_prompt_dataset(
     for path in paths:
         part = build_prompt_dataset(
             read_parquet_rows(path), tokenizer, max_prompt_length, source=str(path),
-            filter_overlong=filter_overlong, tools=tools,
+            filter_overlong=filter_overlong, tools=tools, processor=processor,
         )
         rows.extend(part.rows)
         num_filtered += part.num_filtered

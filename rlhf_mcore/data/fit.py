@@ -18,22 +18,31 @@ the 2 a batch needs (got 1). Raise data.max_prompt_length, lower data.train_batc
 """
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Sequence
 
-from rlhf_mcore.data.dataset import tokenize_prompt
+from rlhf_mcore.data.dataset import tokenize_row
 
 
 def fit_errors(key: str, source: str, rows: Sequence[tuple[str, object]], tokenizer, max_prompt_length: int,
-               need: int, filter_overlong: bool = True, what: str = "a batch", tools: Sequence[dict] = ()) -> list[str]:
+               need: int, filter_overlong: bool = True, what: str = "a batch", tools: Sequence[dict] = (),
+               processor=None) -> list[str]:
     """One line when `rows` ((path, validated PromptRow) of the files `source` names) cannot give `need` prompts
     of at most `max_prompt_length` tokens, or when a prompt tokenises to nothing or (without `filter_overlong`)
-    is too long. `tools`: the function schemas the loader renders into every prompt (multi-turn), counted too."""
+    is too long. `tools`: the function schemas the loader renders into every prompt (multi-turn), counted too;
+    `processor`: a vision model's (`vision_prompt.VisionProcessor`), whose image tokens count too."""
     if not rows:
         return [f"{key}: {source}: no rows (got 0). Point it at a file with prompts."]
     fit = longer = 0
     for path, row in rows:
         try:
-            ids = tokenize_prompt(tokenizer, row.messages, tools)
+            ids = tokenize_row(tokenizer, row, f"{key}: {path}: row {row.index}", tools, processor,
+                               Path(path).parent).prompt_ids
+        except ValueError as e:  # an image that does not open, images for a text model: the loader's own line
+            if row.images:
+                return [str(e)]
+            return [f"{key}: {path}: row {row.index}: the chat template or tokenizer fails on this prompt "
+                    f"({type(e).__name__}: {str(e)[:200]}). Fix the row or the tokenizer."]
         except Exception as e:  # noqa: BLE001 - a template or tokenizer failure on this row: one line
             return [f"{key}: {path}: row {row.index}: the chat template or tokenizer fails on this prompt "
                     f"({type(e).__name__}: {str(e)[:200]}). Fix the row or the tokenizer."]

@@ -25,6 +25,7 @@ import torch
 import torch.nn.functional as F
 
 Batch = dict
+ROW_FIELDS = ("pixel_values", "image_grid_thw")  # per-row fields whose dim 1 is not the sequence (a row's images)
 
 
 def round_up(x: int, multiple: int) -> int:
@@ -118,7 +119,7 @@ def pack_rows(batch: Batch, rows: list[int], lengths: list[int], multiple: int =
     cu = torch.cat([torch.zeros(1, dtype=torch.long), ends] + ([torch.tensor([padded])] if padded > total else []))
     pos = torch.cat([pos, torch.arange(padded - total)])
     index = torch.tensor(rows, device=device)
-    out = {k: (v[index, :width] if v.dim() >= 2 else v[index]) for k, v in batch.items()}
+    out = {k: (v[index, :width] if v.dim() >= 2 and k not in ROW_FIELDS else v[index]) for k, v in batch.items()}
     out.update({
         "tokens": F.pad(batch["tokens"].reshape(-1)[flat.to(device)], (0, padded - total)).unsqueeze(0),
         "position_ids": pos.to(device).unsqueeze(0),

@@ -1,14 +1,16 @@
 """verl's prompt-row schema and its validation.
 
 A row has ``data_source`` (str, picks the reward), ``prompt`` (a list of chat messages ``{role, content}``),
-``ability`` (str, optional), ``reward_model`` (``{"style": str, "ground_truth": ...}``) and ``extra_info``
-(a dict, optional). ``check_row`` raises a ValueError that names the row and the bad field.
+``ability`` (str, optional), ``reward_model`` (``{"style": str, "ground_truth": ...}``), ``extra_info``
+(a dict, optional) and ``images`` (optional: one image per ``<image>`` placeholder of the prompt, as bytes, paths
+or ``{"bytes", "path"}`` dicts, as verl writes them). ``check_row`` raises a ValueError that names the row and the bad
+field.
 
 >>> row = {"data_source": "openai/gsm8k", "prompt": [{"role": "user", "content": "1+1?"}],
 ...        "ability": "math", "reward_model": {"style": "rule", "ground_truth": "2"}, "extra_info": None}
 >>> check_row(row, "train.parquet: row 0")
 PromptRow(index=0, data_source='openai/gsm8k', messages=({'role': 'user', 'content': '1+1?'},), \
-ability='math', ground_truth='2', extra_info={}, prompt_ids=())
+ability='math', ground_truth='2', extra_info={}, images=(), prompt_ids=(), image_grid_thw=())
 >>> check_row({**row, "prompt": []}, "train.parquet: row 3")
 Traceback (most recent call last):
 ...
@@ -18,6 +20,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 from typing import Any
+
+from rlhf_mcore.data.images import check_placeholders, image_sources
 
 REQUIRED_COLUMNS = ("data_source", "prompt", "reward_model")
 ROLES = ("system", "user", "assistant", "tool")
@@ -31,10 +35,13 @@ class PromptRow:
     ability: str
     ground_truth: Any
     extra_info: dict
+    images: tuple = ()  # bytes or paths, one per <image> of the messages
     prompt_ids: tuple[int, ...] = ()  # chat-templated prompt tokens, filled in by load_prompt_dataset
+    image_grid_thw: tuple = ()  # (t, h, w) patch grid per image, filled in with prompt_ids (vision models)
 
-    def with_ids(self, ids: list[int]) -> PromptRow:
-        return replace(self, prompt_ids=tuple(ids))
+    def with_ids(self, ids: list[int], grids: tuple = (), images: tuple | None = None) -> PromptRow:
+        return replace(self, prompt_ids=tuple(ids), image_grid_thw=tuple(grids),
+                       images=self.images if images is None else tuple(images))
 
 
 def _fail(where: str, problem: str) -> None:
@@ -75,6 +82,9 @@ def check_row(row: Any, where: str, index: int = 0) -> PromptRow:
     extra_info = row.get("extra_info")
     if extra_info is not None and not isinstance(extra_info, dict):
         _fail(where, f"extra_info: must be a dict (got {type(extra_info).__name__})")
+    images = image_sources(row.get("images"), where)
+    if row.get("images") is not None:  # a text row may say "<image>" in its text
+        check_placeholders(messages, len(images), where)
     return PromptRow(
         index=index,
         data_source=data_source,
@@ -82,6 +92,7 @@ def check_row(row: Any, where: str, index: int = 0) -> PromptRow:
         ability=ability or "",
         ground_truth=reward_model["ground_truth"],
         extra_info=dict(extra_info or {}),
+        images=images,
     )
 
 

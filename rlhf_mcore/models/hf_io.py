@@ -33,7 +33,7 @@ MAX_SHARD_BYTES = 5 * 1024**3  # transformers' default `max_shard_size="5GB"` (b
 AUX_FILES = (
     "tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "added_tokens.json",
     "tokenizer.model", "vocab.json", "merges.txt", "chat_template.jinja", "chat_template.json",
-    "generation_config.json",
+    "generation_config.json", "preprocessor_config.json", "processor_config.json",  # a vision LM's image processor
 )
 
 

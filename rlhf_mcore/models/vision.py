@@ -18,9 +18,9 @@ import dataclasses
 
 import torch
 
-from rlhf_mcore.models.families.qwen2_5_vl import layout_errors
 from rlhf_mcore.models.mrope import mrope_position_ids
 
+VISION_FILE = "vision.safetensors"  # a converted checkpoint's tower, beside its dist-checkpoint (convert/)
 DEFAULT_TOKENS = {"image_token_id": 151655, "video_token_id": 151656}  # transformers' Qwen2_5_VLConfig defaults
 
 
@@ -74,10 +74,105 @@ class VisionLM:
         return cls(lm, tower, merge=hf["vision_config"].get("spatial_merge_size", 2), **tokens)
 
 
+@dataclasses.dataclass
+class VisionSide:
+    """What a vision LM's forward needs besides the LM, held on the GPTModel as `model.vision` (a plain attribute:
+    a frozen tower stays out of the LM's state dict, checkpoints and weight sync; a trained one is also the
+    registered submodule `vision_tower`, so DDP, the optimizer and checkpoints see its parameters)."""
+
+    tower: torch.nn.Module
+    image_token_id: int
+    video_token_id: int
+    merge: int
+
+
+TOWER_NAME = "vision_tower"  # the submodule name of a trained tower (its parameters' prefix in the LM)
+
+
+def attach_tower(lm: torch.nn.Module, tower: torch.nn.Module, hf: dict, trainable: bool) -> None:
+    """Give `lm` (this rank's GPTModel, its weights loaded) the tower: frozen unless `trainable`."""
+    tokens = {k: hf.get(k, v) for k, v in DEFAULT_TOKENS.items()}
+    tower.requires_grad_(trainable)
+    lm.vision = VisionSide(tower, merge=hf["vision_config"].get("spatial_merge_size", 2), **tokens)
+    if trainable:
+        lm.add_module(TOWER_NAME, tower)
+
+
+def save_tower(directory, model, prefix: str = "visual.") -> bool:
+    """Write the tower of `model` (a vision LM's role, frozen or trained) as `directory/vision.safetensors` under
+    its HF names, where the HF export (`convert.vision_weights`) and a later run's `model.load` find it; False (and
+    nothing written) for a text model."""
+    from pathlib import Path
+
+    from safetensors.torch import save_file
+
+    side = vision_side(model)
+    if side is None:
+        return False
+    state = {f"{prefix}{k}": v.detach().cpu().contiguous() for k, v in side.tower.state_dict().items()}
+    save_file(state, str(Path(directory) / VISION_FILE), metadata={"format": "pt"})
+    return True
+
+
+def vision_side(model) -> VisionSide | None:
+    """The `VisionSide` of a (possibly DDP-wrapped) model chunk, None for a text model."""
+    while not hasattr(model, "vision") and hasattr(model, "module"):
+        model = model.module
+    return getattr(model, "vision", None)
+
+
+def tower_weights(hf: dict, dirs: list, prefix: str, aliases: tuple = ()) -> dict | None:
+    """The tower's tensors (names without `prefix`) from the first of `dirs` holding them: a converted
+    checkpoint's vision.safetensors (`convert.vision_weights`), else an HF directory's weights; None if none has."""
+    from pathlib import Path
+
+    from safetensors.torch import load_file
+
+    from rlhf_mcore.models.hf_io import LazyStateDict, weight_files
+
+    for directory in [Path(d) for d in dirs if d and Path(d).is_dir()]:
+        if (directory / VISION_FILE).is_file():
+            sd = load_file(str(directory / VISION_FILE))
+        else:
+            try:
+                sd = LazyStateDict(weight_files(directory), aliases)
+            except ValueError:
+                continue
+        state = {k[len(prefix):]: sd[k] for k in sd if k.startswith(prefix)}
+        if state:
+            return state
+    return None
+
+
+def build_run_tower(hf: dict, model_cfg, device, dtype: torch.dtype, seed: int) -> tuple[torch.nn.Module, str]:
+    """(the tower, where its weights came from) for a run: model.load's vision.safetensors or model.hf_path's
+    weights, else (model.init=random) transformers' initialisation under `seed`, the same on every rank."""
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        tower = build_vision_tower(hf, torch.float32, "cpu")
+    from rlhf_mcore.models.registry import spec_for_hf_config
+
+    spec = spec_for_hf_config(hf)
+    dirs = [] if model_cfg.init == "random" else [model_cfg.load, model_cfg.hf_path]
+    state = tower_weights(hf, dirs, spec.vision_prefix, spec.checkpoint_aliases) if dirs else None
+    if dirs and state is None:
+        raise ValueError(f"model.hf_path: no vision tower weights ('visual.*') in {[d for d in dirs if d]}. Use the "
+                         "model's HF directory with its weights, or set model.init=random.")
+    if state is not None:
+        missing = sorted(set(tower.state_dict()) - set(state))
+        if missing:
+            raise ValueError(f"model.hf_path: vision tower tensors missing ({missing[:3]}). Use the checkpoint that "
+                             "config.json belongs to.")
+        tower.load_state_dict(state, strict=True)
+    where = "random (model.init=random)" if state is None else f"from {next(d for d in dirs if d)}"
+    return tower.to(device=device, dtype=dtype).eval(), where
+
+
 def build_vision_lm(hf_dir: str, role: str, model_cfg, parallel_cfg, ctx, train_vision: bool = False) -> VisionLM:
     """Build and load a Qwen2.5-VL checkpoint directory at this rank's layout: the LM through `models.build` and
     `models.hf_load` (this rank's TP slice), the tower whole; the tower frozen unless `train_vision`."""
     from rlhf_mcore.models.build import build_model
+    from rlhf_mcore.models.families.qwen2_5_vl import layout_errors
     from rlhf_mcore.models.hf_io import LazyStateDict, read_hf_config, weight_files
     from rlhf_mcore.models.hf_load import load_hf_weights
     from rlhf_mcore.models.registry import spec_for_hf_config

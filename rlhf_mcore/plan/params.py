@@ -43,6 +43,7 @@ class Shape:
         from rlhf_mcore.models.registry import spec_for_hf_config
 
         spec = spec_for_hf_config(hf)
+        hf = spec.text_config(hf)  # a vision-language config.json nests the LM's fields (the tower is not counted)
         fields = spec.config_fields(hf)
         heads = hf["num_attention_heads"]
         experts = num_experts(hf)

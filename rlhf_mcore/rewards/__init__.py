@@ -3,7 +3,7 @@
 The trainer calls ``score_batch(...) -> RewardResult`` once per step; everything else is for tests, tools and
 custom reward files.
 """
-from rlhf_mcore.rewards import geometry3k, gsm8k, hendrycks_math, math_dapo  # noqa: F401  (register the built-ins)
+from rlhf_mcore.rewards import geometry3k, gsm8k, hendrycks_math, math_dapo, shapes  # noqa: F401  (register the built-ins)
 from rlhf_mcore.rewards.batch import RewardResult, resolve_reward_fns, score_batch, shared_pool
 from rlhf_mcore.rewards.custom import load_custom_reward
 from rlhf_mcore.rewards.dispatch import REWARDS, get_reward_fn, register_reward, split_output

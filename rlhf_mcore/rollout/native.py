@@ -42,7 +42,8 @@ import torch.distributed as dist
 
 from rlhf_mcore.logs import progress
 from rlhf_mcore.models.full_weights import unwrap_model
-from rlhf_mcore.rollout import comm, continuous, kv_cache
+from rlhf_mcore.models.vision import vision_side
+from rlhf_mcore.rollout import comm, continuous, kv_cache, vision_decode
 from rlhf_mcore.rollout.base import ROLLOUT_ENGINES
 from rlhf_mcore.rollout.responses import Response, ResponseBuffer, assemble_batch
 from rlhf_mcore.rollout.routing_record import RolloutRouting
@@ -163,13 +164,19 @@ class NativeRolloutEngine:
         return name
 
     # ---- the RolloutEngine protocol ------------------------------------------------------------------
-    def generate(self, prompts: list[list[int]], params: SamplingParams, show_progress: bool = False) -> RolloutBatch:
+    def generate(self, prompts: list[list[int]], params: SamplingParams, show_progress: bool = False,
+                 images: list | None = None) -> RolloutBatch:
+        """`images` (a vision LM's prompts): per prompt (pixel_values [p, D], image_grid_thw [i, 3]) or None."""
         if self._released:
             raise RuntimeError("native rollout: generate() after release_memory(); call resume_memory() first.")
         check_request(prompts, params)
         rows = [p for p in prompts for _ in range(params.n)]  # row i = sample i % n of prompt i // n
         size = self.micro_batch_size or max(len(rows), 1)
         chunks = [rows[i:i + size] for i in range(0, len(rows), size)]
+        per_row = vision_decode.row_images(images, params.n, len(prompts))
+        if images is not None and self.static is not None:
+            raise ValueError("native rollout: prompts with images decode eagerly only (the static decoder has no "
+                             "M-RoPE); the model's family should list decode_paths=('eager',).")
         generator = torch.Generator(device=self.ctx.device).manual_seed(replica_seed(params.seed, self.ctx.dp_rank))
         bar = progress(len(chunks) * params.max_new_tokens, "rollout", show_progress and self.ctx.rank == 0,
                        unit="decode steps")
@@ -181,10 +188,18 @@ class NativeRolloutEngine:
                     responses = [r for chunk in chunks for r in self._generate_static(chunk, params, bar)]
             else:
                 extra = self._group_max(len(chunks)) - len(chunks)  # EP lockstep: padding micro-batches, discarded
-                responses = [r for chunk in chunks for r in self._generate_chunk(chunk, params, generator, bar)]
+                responses = [r for k, chunk in enumerate(chunks) for r in self._generate_chunk(
+                    chunk, params, generator, bar, images=per_row[k * size:k * size + len(chunk)])]
                 for _ in range(extra):
                     self._generate_chunk([[self.pad_id]], params, generator, bar, padding=True)
-        return assemble_batch(rows, responses, self.pad_id, self.ctx.device)
+        batch = assemble_batch(rows, responses, self.pad_id, self.ctx.device)
+        if images is not None and any(im is not None for im in images):  # the trainer's passes need them too
+            from rlhf_mcore.models.vision_step import stack_row_images
+
+            dim = next(im[0].size(1) for im in images if im is not None)
+            fields = stack_row_images(per_row, dim, self.ctx.device)
+            batch.pixel_values, batch.image_grid_thw = fields["pixel_values"], fields["image_grid_thw"]
+        return batch
 
     @property
     def continuous(self) -> bool:
@@ -277,12 +292,13 @@ class NativeRolloutEngine:
         return self._kv
 
     def _generate_chunk(self, rows: list[list[int]], params: SamplingParams, generator, bar,
-                        padding: bool = False) -> list[Response]:
+                        padding: bool = False, images: list | None = None) -> list[Response]:
         """Prefill then decode `rows`; a padding chunk (EP lockstep) counts as ended, so it steps only while a
-        peer of its group still runs rows."""
+        peer of its group still runs rows. A vision LM (`rollout.vision_decode`): `images` per row, M-RoPE slots."""
         prompt, valid = kv_cache.left_pad(rows, self.pad_id, self.ctx.device)  # [B, P]
         num_rows, max_new = len(rows), params.max_new_tokens
         kv = self._context(num_rows, prompt.size(1) + max_new)
+        slots_pos, embedded = self._vision_prefill(prompt, valid, images or [None] * num_rows, max_new)
         key_valid = None if bool(valid.all()) else torch.cat([valid, valid.new_ones(num_rows, max_new)], dim=1)
         out = ResponseBuffer.empty(num_rows, max_new, self.pad_id, self.ctx.device)
         slots = torch.arange(num_rows, device=self.ctx.device)  # chunk row held by each KV-cache slot
@@ -290,7 +306,9 @@ class NativeRolloutEngine:
         step_input, mask = prompt, kv_cache.prefill_mask(valid)
         with self._recording(valid, max_new, padding) as routing:
             for step in range(max_new):
-                hidden = self._forward(step_input, mask, kv)
+                end = kv.sequence_len_offset + step_input.size(1)
+                hidden = self._forward(step_input, mask, kv, None if slots_pos is None else slots_pos[:, :, :end],
+                                       embedded if step == 0 else None)
                 if routing is not None:  # R3: this forward's experts, before the rows that end now are dropped
                     routing.after_forward(step, valid, slots, alive)
                 tokens, logprobs, finished = self._next_tokens(hidden, params, generator, out, slots, alive, step)
@@ -308,6 +326,7 @@ class NativeRolloutEngine:
                     kv_cache.compact(kv, keep)
                     slots, alive, tokens = slots[keep], alive[keep], tokens[keep]
                     key_valid = None if key_valid is None else key_valid[keep]
+                    slots_pos = None if slots_pos is None else slots_pos[:, keep]
                 step_input = torch.where(alive, tokens, self.pad_id).unsqueeze(1)  # [b, 1]
                 mask = kv_cache.decode_mask(key_valid, kv.sequence_len_offset + 1)
                 kv.enable_decode_mode()
@@ -356,16 +375,32 @@ class NativeRolloutEngine:
         return ResponseBuffer(st.out_tokens[:b, :max_new], st.out_logprobs[:b, :max_new], st.out_lengths[:b],
                               st.out_stopped[:b]).to_responses()
 
-    def _forward(self, input_ids: torch.Tensor, mask: Optional[torch.Tensor], kv) -> Optional[torch.Tensor]:
+    def _vision_prefill(self, prompt, valid, images: list, max_new: int):
+        """(M-RoPE positions [3, b, P + max_new] of the cache slots, the prefill's decoder_input) of a vision LM's
+        chunk; (None, None) for a text model."""
+        side = vision_side(self.model)
+        if side is None:
+            return None, None
+        pixels, grids = vision_decode.chunk_images(images, prompt.device)
+        embedded = vision_decode.prefill_input(self.model, side, prompt, pixels, grids)  # raises on a missing image
+        return vision_decode.slot_positions(prompt, valid, grids, side, max_new), embedded
+
+    def _forward(self, input_ids: torch.Tensor, mask: Optional[torch.Tensor], kv, positions=None,
+                 decoder_input=None) -> Optional[torch.Tensor]:
         """One forward of this stage's layers over input_ids [b, s] at the cache offset; the hidden state of
-        the last position [b, h] on the last stage, None elsewhere (activations go to the next stage)."""
+        the last position [b, h] on the last stage, None elsewhere (activations go to the next stage).
+        `positions`: a vision LM's M-RoPE positions of slots [0, offset + s) ([3, b, offset + s]), with the
+        prefill's `decoder_input` [s, b, h] (its image embeddings)."""
         b, s = input_ids.shape
         start = kv.sequence_len_offset
         position_ids = torch.arange(start, start + s, device=input_ids.device).expand(b, s)  # RoPE uses slots
+        if positions is not None:
+            position_ids = positions
         if not self.ctx.is_first_stage:
             cfg = self.model.config
             self.model.set_input_tensor(comm.recv_from_prev_stage((s, b, cfg.hidden_size), cfg.params_dtype, self.ctx))
-        output = self.model(input_ids, position_ids, mask, inference_context=kv, runtime_gather_output=True)
+        extra = {} if decoder_input is None else {"decoder_input": decoder_input}
+        output = self.model(input_ids, position_ids, mask, inference_context=kv, runtime_gather_output=True, **extra)
         kv.increment_sequence_len_offset(s)
         if not self.ctx.is_first_stage:
             self.model.set_input_tensor(None)

@@ -36,6 +36,10 @@ class RolloutBatch:
     # [B, S, L, k] the top-k experts each token was routed to in this rank's L MoE layers while sampling (R3,
     # actor.router_replay=R3; experts 0..k-1 on padding and each row's last token); None otherwise
     routed_experts: Optional[torch.Tensor] = None
+    # a vision LM's rows' images (`models.vision_step.stack_row_images`): pixel_values [B, P_max, D] and
+    # image_grid_thw [B, I_max, 3], zero-padded; None without images
+    pixel_values: Optional[torch.Tensor] = None
+    image_grid_thw: Optional[torch.Tensor] = None
 
     def __post_init__(self):
         if self.loss_mask is None:

@@ -56,11 +56,38 @@ def prompt_tools(cfg) -> list[dict]:
     return tool_schemas(load_tools(list(m.tools), m.tools_file or None).values())
 
 
+def vision_processor(cfg):
+    """The image processor and vision tokens of a vision-language policy (`data.vision_prompt`), None for a text
+    model (its rows must have no images)."""
+    if not cfg.model.hf_path:
+        return None
+    from rlhf_mcore.models.hf_io import read_hf_config
+    from rlhf_mcore.models.registry import spec_for_hf_config
+
+    hf = read_hf_config(cfg.model.hf_path)
+    if spec_for_hf_config(hf, f"{cfg.model.hf_path}/config.json").vision_prefix is None:
+        return None
+    from rlhf_mcore.data.vision_prompt import VisionProcessor
+
+    return VisionProcessor.from_hf_dir(cfg.model.hf_path, hf)
+
+
+def prompt_pixels(cfg):
+    """A vision LM's prompts -> their pixels (`data.vision_prompt.PromptPixels`), None for a text model."""
+    processor = vision_processor(cfg)
+    if processor is None:
+        return None
+    from rlhf_mcore.data.vision_prompt import PromptPixels
+
+    return PromptPixels(processor)
+
+
 def _load(paths: str, tokenizer, cfg):
     from rlhf_mcore.data.dataset import load_prompt_dataset
 
     dataset = load_prompt_dataset(paths.split(","), tokenizer, cfg.data.max_prompt_length,
-                                  filter_overlong=cfg.data.filter_overlong_prompts, tools=prompt_tools(cfg))
+                                  filter_overlong=cfg.data.filter_overlong_prompts, tools=prompt_tools(cfg),
+                                  processor=vision_processor(cfg))
     log.info("data: %d prompts from %s (%d longer than %d tokens filtered out)", len(dataset), paths,
              dataset.num_filtered, cfg.data.max_prompt_length)
     return dataset

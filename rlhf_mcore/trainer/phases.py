@@ -16,7 +16,7 @@ import torch.nn.functional as F
 
 from rlhf_mcore.algorithms.advantages import ADVANTAGES, AdvantageInputs, estimator_needs
 from rlhf_mcore.algorithms.kl import apply_kl_penalty
-from rlhf_mcore.data.packing import plan_dp_split
+from rlhf_mcore.data.packing import ROW_FIELDS, plan_dp_split
 from rlhf_mcore.logs import heartbeat, progress, timer
 from rlhf_mcore.models.moe_load import moe_update_metrics
 from rlhf_mcore.models.routing import RoutingHooks, pad_columns
@@ -97,7 +97,8 @@ def make_batch(rollout: RolloutBatch, scores: torch.Tensor, group_index: torch.T
         tokens=F.pad(rollout.tokens, (0, pad)), lengths=lengths, response_mask=mask,
         rollout_logp=F.pad(rollout.rollout_logprobs.float(), (0, pad)), token_level_scores=token_scores,
         group_index=group_index, response_lengths=rollout.response_lengths, prompt_lengths=rollout.prompt_lengths,
-        routed_experts=None if rollout.routed_experts is None else pad_columns(rollout.routed_experts, seq_len))
+        routed_experts=None if rollout.routed_experts is None else pad_columns(rollout.routed_experts, seq_len),
+        pixel_values=rollout.pixel_values, image_grid_thw=rollout.image_grid_thw)
 
 
 def score(run, rollout: RolloutBatch, prompts, baseline: torch.Tensor | None) -> tuple[StepBatch, dict, dict]:
@@ -274,7 +275,7 @@ def balance_dp(batch: StepBatch, cfg, ctx, rows_per_mini: list[int]) -> StepBatc
     if not cfg.data.use_sequence_packing or ctx.dims.dp == 1:
         return batch
     num, dp, chunk = batch.num_rows, ctx.dims.dp, math.gcd(*rows_per_mini)
-    full = {k: gather_dp(v, ctx) for k, v in batch.items()}
+    full = {k: gather_dp(pad_row_field(v, ctx) if k in ROW_FIELDS else v, ctx) for k, v in batch.items()}
     lengths = full["lengths"].tolist()
     mine = []
     for start in range(0, num, chunk):
@@ -282,6 +283,13 @@ def balance_dp(batch: StepBatch, cfg, ctx, rows_per_mini: list[int]) -> StepBatc
         parts = plan_dp_split([lengths[i] for i in pool], dp)
         mine += [pool[i] for i in parts[ctx.dp_rank]]
     return batch.replace(**take(full, torch.tensor(mine, device=batch.tokens.device)))
+
+
+def pad_row_field(t: torch.Tensor, ctx) -> torch.Tensor:
+    """A per-row image field [B, n, ...] zero-padded along dim 1 to its largest size over DP (to gather it)."""
+    width = torch.tensor([t.size(1)], device=t.device)
+    dist.all_reduce(width, op=dist.ReduceOp.MAX, group=ctx.pgs.dp)
+    return F.pad(t, (0, 0) * (t.dim() - 2) + (0, int(width) - t.size(1)))
 
 
 def mean_over_dp(mean: torch.Tensor, num_rows: int, ctx) -> torch.Tensor:

@@ -12,9 +12,10 @@ import os
 from collections import defaultdict
 
 from rlhf_mcore.data.fit import fit_errors
+from rlhf_mcore.data.images import open_images
 from rlhf_mcore.data.io import read_parquet_rows
 from rlhf_mcore.data.schema import check_row
-from rlhf_mcore.trainer.inputs import prompt_tools
+from rlhf_mcore.trainer.inputs import prompt_tools, vision_processor
 
 MAX_ROW_LINES = 10  # row problems listed per file before "and N more"
 PROBE_SOLUTION = "The answer is 0. #### 0 \\boxed{0}"  # answer formats the built-in rewards parse
@@ -56,12 +57,13 @@ def _path_errors(cfg) -> list[str]:
 
 def _vocab_errors(cfg) -> list[str]:
     """The model's vocabulary must hold every id the tokenizer can produce."""
+    from rlhf_mcore.models.registry import language_config
     from rlhf_mcore.models.transformer_config import load_hf_config
     from rlhf_mcore.trainer.inputs import load_run_tokenizer
 
     try:
         tokenizer = load_run_tokenizer(cfg)
-        vocab = load_hf_config(cfg.model)["vocab_size"]
+        vocab = language_config(load_hf_config(cfg.model))["vocab_size"]  # a vision LM nests it under text_config
     except Exception as e:  # noqa: BLE001 - reported as one line
         return [f"model.tokenizer: cannot load the tokenizer (got {cfg.model.tokenizer or cfg.model.hf_path!r}): "
                 f"{type(e).__name__}: {e}."]
@@ -102,7 +104,9 @@ def _rows(key: str, path: str) -> tuple[list, list[str]]:
     rows, problems = [], []
     for i, record in enumerate(records):
         try:
-            rows.append(check_row(record, f"data.{key}: {path}: row {i}", i))
+            row = check_row(record, f"data.{key}: {path}: row {i}", i)
+            open_images(row.images, f"data.{key}: {path}: row {i}", os.path.dirname(path))  # every image decodes
+            rows.append(row)
         except ValueError as e:
             problems.append(str(e))
     if len(problems) > MAX_ROW_LINES:
@@ -172,6 +176,10 @@ def _tokenizer(cfg) -> tuple[object | None, list[str]]:
 def _data_errors(cfg, tokenizer) -> tuple[list[str], list]:
     """(problems of the data files: schema, rows, data sources, enough prompts that fit; reward probes to run)."""
     errs, probes = [], []
+    try:
+        processor = vision_processor(cfg)
+    except ValueError as e:
+        return [str(e)], []
     if not cfg.data.train_files.replace(",", "").strip():
         errs.append(f"data.train_files: required: the training prompts (got {cfg.data.train_files!r}). Point it at "
                     "verl-schema parquet files (tools/prepare_gsm8k.py writes them), comma-separated.")
@@ -188,7 +196,8 @@ def _data_errors(cfg, tokenizer) -> tuple[list[str], list]:
             errs += fit_errors(f"data.{key}", getattr(cfg.data, key), fitting, tokenizer, cfg.data.max_prompt_length,
                                need=cfg.data.train_batch_size if train else 1,
                                filter_overlong=cfg.data.filter_overlong_prompts, tools=prompt_tools(cfg),
-                               what="a batch (data.train_batch_size)" if train else "validation")
+                               what="a batch (data.train_batch_size)" if train else "validation",
+                               processor=processor)
     return errs, probes
 
 

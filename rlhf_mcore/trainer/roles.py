@@ -4,6 +4,7 @@ when reward.model_path is set). With LoRA (model.lora_rank > 0) the reference is
 off (`models.lora.AdaptersOff`): no second copy of the weights."""
 from __future__ import annotations
 
+import copy
 import dataclasses
 import logging
 
@@ -14,7 +15,9 @@ from rlhf_mcore.models.build import build_model, count_parameters
 from rlhf_mcore.models.hf_load import has_hf_weights, load_hf_weights, weight_source
 from rlhf_mcore.models.lora import AdaptersOff, LoraSettings, is_adapter_name, is_lora_model
 from rlhf_mcore.models.lora_budget import describe, lora_budget
+from rlhf_mcore.models.registry import spec_for_hf_config
 from rlhf_mcore.models.roles import ROLES
+from rlhf_mcore.models.vision import TOWER_NAME, attach_tower, build_run_tower, vision_side
 from rlhf_mcore.trainer.optim import TrainState, build_train_state
 
 log = logging.getLogger(__name__)
@@ -100,12 +103,31 @@ def _init_actor(model, cfg, hf: dict, ctx, source: tuple[str, str]) -> None:
 
 def build_reference(cfg, hf: dict, ctx, actor_model):
     """The reference policy: the LoRA actor with its adapters off (unless ref.load names its own weights),
-    else a frozen copy of the actor's initial weights."""
+    else a frozen copy of the actor's initial weights (a vision LM's tower too)."""
     if is_lora_model(actor_model) and not cfg.ref.load:
         return AdaptersOff(actor_model)
     ref = build_model("ref", hf, cfg.model, cfg.parallel, ctx)
-    _init_from_actor_or(ref, cfg.ref.load, "ref", actor_model)
+    _init_from_actor_or(ref, cfg.ref.load, "ref", actor_model, skip=(f"{TOWER_NAME}.",))
+    copy_tower(actor_model, ref, hf)
     return ref
+
+
+def attach_run_tower(model, cfg, hf: dict, ctx) -> None:
+    """A vision LM's actor: its tower (model.hf_path's or model.load's weights, or random), frozen unless
+    model.freeze_vision_tower=false; nothing for a text model."""
+    if spec_for_hf_config(hf).vision_prefix is None:
+        return
+    tower, where = build_run_tower(hf, cfg.model, ctx.device, next(model.parameters()).dtype, cfg.trainer.seed)
+    attach_tower(model, tower, hf, trainable=not cfg.model.freeze_vision_tower)
+    log.info("actor: vision tower %s, %.1fM parameters, %s", where, count_parameters(tower) / 1e6,
+             "frozen (model.freeze_vision_tower=true)" if cfg.model.freeze_vision_tower else "trained")
+
+
+def copy_tower(src, dst, hf: dict) -> None:
+    """dst gets a frozen copy of src's vision tower (a vision LM's critic or reference)."""
+    side = vision_side(src)
+    if side is not None:
+        attach_tower(dst, copy.deepcopy(side.tower), hf, trainable=False)
 
 
 def log_lora(cfg, hf: dict, ctx, ref) -> None:
@@ -124,6 +146,7 @@ def build_roles(cfg, hf: dict, ctx) -> Roles:
     source = weight_source(cfg.model)  # raises before any model is built
     actor_model = build_model("actor", hf, cfg.model, cfg.parallel, ctx)
     _init_actor(actor_model, cfg, hf, ctx, source)
+    attach_run_tower(actor_model, cfg, hf, ctx)
     log.info("actor: %.1fM parameters on this rank", count_parameters(actor_model) / 1e6)
     experts = hf.get("num_experts") or hf.get("num_local_experts") or 0
     if experts:
@@ -135,7 +158,9 @@ def build_roles(cfg, hf: dict, ctx) -> Roles:
     if needs_critic(cfg):
         critic_model = build_model("critic", hf, cfg.model, cfg.parallel, ctx,
                                    lora=LoraSettings.from_model_cfg(cfg.model, rank=cfg.critic.lora_rank))
-        _init_from_actor_or(critic_model, cfg.critic.load, "critic", actor_model, skip=ROLES["critic"].skip_from_actor)
+        _init_from_actor_or(critic_model, cfg.critic.load, "critic", actor_model,
+                            skip=ROLES["critic"].skip_from_actor + (f"{TOWER_NAME}.",))
+        copy_tower(actor_model, critic_model, hf)
         if not cfg.critic.load and cfg.critic.value_head_init == "zeros" and ctx.is_last_stage:
             torch.nn.init.zeros_(critic_model.output_layer.weight)  # values start at 0
         critic = build_train_state(critic_model, cfg.critic.optim, cfg.parallel)

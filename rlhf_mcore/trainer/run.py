@@ -71,9 +71,10 @@ class Run:
     def __post_init__(self):
         if self.rollout is None:
             from rlhf_mcore.rollout.modes import build_rollout
+            from rlhf_mcore.trainer.inputs import prompt_pixels
 
             self.rollout = build_rollout(self.cfg.rollout, self.engine, self.tokenizer, self.ctx,
-                                         announce=self.ctx.is_logging_rank)
+                                         announce=self.ctx.is_logging_rank, images=prompt_pixels(self.cfg))
         if self.losses is None:
             self.losses = build_loss_fns(self.cfg, self.ctx, self.roles)
         if self.partial is None and self.cfg.async_training.partial_rollout:

@@ -14,8 +14,9 @@ from typing import Callable
 import torch
 from megatron.core.utils import get_attr_wrapped_model
 
-from rlhf_mcore.data.packing import is_packed, split_packed, token_budget
+from rlhf_mcore.data.packing import ROW_FIELDS, is_packed, split_packed, token_budget
 from rlhf_mcore.models.packed import packed_seq_params
+from rlhf_mcore.models.vision import vision_side
 from rlhf_mcore.trainer.ep_lockstep import PaddingBatch, pad_to_group, padding_loss
 
 Batch = dict[str, torch.Tensor]
@@ -31,7 +32,7 @@ def trim(batch: Batch, multiple: int = 1) -> Batch:
     s = -(-int(batch["lengths"].max()) // multiple) * multiple
     out = {}
     for k, v in batch.items():
-        if v.dim() >= 2:
+        if v.dim() >= 2 and k not in ROW_FIELDS:
             widen = (0, 0) * (v.dim() - 2) + (0, s - v.size(1))  # pads dim 1 (e.g. routed_experts [b, s, L, k])
             v = v[:, :s] if v.size(1) >= s else torch.nn.functional.pad(v, widen)
         out[k] = v
@@ -72,7 +73,10 @@ def _forward_step(loss_fn: Callable, hooks, data_iterator, model):
         hooks, loss_fn = None, partial(padding_loss, loss_fn)
     if hooks is not None:
         hooks.before(model, mb)
-    if is_packed(mb):
+    side = vision_side(model)
+    if side is not None:  # a vision LM: images into the embeddings, M-RoPE positions (models.vision_step)
+        output = _vision_forward(model, side, mb)
+    elif is_packed(mb):
         params = packed_seq_params(mb, get_attr_wrapped_model(model, "packed_qkv_format"))
         output = model(tokens, mb["position_ids"], None, packed_seq_params=params)
     else:
@@ -81,6 +85,18 @@ def _forward_step(loss_fn: Callable, hooks, data_iterator, model):
     if hooks is not None:
         hooks.after(model, mb)
     return output, partial(loss_fn, mb)
+
+
+def _vision_forward(model, side, mb: Batch):
+    from rlhf_mcore.models.full_weights import unwrap_model
+    from rlhf_mcore.models.vision_step import packed_without_positions, vision_inputs
+
+    packed = is_packed(mb)
+    positions, embeddings = vision_inputs(unwrap_model(model), side, mb, packed)
+    if not packed:
+        return model(mb["tokens"], positions, None, decoder_input=embeddings)
+    params = packed_without_positions(packed_seq_params(mb, get_attr_wrapped_model(model, "packed_qkv_format")))
+    return model(mb["tokens"], positions, None, decoder_input=embeddings, packed_seq_params=params)
 
 
 def run_schedule(models: list, micro_batches: list[Batch], loss_fn: Callable, forward_only: bool,

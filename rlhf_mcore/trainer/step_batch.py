@@ -26,6 +26,8 @@ class StepBatch(Mapping):
     response_lengths: Tensor  # [B]
     prompt_lengths: Tensor  # [B]
     baseline_rewards: Tensor | None = None  # [B] reward of the prompt's greedy rollout (estimators that need it)
+    pixel_values: Tensor | None = None  # [B, P_max, D] a vision LM's rows' image patches (zero-padded; per row)
+    image_grid_thw: Tensor | None = None  # [B, I_max, 3] their (t, h, w) grids, zero rows after a row's images
     # forward-only passes
     old_logp: Tensor | None = None  # [B, S] actor before the update (None on on-policy steps)
     sum_pi_squared: Tensor | None = None  # [B, S] sum_v pi_old(v)^2 (estimators that need it)

@@ -1,7 +1,8 @@
 """torchrun worker of tests/dist/models/test_qwen2_5_vl_layouts.py: a tiny HF Qwen2.5-VL directory loaded straight
 into our model at tensor parallelism --tp (the LM split, the vision tower whole on every rank), fp32 logits of the
-image batch of tests/support/tiny_vl.py against transformers'. Prints `vl tp=N rank=R logits_max=X` per rank;
-exits 1 past 1e-5."""
+image batch of tests/support/tiny_vl.py against transformers'; then the trainer's old-log-prob pass (the actor,
+DDP-wrapped, through trainer/schedule.py, padded and packed micro-batches) against transformers' log-probs. Prints
+`vl tp=N rank=R logits_max=X` and `vl train tp=N rank=R logp_max=X` per rank; exits 1 past 1e-5."""
 from __future__ import annotations
 
 import argparse
@@ -36,8 +37,33 @@ def main(argv: list[str]) -> int:
         got = full_logits(vlm.lm, hidden, ctx.pgs.tp)
     err = (want - got).abs()[batch["attention_mask"].bool()].max().item()
     print(f"vl tp={args.tp} rank={ctx.rank} logits_max={err:.3e}", flush=True)
+    train_err = trainer_logp_error(args.hf_dir, ctx, want, batch)
+    print(f"vl train tp={args.tp} rank={ctx.rank} logp_max={train_err:.3e}", flush=True)
     destroy_distributed()
-    return int(err > 1e-5)
+    return int(max(err, train_err) > 1e-5)
+
+
+def trainer_logp_error(hf_dir: str, ctx, logits: torch.Tensor, batch: dict) -> float:
+    """Max |trainer old log-probs - transformers'| over padded and packed micro-batches."""
+    from functools import partial
+    from pathlib import Path
+
+    from rlhf_mcore.trainer.losses import actor_loss
+    from rlhf_mcore.trainer.schedule import forward_collect, split_micro_batches
+    from tests.support.tiny_vl import vl_actor, vl_step_batch
+
+    want = torch.nn.functional.pad(torch.log_softmax(logits[:, :-1].float(), -1).gather(
+        -1, batch["input_ids"][:, 1:, None])[..., 0], (1, 0))
+    cfg, state = vl_actor(Path(hf_dir), ctx)
+    sb = vl_step_batch()
+    fn = partial(actor_loss, model=state.module, tp_group=ctx.pgs.tp, actor_cfg=cfg.actor, temperature=1.0,
+                 norm_length=16.0)
+    errs = []
+    for split in ({"micro_batch_size": 2}, {"micro_batch_size": 2, "max_tokens": 20, "pack": True}):
+        got = forward_collect(state.model, split_micro_batches(sb, **split), fn, ("logp",), sb["tokens"].size(1),
+                              ctx.pgs.pp)["logp"]
+        errs.append(float((got - want).abs()[sb["response_mask"].bool()].max()))
+    return max(errs)
 
 
 def entry(argv: list[str]) -> int:

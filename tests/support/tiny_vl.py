@@ -54,3 +54,40 @@ def image_batch(seed: int = 0) -> dict:
     return {"input_ids": input_ids, "attention_mask": mask, "image_grid_thw": torch.tensor(GRIDS),
             "pixel_values": torch.randn(patches, PATCH_DIM, generator=gen),
             "mm_token_type_ids": (input_ids == IMAGE).int()}
+
+
+def vl_actor(vl_dir, mcore_ctx, freeze: bool = True):
+    """(config, TrainState) of the actor of a tiny VL directory at TP1, its tower frozen unless not `freeze`."""
+    from rlhf_mcore.config import load_config
+    from rlhf_mcore.models.build import build_model
+    from rlhf_mcore.models.hf_io import read_hf_config
+    from rlhf_mcore.models.hf_load import load_hf_weights
+    from rlhf_mcore.trainer.optim import build_train_state
+    from rlhf_mcore.trainer.roles import attach_run_tower
+
+    cfg = load_config(None, [f"model.hf_path={vl_dir}", "model.attention_backend=sdpa",
+                             f"parallel.tp={mcore_ctx.dims.tp}", f"model.freeze_vision_tower={str(freeze).lower()}",
+                             "trainer.export_hf=false"],
+                      check=False)
+    hf = read_hf_config(vl_dir)
+    model = build_model("actor", hf, cfg.model, cfg.parallel, mcore_ctx)
+    load_hf_weights(model, str(vl_dir), hf, mcore_ctx.tp_rank, mcore_ctx.dims.tp)
+    attach_run_tower(model, cfg, hf, mcore_ctx)
+    return cfg, build_train_state(model, cfg.actor.optim, cfg.parallel)
+
+
+def vl_step_batch(seed: int = 0) -> dict:
+    """tests/support/tiny_vl.py's image batch as a step batch: rows 0 and 1 have an image each, row 2 none."""
+    from rlhf_mcore.models.vision_step import stack_row_images
+
+    b = image_batch(seed)
+    lengths = b["attention_mask"].sum(1)
+    pos = torch.arange(b["input_ids"].size(1))[None]
+    patches = [t * h * w for t, h, w in GRIDS]
+    per_row = [(b["pixel_values"][:patches[0]], torch.tensor([GRIDS[0]])),
+               (b["pixel_values"][patches[0]:], torch.tensor([GRIDS[1]])), None]
+    g = torch.Generator().manual_seed(seed)
+    mask = ((pos >= 1) & (pos < lengths[:, None])).float()
+    return {"tokens": b["input_ids"], "lengths": lengths, "prompt_lengths": lengths, "response_mask": mask,
+            "advantages": torch.randn(mask.shape, generator=g), "rollout_logp": torch.zeros(mask.shape),
+            **stack_row_images(per_row, b["pixel_values"].size(1), "cpu")}

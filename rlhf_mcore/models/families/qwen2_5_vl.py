@@ -7,8 +7,6 @@ writes) or `model.language_model.*` (transformers 4.5x); the vision tower as `vi
 """
 from rlhf_mcore.models.spec import BASE_WEIGHTS, QKV_BIAS, ModelSpec
 
-RUN_NOT_YET = "trains with images not yet (issue 43: the model and its forward only)"
-
 
 def _rope_fields(hf: dict) -> list[tuple[str, dict]]:
     return [(f, hf[f]) for f in ("rope_parameters", "rope_scaling") if isinstance(hf.get(f), dict)]
@@ -75,14 +73,33 @@ def layout_errors(parallel) -> list[str]:
     return errs
 
 
+# what a run with Qwen2.5-VL cannot take yet: (setting is on, error line)
+RUN_LIMITS = (
+    (lambda c: not c.model.hf_path, "model.hf_path: Qwen2.5-VL is built from its HF directory (its vision_config "
+     "and preprocessor_config.json) (got ''). Set model.hf_path (model.init=random for random weights)."),
+    (lambda c: c.rollout.engine != "native", "rollout.engine: Qwen2.5-VL rolls out with the native engine only for "
+     "now (got {c.rollout.engine}); SGLang does not get the images yet. Set rollout.engine=native."),
+    (lambda c: c.rollout.mode != "single_turn", "rollout.mode: multi-turn rollouts with images are not supported yet "
+     "(got {c.rollout.mode}). Set rollout.mode=single_turn."),
+    (lambda c: c.async_training.partial_rollout, "async_training.partial_rollout: not yet with Qwen2.5-VL (got "
+     "true). Set it to false."),
+    (lambda c: c.algorithm.filter_groups.enable, "algorithm.filter_groups.enable: dynamic sampling does not carry "
+     "images yet (got true). Set it to false."),
+    (lambda c: bool(c.reward.model_path), "reward.model_path: a text reward model cannot score image prompts (got "
+     "{c.reward.model_path}). Use rule rewards (reward.custom_fn or a data_source)."),
+    (lambda c: not c.model.freeze_vision_tower and c.trainer.export_hf, "trainer.export_hf: the HF export writes "
+     "the vision tower as loaded, not a trained one (got model.freeze_vision_tower=false). Set trainer.export_hf="
+     "false, or keep the tower frozen."),
+)
+
+
 def run_errors(cfg) -> list[str]:
-    """The layout's errors, and a training run (not yet: the next pieces of issue 43)."""
-    return layout_errors(cfg.parallel) + [
-        f"model.hf_path: Qwen2.5-VL {RUN_NOT_YET} (got {cfg.model.hf_path}). Use a text-only model for now."]
+    """The layout's errors and the run settings not supported yet with images (`RUN_LIMITS`)."""
+    return layout_errors(cfg.parallel) + [line.format(c=cfg) for on, line in RUN_LIMITS if on(cfg)]
 
 
 SPEC = ModelSpec("qwen2_5_vl", ("qwen2_5_vl",), ("Qwen2_5_VLForConditionalGeneration",),
                  BASE_WEIGHTS + (QKV_BIAS,), qkv_bias=True, check=check, config_fields=config_fields,
-                 decode_paths=(),  # rollout with images: a later piece of issue 43
+                 decode_paths=("eager",),  # M-RoPE positions per slot: the eager engine (not the static decoder)
                  text_config=text_config, run_errors=run_errors, vision_prefix="visual.",
                  checkpoint_aliases=(("model.language_model.", "model."), ("model.visual.", "visual.")))

@@ -40,6 +40,8 @@ class ModeEnv:
     stop_strings: tuple[str, ...] = ()  # added to the step's stop strings (the end of a tool call)
     pad_id: int = 0
     sampled_end: str = ""  # turn_end=sampled: the end-of-turn token's text, which the policy writes itself
+    # a vision LM's prompts -> per prompt (pixel_values, image_grid_thw) or None (`data.vision_prompt.PromptPixels`)
+    images: Optional[Callable[[list], list]] = None
 
     def close(self) -> None:
         if self.executor is not None:

@@ -63,12 +63,14 @@ def sandbox_check(tools: dict, options) -> None:
         log.info("tool sandbox: %s (layers that hold: %s)", ", ".join(names), ", ".join(probe().layers))
 
 
-def build_rollout(rollout_cfg, engine, tokenizer, ctx, announce: bool = False) -> Rollout:
-    """single_turn: the engine alone; multi_turn: with the tools of rollout.multi_turn. Logs which path runs."""
+def build_rollout(rollout_cfg, engine, tokenizer, ctx, announce: bool = False, images=None) -> Rollout:
+    """single_turn: the engine alone (with `images`, a vision LM's prompts -> pixels); multi_turn: with the tools
+    of rollout.multi_turn. Logs which path runs."""
     if rollout_cfg.mode != "multi_turn":
         if announce:
-            log.info("rollout: %s mode (one generate call per step, %s engine)", rollout_cfg.mode, rollout_cfg.engine)
-        return Rollout(engine, rollout_cfg.mode)
+            log.info("rollout: %s mode (one generate call per step, %s engine%s)", rollout_cfg.mode,
+                     rollout_cfg.engine, ", prompts with their images" if images is not None else "")
+        return Rollout(engine, rollout_cfg.mode, ModeEnv(images=images))
     m = rollout_cfg.multi_turn
     env = tool_env(m, tokenizer, ctx, tokenizer.pad_id)
     if announce:

@@ -7,5 +7,9 @@ from rlhf_mcore.rollout.types import RolloutBatch, SamplingParams
 
 @ROLLOUT_MODES.register("single_turn")
 def single_turn(engine, prompts, params: SamplingParams, env, show_progress: bool = False) -> RolloutBatch:
-    """n samples per prompt in one call; loss_mask = response_mask (`RolloutBatch.__post_init__`)."""
-    return engine.generate([list(p.prompt_ids) for p in prompts], params, show_progress=show_progress)
+    """n samples per prompt in one call; loss_mask = response_mask (`RolloutBatch.__post_init__`). Prompts with
+    images (a vision LM) go with their pixels (`env.images`), which the batch carries on to the trainer."""
+    ids = [list(p.prompt_ids) for p in prompts]
+    if env.images is None or not any(getattr(p, "images", ()) for p in prompts):
+        return engine.generate(ids, params, show_progress=show_progress)
+    return engine.generate(ids, params, show_progress=show_progress, images=env.images(prompts))

@@ -167,3 +167,10 @@ def test_qwen2_5_vl_logits_match_transformers_with_images_at_tp2(converted):
     rows = re.findall(r"vl tp=2 rank=(\d) logits_max=(\d\.\d+e[-+]\d+)", converted["out"][2])
     print(rows)
     assert sorted(r[0] for r in rows) == ["0", "1"] and all(float(r[1]) <= 1e-5 for r in rows)
+
+
+def test_qwen2_5_vl_trainer_log_probs_match_transformers_with_images_at_tp2(converted):
+    """The old-log-prob pass (tower, image scatter, M-RoPE; padded and packed) at TP2 (tests/cases/vl_logits.py)."""
+    rows = re.findall(r"vl train tp=2 rank=(\d) logp_max=(\d\.\d+e[-+]\d+)", converted["out"][2])
+    print(rows)
+    assert sorted(r[0] for r in rows) == ["0", "1"] and all(float(r[1]) <= 1e-5 for r in rows)

@@ -122,14 +122,21 @@ def test_unsupported_config_is_one_line_naming_the_field(vl_dir, change, field):
 def test_validate_refuses_what_is_not_there_yet(vl_dir):
     from rlhf_mcore.config import load_config, validate
 
-    cfg = load_config(None, [f"model.hf_path={vl_dir}", "parallel.pp=2"], check=False)
-    errs = validate(cfg)
-    assert any(e.startswith("parallel.pp: Qwen2.5-VL runs at pp=1") for e in errs)
-    assert any(e.startswith("model.hf_path: Qwen2.5-VL trains with images not yet") for e in errs)
+    cfg = load_config(None, [f"model.hf_path={vl_dir}", "parallel.pp=2", "parallel.sequence_parallel=true",
+                             "parallel.tp=2", "rollout.engine=sglang", "algorithm.filter_groups.enable=true",
+                             "model.freeze_vision_tower=false", "trainer.export_hf=true"], check=False)
+    errs = validate(cfg, world_size=4)
+    for start in ("parallel.pp: Qwen2.5-VL runs at pp=1", "parallel.sequence_parallel: not yet with Qwen2.5-VL",
+                  "rollout.engine: Qwen2.5-VL rolls out with the native engine only",
+                  "algorithm.filter_groups.enable: dynamic sampling does not carry images",
+                  "trainer.export_hf: the HF export writes the vision tower as loaded"):
+        assert sum(e.startswith(start) for e in errs) == 1, (start, errs)
+    ok = load_config(None, [f"model.hf_path={vl_dir}"], check=False)
+    assert not [e for e in validate(ok) if "Qwen2.5-VL" in e or "vision" in e]
     inline = load_config(None, ["model.family=qwen2_5_vl", "model.num_layers=2", "model.hidden_size=64",
                                 "model.ffn_hidden_size=96", "model.num_attention_heads=4", "model.vocab_size=300"],
                          check=False)
-    assert any(e.startswith("model.hf_path: Qwen2.5-VL trains with images not yet") for e in validate(inline))
+    assert any(e.startswith("model.hf_path: Qwen2.5-VL is built from its HF directory") for e in validate(inline))
 
 
 def test_video_tokens_and_left_padding_are_refused(ours):

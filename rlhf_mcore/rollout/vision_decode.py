@@ -1,0 +1,64 @@
+"""The native engine's eager path for a vision LM (`models.vision`): image embeddings in the prefill, M-RoPE
+positions for every KV-cache slot.
+
+Megatron's static-batching cache keeps keys without rotation and rotates the whole cache [0, offset + s) at every
+forward with the table it gets, so a forward over a chunk takes positions [3, b, offset + s] of all its slots: a
+left-padded prompt's tokens at their M-RoPE positions (`models.mrope`, counted from the row's first real token, as
+the trainer counts them), generated token k (0-based, past the prompt's L tokens) at L + k + delta on the three
+axes, padding slots 0 (masked out). The prefill's input is the word embeddings with the images' rows in place
+(`models.vision.merge_image_embeddings`); decode steps embed their token as usual.
+"""
+from __future__ import annotations
+
+from typing import Sequence
+
+import torch
+
+from rlhf_mcore.models.mrope import decode_position_ids, mrope_position_ids
+from rlhf_mcore.models.vision import VisionSide, image_embeddings, merge_image_embeddings
+
+Images = tuple[torch.Tensor, torch.Tensor] | None  # (pixel_values [p, D], image_grid_thw [i, 3]) of one row
+
+
+def chunk_images(images: Sequence[Images], device) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+    """The rows' images in row order: (pixel_values [P, D], image_grid_thw [I, 3]), (None, None) without any."""
+    present = [im for im in images if im is not None]
+    if not present:
+        return None, None
+    return torch.cat([p for p, _ in present]).to(device), torch.cat([g for _, g in present]).to(device)
+
+
+def slot_positions(prompt: torch.Tensor, valid: torch.Tensor, grids: torch.Tensor | None, side: VisionSide,
+                   max_new: int) -> torch.Tensor:
+    """[3, b, P + max_new] M-RoPE positions of the cache slots of a left-padded chunk (prompt, valid: [b, P]).
+
+    >>> side = VisionSide(None, image_token_id=9, video_token_id=8, merge=2)
+    >>> slot_positions(torch.tensor([[0, 5, 9, 5]]), torch.tensor([[False, True, True, True]]),
+    ...                torch.tensor([[1, 2, 2]]), side, 2)[:, 0].tolist()
+    [[0, 0, 1, 2, 3, 4], [0, 0, 1, 2, 3, 4], [0, 0, 1, 2, 3, 4]]
+    """
+    prompt_pos, deltas = mrope_position_ids(prompt, grids, side.image_token_id, side.merge, valid)
+    decode = decode_position_ids(valid.sum(1), max_new, deltas)  # [3, b, max_new]
+    return torch.cat([prompt_pos, decode], dim=2)
+
+
+def prefill_input(model, side: VisionSide, prompt: torch.Tensor, pixels: torch.Tensor | None,
+                  grids: torch.Tensor | None) -> torch.Tensor:
+    """decoder_input [P, b, h] of the prefill: the word embeddings, image tokens' rows from the tower."""
+    if bool((prompt == side.video_token_id).any()):
+        raise ValueError("rollout prompts: video tokens are not supported yet (Qwen2.5-VL images only). Use images.")
+    embeddings = model.embedding(input_ids=prompt, position_ids=None)
+    if pixels is None:
+        if bool((prompt == side.image_token_id).any()):
+            raise ValueError("rollout prompts: image tokens without images. Pass each prompt's images with it.")
+        return embeddings
+    return merge_image_embeddings(embeddings, prompt, image_embeddings(side.tower, pixels, grids), side.image_token_id)
+
+
+def row_images(images: Sequence[Images] | None, n: int, num_prompts: int) -> list[Images]:
+    """Per row (prompt i's n samples are rows i * n .. i * n + n - 1) its prompt's images."""
+    if images is None:
+        return [None] * (num_prompts * n)
+    if len(images) != num_prompts:
+        raise ValueError(f"rollout: {len(images)} image entries for {num_prompts} prompts. Give one per prompt.")
+    return [im for im in images for _ in range(n)]

@@ -1,0 +1,47 @@
+"""GRPO learns a visual task on a tiny vision-language model: configs/tiny_vlm_grpo.yaml (a random Qwen2.5-VL, its
+tower frozen, the colour task of tools/make_shapes_dataset.py) raises the greedy reward on the held-out split from 0
+to at least 0.6 within 40 steps with a fixed seed, past the 1/3 that no policy blind to the image can beat
+(balanced colours): the language model reads the image embeddings that the rollout prefills and the trainer
+scatters (measured on CPU: 0 -> 0.67 at step 20 -> 1.0 at step 40, about 20 s). A short run's checkpoint holds the
+tower (vision.safetensors) and its HF export loads in transformers with every tensor in place."""
+import json
+import os
+
+from tests.launch import cli
+from tests.support.paths import ROOT_STR as ROOT
+
+KEY = "val-core/synthetic/shapes/reward/mean@1"
+
+
+def test_tiny_vlm_grpo_learns_the_colour_of_the_shape(tmp_path):
+    proc = cli("rlhf_mcore.train", "--config", os.path.join(ROOT, "configs", "tiny_vlm_grpo.yaml"),
+               f"trainer.output_dir={tmp_path}", "trainer.save_freq=0", "trainer.resume=disable",
+               "trainer.export_hf=false", "trainer.logger=jsonl", extra_env={"OMP_NUM_THREADS": "1"})
+    out = proc.stderr + proc.stdout
+    assert "actor: vision tower random (model.init=random)" in out and "frozen (model.freeze_vision_tower=true)" in out
+    assert "prompts with their images" in out
+    records = [json.loads(line) for line in open(tmp_path / "metrics.jsonl")]
+    val = {r["step"]: r[KEY] for r in records if KEY in r}
+    rewards = [r["critic/score/mean"] for r in records if "critic/score/mean" in r]
+    print(f"tiny VLM GRPO: held-out reward {val}; train reward {rewards[0]:.3f} -> {rewards[-1]:.3f}")
+    assert sorted(val) == [0, 20, 40] and len(rewards) == 40
+    assert val[0] < 0.2 and val[40] >= 0.6, val
+    assert sum(rewards[-5:]) / 5 > sum(rewards[:5]) / 5 + 0.3, rewards
+
+
+def test_tiny_vlm_checkpoint_and_hf_export_carry_the_tower(tmp_path):
+    import torch
+    from safetensors.torch import load_file
+    from transformers import AutoModelForImageTextToText
+
+    cli("rlhf_mcore.train", "--config", os.path.join(ROOT, "configs", "tiny_vlm_grpo.yaml"),
+        f"trainer.output_dir={tmp_path}", "trainer.total_steps=1", "trainer.val_before_train=false",
+        "trainer.test_freq=0", "trainer.resume=disable", "trainer.export_hf=true", "trainer.logger=jsonl",
+        extra_env={"OMP_NUM_THREADS": "1"})
+    tower = load_file(str(tmp_path / "global_step_1" / "actor" / "vision.safetensors"))
+    model, info = AutoModelForImageTextToText.from_pretrained(str(tmp_path / "hf_export" / "global_step_1"),
+                                                              output_loading_info=True)
+    assert not info["missing_keys"] and not info["unexpected_keys"], info
+    exported = {k.replace("model.visual.", "visual."): v for k, v in model.state_dict().items() if "visual." in k}
+    assert sorted(exported) == sorted(tower) and all(torch.equal(exported[k], tower[k]) for k in tower)
+    assert (tmp_path / "hf_export" / "global_step_1" / "preprocessor_config.json").is_file()

@@ -1,0 +1,103 @@
+"""Write a tiny Qwen2.5-VL directory, as transformers saves one, for CPU tests and the tiny VLM preset.
+
+    python -m tools.make_tiny_vlm --out data/tiny_vlm            # config, tokenizer, image processor (init: random)
+    python -m tools.make_tiny_vlm --out /tmp/vlm --weights       # + random weights (model.safetensors)
+
+- config.json: Qwen2_5_VLConfig, LM 2 layers, hidden 64, 4 heads / 2 KV heads (head_dim 16, M-RoPE 2 + 3 + 3);
+  vision tower depth 2, hidden 32, patch 14, merge 2 (a 56 x 56 image is a 4 x 4 patch grid: 4 LM tokens).
+- tokenizer.json: byte-level (ids 0-255 are the bytes, no merges) plus Qwen's special tokens from 256 on
+  (`SPECIALS`), with a Qwen-style chat template that renders `{"type": "image"}` parts (a processor's) and plain
+  strings alike.
+- preprocessor_config.json: transformers' Qwen2-VL image processor, every image resized to 56 x 56 pixels.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+SPECIALS = ("<|endoftext|>", "<|im_start|>", "<|im_end|>", "<|vision_start|>", "<|vision_end|>", "<|image_pad|>",
+            "<|video_pad|>")
+IDS = {t: 256 + i for i, t in enumerate(SPECIALS)}
+VOCAB = 264
+SIDE = 56  # image side in pixels after the processor's resize
+CHAT_TEMPLATE = (
+    "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{% if m['content'] is string %}{{ m['content'] }}"
+    "{% else %}{% for c in m['content'] %}{% if c['type'] == 'image' %}<|vision_start|><|image_pad|><|vision_end|>"
+    "{% else %}{{ c['text'] }}{% endif %}{% endfor %}{% endif %}<|im_end|>\n{% endfor %}"
+    "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
+PROCESSOR = {"image_processor_type": "Qwen2VLImageProcessor", "patch_size": 14, "merge_size": 2,
+             "temporal_patch_size": 2, "min_pixels": SIDE * SIDE, "max_pixels": SIDE * SIDE,
+             "size": {"shortest_edge": SIDE * SIDE, "longest_edge": SIDE * SIDE},
+             "image_mean": [0.48145466, 0.4578275, 0.40821073], "image_std": [0.26862954, 0.26130258, 0.27577711]}
+
+
+def tiny_vlm_config(**text_overrides):
+    from transformers import Qwen2_5_VLConfig
+
+    text = dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+                num_key_value_heads=2, vocab_size=VOCAB, max_position_embeddings=512, rms_norm_eps=1e-6,
+                bos_token_id=None, eos_token_id=IDS["<|im_end|>"], pad_token_id=IDS["<|endoftext|>"],
+                tie_word_embeddings=False,
+                rope_parameters={"rope_type": "default", "mrope_section": [2, 3, 3], "rope_theta": 10000.0})
+    text.update(text_overrides)
+    return Qwen2_5_VLConfig(
+        text_config=text,
+        vision_config=dict(depth=2, hidden_size=32, intermediate_size=64, num_heads=2, patch_size=14,
+                           spatial_merge_size=2, temporal_patch_size=2, window_size=56, out_hidden_size=64,
+                           fullatt_block_indexes=[1]),
+        image_token_id=IDS["<|image_pad|>"], video_token_id=IDS["<|video_pad|>"],
+        vision_start_token_id=IDS["<|vision_start|>"], vision_end_token_id=IDS["<|vision_end|>"],
+        tie_word_embeddings=False)
+
+
+def byte_chars() -> dict[int, str]:
+    """GPT-2's byte-level alphabet: each byte as one printable character (what tokenizers' ByteLevel maps to)."""
+    keep = [*range(ord("!"), ord("~") + 1), *range(ord("\xa1"), ord("\xac") + 1), *range(ord("\xae"), 256)]
+    extra = (b for b in range(256) if b not in keep)
+    return {**{b: chr(b) for b in keep}, **{b: chr(256 + n) for n, b in enumerate(extra)}}
+
+
+def tiny_tokenizer():
+    """transformers' fast tokenizer over bytes with the special tokens (`SPECIALS`) and the chat template."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    chars = byte_chars()
+    core = Tokenizer(models.BPE(vocab={chars[b]: b for b in range(256)}, merges=[]))
+    core.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)
+    core.decoder = decoders.ByteLevel()
+    core.add_special_tokens(list(SPECIALS))
+    tok = PreTrainedTokenizerFast(tokenizer_object=core, eos_token="<|im_end|>", pad_token="<|endoftext|>")
+    tok.chat_template = CHAT_TEMPLATE
+    return tok
+
+
+def write_tiny_vlm(out: str | Path, weights: bool = False, seed: int = 0) -> Path:
+    """The directory `out` with config.json, the tokenizer, preprocessor_config.json (+ random weights)."""
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    config = tiny_vlm_config()
+    if weights:
+        import torch
+        from transformers import Qwen2_5_VLForConditionalGeneration
+
+        torch.manual_seed(seed)
+        Qwen2_5_VLForConditionalGeneration(config).save_pretrained(str(out))
+    else:
+        config.save_pretrained(str(out))
+    tiny_tokenizer().save_pretrained(str(out))
+    (out / "preprocessor_config.json").write_text(json.dumps(PROCESSOR, indent=2) + "\n")
+    return out
+
+
+def main(argv=None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--out", default="data/tiny_vlm")
+    parser.add_argument("--weights", action="store_true", help="also write random weights")
+    args = parser.parse_args(argv)
+    print(f"wrote {write_tiny_vlm(args.out, args.weights)}")
+
+
+if __name__ == "__main__":
+    main()
