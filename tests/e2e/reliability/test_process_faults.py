@@ -125,8 +125,9 @@ def descendants(pid: int) -> list[int]:
 @pytest.mark.parametrize("script", ["torchrun.sh", "slurm.sbatch"])
 def test_preemption_as_slurm_delivers_it_saves_the_step(tmp_path, script):
     """SIGTERM to torchrun's agent and every rank at once (`--signal=TERM@300`, `scancel`, preemption): the agent
-    then passes its own SIGTERM on, a second signal each rank takes as the same stop. Every rank exits 7 after
-    saving the step. slurm.sbatch runs through a stand-in `srun` that runs its command on this node."""
+    then passes its own SIGTERM on, a second signal each rank takes as the same stop (or never sees: it coalesces
+    with the first). Every rank exits 7 after saving the step. slurm.sbatch runs through a stand-in `srun` that
+    runs its command on this node."""
     fake_bin = tmp_path / "bin"
     fake_bin.mkdir()
     (fake_bin / "srun").write_text('#!/bin/sh\nwhile [ "${1#--}" != "$1" ]; do shift 2; done\nexec "$@"\n')
@@ -149,7 +150,10 @@ def test_preemption_as_slurm_delivers_it_saves_the_step(tmp_path, script):
     out = log.read_text() + "".join(p.read_text() for p in (tmp_path / "logs").rglob("*.log"))
     saved = sorted(run_dir.glob("global_step_[0-9]*"))
     assert saved and checkpoint_problems(saved[-1]) == [], out[-3000:]
-    assert "the same stop" in out and "exiting on SIGTERM" in out, out[-3000:]
+    # Two SIGTERMs that reach a rank before its watcher reads the first one coalesce into one pending signal (a
+    # standard signal is not queued), so "the same stop" is logged only when the agent's arrived later; the
+    # repeat-window rule itself is tests/unit/trainer/test_exit_signals.py.
+    assert "exiting on SIGTERM" in out, out[-3000:]
     assert "second exit signal" not in out and "code 8" not in out, out[-3000:]
     assert "torchrun: stopped by SIGTERM; every local rank exited 7" in out and "Traceback" not in out, out[-3000:]
     assert rc == 7  # the job's exit code says: saved and stopped (torchrun alone: a traceback and 1)
