@@ -357,7 +357,7 @@ def summarize(args, cfg, run, steps: list[dict], rollout: dict) -> dict:
     rows, seq = args.prompts * args.n, args.prompt_len + args.new_tokens
     passes = 3.0 + sum(1.0 for p in ("old_log_prob", "ref") if med[p] > 0.05)  # update fwd+bwd, + forward passes
     train_s = med["old_log_prob"] + med["ref"] + med["update_actor"]
-    tower = vision_bench.tower_step_flops(full_hf, rows, args.images, args.image_side, passes,
+    tower = vision_bench.tower_step_flops(full_hf, args.prompts, args.images, args.image_side, passes,
                                           not cfg.model.freeze_vision_tower) if args.images else 0.0
     last = steps[-1]
     return {

@@ -134,12 +134,14 @@ def tower_flops_per_image(vision: dict, grid: tuple[int, int, int]) -> float:
     return float(flops)
 
 
-def tower_step_flops(hf: dict, rows: int, images: int, side: int, lm_passes: float, trained: bool) -> float:
-    """The tower's FLOPs of a step's trainer passes: it runs once per row and image in each forward pass
-    (old log-prob, reference: `lm_passes - 3` of them) and in the update (x3 when trained, else forward only)."""
+def tower_step_flops(hf: dict, prompts: int, images: int, side: int, lm_passes: float, trained: bool) -> float:
+    """The tower's FLOPs of a step's trainer passes: once per prompt and image (the n samples of a prompt share its
+    embeddings: `models.vision_step.shared_image_embeddings`; the bench's micro-batches hold whole groups) in each
+    forward pass (old log-prob, reference: `lm_passes - 3` of them) and in the update (x3 when trained, else
+    forward only)."""
     grid = (1, side // hf["vision_config"]["patch_size"], side // hf["vision_config"]["patch_size"])
-    per_row = images * tower_flops_per_image(hf["vision_config"], grid)
-    return rows * per_row * (lm_passes - 3 + (3 if trained else 1))
+    per_prompt = images * tower_flops_per_image(hf["vision_config"], grid)
+    return prompts * per_prompt * (lm_passes - 3 + (3 if trained else 1))
 
 
 @contextlib.contextmanager

@@ -50,9 +50,9 @@ def test_tiny_bench_with_images_counts_the_tower(tmp_path, mcore_ctx):
           "--mini-batches", "2", "--steps", "1", "--warmup", "0", "--standalone", "0", "--out", str(tmp_path)])
     result = json.loads(next(tmp_path.glob("grpo_step_part_*.json")).read_text())
     per_image = vision_bench.tower_flops_per_image(TINY["vision_config"], (1, 4, 4))
-    rows = result["shape"]["prompts"] * result["shape"]["n"]
+    prompts = result["shape"]["prompts"]  # the tower runs once per prompt (its n samples share the embeddings)
     forward = sum(result["phases_s"][p] > 0.05 for p in ("old_log_prob", "ref"))  # the passes the LM's MFU counts
-    assert result["tower_tflop_per_step"] * 1e12 == pytest.approx(rows * per_image * (forward + 1))  # frozen: fwd
+    assert result["tower_tflop_per_step"] * 1e12 == pytest.approx(prompts * per_image * (forward + 1))  # frozen: fwd
     assert result["mismatch"]["rollout/mismatch_logp_abs_diff"] < 1e-5  # fp32: the rollout is the trainer
     update = next(r for r in result["memory_plan"] if r["phase"] == "update")
     tower = build_vision_tower(TINY, torch.float32, "cpu")
