@@ -130,13 +130,14 @@ def convert(ckpt: str, out: str, model_cfg) -> Path:
     from rlhf_mcore.checkpoint.model_weights import load_model_weights
     from rlhf_mcore.config.schema import ParallelConfig
     from rlhf_mcore.convert.mcore import full_state_dict
-    from rlhf_mcore.convert.vision_weights import vision_for_export
+    from rlhf_mcore.convert.vision_weights import attach_trained_tower, trained_tower_tensors, vision_for_export
     from rlhf_mcore.models.build import build_model
     from rlhf_mcore.models.full_weights import FullWeights
     from rlhf_mcore.models.hf_io import save_hf_checkpoint
     from rlhf_mcore.models.lora import is_lora_model
     from rlhf_mcore.models.lora_export import ADAPTER_DIR
     from rlhf_mcore.models.transformer_config import load_hf_config
+    from rlhf_mcore.models.vision import TOWER_NAME
     from rlhf_mcore.models.weights import mcore_to_hf
     from rlhf_mcore.parallel import destroy_distributed, init_distributed
 
@@ -145,13 +146,18 @@ def convert(ckpt: str, out: str, model_cfg) -> Path:
         hf_cfg = load_hf_config(model_cfg)
         model = build_model("actor", hf_cfg, model_cfg, ParallelConfig(), ctx)
         lora = is_lora_model(model)
+        trained_tower = attach_trained_tower(model, hf_cfg, model_cfg)  # its checkpoint holds it: vision_tower.*
         if lora:  # the checkpoint holds the adapters only: the base comes from where the run took it
             load_lora_actor(model, ckpt, model_cfg, hf_cfg, ctx)
         else:
             load_model_weights(model, ckpt)
         full = FullWeights(model, ctx) if lora else full_state_dict(model)  # LoRA: merged weights
+        if trained_tower:
+            full = {k: v for k, v in full.items() if not k.startswith(f"{TOWER_NAME}.")}
         hf_sd = mcore_to_hf(full, hf_cfg, role="actor", source=ckpt)
-        hf_sd.update(vision_for_export(hf_cfg, tower_dirs(ckpt, model_cfg), next(iter(hf_sd.values())).dtype, ckpt))
+        dtype = next(iter(hf_sd.values())).dtype
+        hf_sd.update(trained_tower_tensors(model, hf_cfg, dtype) if trained_tower
+                     else vision_for_export(hf_cfg, tower_dirs(ckpt, model_cfg), dtype, ckpt))
         check_finite(hf_sd, ckpt)
         saved = save_hf_checkpoint(out, hf_sd, hf_export_config(hf_cfg, model_cfg.dtype), aux_dirs(model_cfg),
                                    overwrite=True, generation=generation_config(model_cfg))

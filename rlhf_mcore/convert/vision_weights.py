@@ -6,8 +6,10 @@ so a converted checkpoint keeps it as a side file beside the megatron dist-check
     out/vision.safetensors   the tower's tensors under their HF names (`visual.*`), as the HF checkpoint had them
 
 It loads without megatron (and without resharding at any TP/PP), and an export copies it back as it is. An export
-takes the tower from the first directory that has it: the checkpoint's own `vision.safetensors`, else an HF
-directory's weights (the tower is frozen: the run never changed it). A text model has no tower: {} everywhere.
+of a frozen tower takes it from the first directory that has it: the checkpoint's own `vision.safetensors`, else an
+HF directory's weights (the run never changed it). A trained tower (model.freeze_vision_tower=false) is in the
+role's dist-checkpoint too (`vision_tower.*`, with its optimizer state): the export loads it from there
+(`attach_trained_tower`, `trained_tower_tensors`). A text model has no tower: {} everywhere.
 """
 from __future__ import annotations
 
@@ -65,3 +67,23 @@ def vision_for_export(hf_cfg: dict, dirs: list, dtype: torch.dtype, source: str)
     raise ValueError(f"{source}: no vision tower tensors ('{prefix}*') in {VISION_FILE} or HF weights of "
                      f"{[str(d) for d in dirs if d]}. Convert with `tools.convert_checkpoint hf-to-mcore` or set "
                      "model.hf_path to the vision model's HF directory.")
+
+
+def attach_trained_tower(model, hf_cfg: dict, model_cfg) -> bool:
+    """Give the export's model (a TP1 actor, before its weights load) a trainable tower, so the checkpoint's
+    `vision_tower.*` tensors load into it, where the run trained its tower (model.freeze_vision_tower=false);
+    False (nothing done) for a frozen tower or a text model."""
+    if model_cfg.freeze_vision_tower or vision_prefix(hf_cfg) is None:
+        return False
+    from rlhf_mcore.models.vision import attach_tower, build_vision_tower
+
+    attach_tower(model, build_vision_tower(hf_cfg, next(model.parameters()).dtype, "cpu"), hf_cfg, trainable=True)
+    return True
+
+
+def trained_tower_tensors(model, hf_cfg: dict, dtype: torch.dtype) -> dict[str, torch.Tensor]:
+    """The loaded tower of `attach_trained_tower` under its HF names (`visual.*`), in `dtype`."""
+    from rlhf_mcore.models.vision import vision_side
+
+    prefix = vision_prefix(hf_cfg)
+    return {f"{prefix}{k}": v.detach().to(dtype) for k, v in vision_side(model).tower.state_dict().items()}

@@ -3,7 +3,8 @@
 A step batch carries its rows' images as two per-row fields (`stack_row_images`):
 pixel_values [B, P_max, D] and image_grid_thw [B, I_max, 3] (zero-padded). For a micro-batch, padded
 (tokens [b, s]) or packed (tokens [1, T], `data.packing`), the forward
-1. runs the tower + merger on the micro-batch's images (rows in order) -> one embedding per image token;
+1. runs the tower + merger on the micro-batch's images (rows in order) -> one embedding per image token, once per
+   prompt: the n samples of a prompt (one `group_index`, equal pixels) share its embeddings;
 2. puts them at the `<|image_pad|>` tokens of the LM's word embeddings, in row-major order (for a packed row that
    is the rows back to back, the same order), and hands those to the decoder as `decoder_input`;
 3. gives every token its M-RoPE position [3, b, s] (`models.mrope`): per row from its first token, for a packed
@@ -59,12 +60,47 @@ def row_images(pixel_values: torch.Tensor, image_grid_thw: torch.Tensor) -> tupl
     return torch.cat(pixels), torch.cat(grids)
 
 
-def micro_batch_images(mb: dict) -> tuple[torch.Tensor | None, torch.Tensor | None]:
-    """(pixel_values [num_patches, D], image_grid_thw [num_images, 3]) of the micro-batch's rows, in row order;
-    (None, None) without images."""
+def micro_batch_grids(mb: dict) -> torch.Tensor | None:
+    """image_grid_thw [num_images, 3] of the micro-batch's rows, in row order; None without images."""
     if "image_grid_thw" not in mb or not bool((mb["image_grid_thw"] > 0).any()):
-        return None, None
-    return row_images(mb["pixel_values"], mb["image_grid_thw"])
+        return None
+    grids = mb["image_grid_thw"]
+    return grids.reshape(-1, 3)[grids.reshape(-1, 3).prod(-1) > 0]
+
+
+def first_rows(mb: dict) -> list[int]:
+    """Per row, the first row of the micro-batch whose images it shares: the first of its group (`group_index`: the
+    n samples of a prompt carry the prompt's images) whose grids and pixels are equal to its own, else itself.
+
+    >>> px = torch.tensor([[[1.]], [[2.]], [[1.]], [[3.]]])
+    >>> first_rows({"pixel_values": px, "image_grid_thw": torch.ones(4, 1, 3, dtype=torch.long),
+    ...             "group_index": torch.tensor([7, 8, 7, 8])})
+    [0, 1, 0, 3]
+    """
+    num = mb["image_grid_thw"].size(0)
+    keys = mb["group_index"].tolist() if "group_index" in mb else list(range(num))
+    first, out = {}, []
+    for b in range(num):
+        a = first.setdefault(keys[b], b)
+        same = a == b or (torch.equal(mb["image_grid_thw"][a], mb["image_grid_thw"][b])
+                          and torch.equal(mb["pixel_values"][a], mb["pixel_values"][b]))
+        out.append(a if same else b)
+    return out
+
+
+def shared_image_embeddings(tower, mb: dict, merge: int) -> torch.Tensor:
+    """[num_image_tokens, h] of the micro-batch's rows in row order, the tower run once per distinct row of
+    images (`first_rows`: once per prompt, not per sample); a row that shares takes its first row's embeddings
+    (when the tower trains, their gradients add up there, as they would over separate copies)."""
+    firsts = first_rows(mb)
+    owners = sorted(set(firsts))
+    pixels, grids = row_images(mb["pixel_values"][owners], mb["image_grid_thw"][owners])
+    embeddings = image_embeddings(tower, pixels, grids)
+    if len(owners) == len(firsts):
+        return embeddings
+    counts = (mb["image_grid_thw"].prod(-1).sum(-1) // (merge * merge)).tolist()  # image tokens per row
+    chunks = dict(zip(owners, embeddings.split([counts[a] for a in owners])))
+    return torch.cat([chunks[a] for a in firsts])
 
 
 def packed_mrope_positions(tokens: torch.Tensor, cu_seqlens: torch.Tensor, num_rows: int,
@@ -113,9 +149,9 @@ def vision_inputs(lm, side: VisionSide, mb: dict, packed: bool) -> tuple[torch.T
     if bool((layout == side.video_token_id).any()):
         raise ValueError("input_ids: video tokens are not supported yet (Qwen2.5-VL images only). Use images.")
     embeddings = lm.embedding(input_ids=tokens, position_ids=None)  # [s, b, h]
-    pixels, grids = micro_batch_images(mb)
-    if pixels is not None:
-        embeddings = merge_image_embeddings(embeddings, layout, image_embeddings(side.tower, pixels, grids),
+    grids = micro_batch_grids(mb)
+    if grids is not None:
+        embeddings = merge_image_embeddings(embeddings, layout, shared_image_embeddings(side.tower, mb, side.merge),
                                             side.image_token_id)
     elif bool((layout == side.image_token_id).any()):
         raise ValueError("input_ids: image tokens without pixel_values. Pass the images with their tokens.")

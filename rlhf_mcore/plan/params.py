@@ -37,13 +37,15 @@ class Shape:
     experts: int = 0
     moe_ffn: int = 0
     tied: bool = False
+    tower: int = 0  # a vision LM's tower + merger parameters (whole on every rank), `tower_params`
 
     @classmethod
     def of(cls, hf: dict) -> "Shape":
         from rlhf_mcore.models.registry import spec_for_hf_config
 
         spec = spec_for_hf_config(hf)
-        hf = spec.text_config(hf)  # a vision-language config.json nests the LM's fields (the tower is not counted)
+        tower = tower_params(hf["vision_config"]) if spec.vision_prefix and "vision_config" in hf else 0
+        hf = spec.text_config(hf)  # a vision-language config.json nests the LM's fields; the tower: `tower`
         fields = spec.config_fields(hf)
         heads = hf["num_attention_heads"]
         experts = num_experts(hf)
@@ -53,7 +55,27 @@ class Shape:
                    vocab=hf["vocab_size"], qkv_bias=spec.qkv_bias or bool(fields.get("add_bias_linear")),
                    linear_bias=bool(fields.get("add_bias_linear")), qk_norm=bool(fields.get("qk_layernorm")),
                    experts=experts, moe_ffn=fields.get("moe_ffn_hidden_size") or 0,
-                   tied=bool(hf.get("tie_word_embeddings", False)))
+                   tied=bool(hf.get("tie_word_embeddings", False)), tower=tower)
+
+
+def tower_params(vision: dict) -> int:
+    """Parameters of transformers' Qwen2.5-VL vision tower + merger (config.json's `vision_config`): the patch
+    embedding (a bias-free convolution), per block two RMSNorms, q/k/v and output projections and the gated MLP
+    (all with biases), and the merger (an RMSNorm and two linears over merge^2 concatenated patches).
+
+    >>> tower_params({"depth": 1, "hidden_size": 4, "intermediate_size": 8, "in_channels": 1, "patch_size": 2,
+    ...               "temporal_patch_size": 1, "spatial_merge_size": 2, "out_hidden_size": 3})
+    547
+
+    (embedding 16; block: norms 8, q/k/v 48 + 12, output 16 + 4, gate/up 64 + 16, down 32 + 4 = 204; merger:
+    norm 4, 256 + 16, 48 + 3 = 327.)
+    """
+    d, inter, out = vision["hidden_size"], vision["intermediate_size"], vision["out_hidden_size"]
+    embed = vision.get("in_channels", 3) * vision["temporal_patch_size"] * vision["patch_size"] ** 2 * d
+    block = 2 * d + (3 * d * d + 3 * d) + (d * d + d) + 2 * (d * inter + inter) + (inter * d + d)
+    wide = d * vision["spatial_merge_size"] ** 2
+    merger = d + (wide * wide + wide) + (wide * out + out)
+    return embed + vision["depth"] * block + merger
 
 
 def layer_params(s: Shape, tp: int, ep: int) -> int:

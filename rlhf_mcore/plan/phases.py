@@ -10,6 +10,9 @@
 - update (update_actor): the activations a micro-batch keeps for its backward, the head's, and the fused log-prob
   kernel's backward buffers; optimizer: the optimizer step inside it (fused AdamW: nothing past the resident).
 Every phase after the rollout also holds what the engine keeps (`plan.rollout.resident_cache_bytes`).
+A vision LM's towers are resident too (`plan.static.tower_bytes`: weights, and gradients and Adam's state of a
+trained one); the activations of the tower's forward (one micro-batch's images, freed before the LM's) are not
+counted, nor does trainer.offload_during_rollout move a trained tower's state in the plan.
 """
 from __future__ import annotations
 
@@ -25,7 +28,7 @@ from rlhf_mcore.plan.dynamic import (
 )
 from rlhf_mcore.plan.params import WEIGHT_BYTES, Shape
 from rlhf_mcore.plan.rollout import resident_cache_bytes, rollout_terms
-from rlhf_mcore.plan.static import Layout, main_param_bytes, roles_of, stage_bytes
+from rlhf_mcore.plan.static import Layout, main_param_bytes, roles_of, stage_bytes, tower_bytes
 
 PHASES = ("rollout", "log_prob", "values", "update", "critic_update", "optimizer")
 
@@ -56,11 +59,14 @@ def phase_terms(cfg, shape: Shape, layout: Layout, gpu_bytes: float = 0.0, pp_ra
     batch = Batch.of(cfg, layout.dp)
     kept = main_param_bytes(static, dtype) if cfg.trainer.offload_during_rollout else training
     rollout = {"weights": weights, "grads+optimizer": kept}
+    tower = tower_bytes(shape, roles, dtype, layout.dp, cfg.parallel.use_distributed_optimizer,
+                        not cfg.model.freeze_vision_tower)
+    rollout.update({"tower": tower} if tower else {})
     if cfg.rollout.engine == "sglang":
         rollout["sglang"] = int(cfg.rollout.sglang.gpu_memory_utilization * gpu_bytes)
     else:
         rollout.update(rollout_terms(cfg, shape, batch.rows, batch.length, batch.prompt, tp, pp, dtype, div))
-    resident = {"weights": weights, "grads+optimizer": training}
+    resident = {"weights": weights, "grads+optimizer": training, **({"tower": tower} if tower else {})}
     cache = resident_cache_bytes(cfg, shape, batch.rows, batch.length, batch.prompt, tp, pp, dtype)
     resident.update({"rollout_cache": cache} if cache else {})
     forward = forward_layer_bytes(shape, batch.forward_tokens, tp, dtype, experts_per_token)

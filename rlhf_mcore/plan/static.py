@@ -7,8 +7,8 @@ builds, at a TP x PP x EP x DP layout, from the exact parameter counts of `plan.
   parameter (8 in fp32); the distributed optimizer shards it over DP.
 The roles: the actor, the reference (a frozen copy, where a KL term needs one and LoRA does not make it free), the
 critic (GAE), LoRA's adapters (trained; the base is the frozen actor) and a reward model (`reward.model_path`,
-its own shape). A rank's peak is its pipeline stage's largest sum (the first and last stages hold the
-embedding and the head).
+its own shape); a vision LM's tower + merger, whole on every rank (`tower_bytes`). A rank's peak is its pipeline
+stage's largest sum (the first and last stages hold the embedding and the head).
 """
 from __future__ import annotations
 
@@ -110,6 +110,25 @@ def stage_bytes(shape: Shape, layout: Layout, pp_rank: int, roles: list[Role], d
             return -(-r.whole // (layout.tp * layout.pp))
         return rank_params(r.shape or shape, layout.tp, layout.pp, layout.ep, pp_rank, r.lm_head, vocab_divisible_by)
     return {r.name: role_bytes(params(r), r, dtype, layout.dp, distributed_optimizer) for r in roles}
+
+
+def tower_bytes(shape: Shape, roles: list[Role], dtype: str, dp: int, distributed_optimizer: bool,
+                trained: bool) -> int:
+    """A vision LM's towers on a rank (whole on every rank): the actor's (with its gradients and optimizer state
+    when `trained`, model.freeze_vision_tower=false) and the frozen copies of the reference and the critic.
+
+    >>> roles = [Role("actor", trained=True), Role("ref", trained=False)]
+    >>> tower_bytes(Shape(1, 8, 16, 2, 1, 4, 10, tower=100), roles, "bf16", 1, True, trained=False)  # 2 x 100 x 2
+    400
+    >>> tower_bytes(Shape(1, 8, 16, 2, 1, 4, 10, tower=100), roles, "bf16", 1, True, trained=True)  # + 4 + 12 a param
+    2000
+    """
+    holders = [r for r in roles if r.name in ("actor", "ref", "critic")]
+    total = 0
+    for r in holders:
+        terms = role_bytes(shape.tower, Role(r.name, trained and r.name == "actor"), dtype, dp, distributed_optimizer)
+        total += sum(terms.values())
+    return total
 
 
 def peak_bytes(shape: Shape, layout: Layout, roles: list[Role], dtype: str, distributed_optimizer: bool,

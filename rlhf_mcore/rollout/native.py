@@ -381,8 +381,8 @@ class NativeRolloutEngine:
         side = vision_side(self.model)
         if side is None:
             return None, None
-        pixels, grids = vision_decode.chunk_images(images, prompt.device)
-        embedded = vision_decode.prefill_input(self.model, side, prompt, pixels, grids)  # raises on a missing image
+        grids = vision_decode.chunk_grids(images, prompt.device)
+        embedded = vision_decode.prefill_input(self.model, side, prompt, images)  # raises on a missing image
         return vision_decode.slot_positions(prompt, valid, grids, side, max_new), embedded
 
     def _forward(self, input_ids: torch.Tensor, mask: Optional[torch.Tensor], kv, positions=None,

@@ -20,12 +20,24 @@ from rlhf_mcore.models.vision import VisionSide, image_embeddings, merge_image_e
 Images = tuple[torch.Tensor, torch.Tensor] | None  # (pixel_values [p, D], image_grid_thw [i, 3]) of one row
 
 
-def chunk_images(images: Sequence[Images], device) -> tuple[torch.Tensor | None, torch.Tensor | None]:
-    """The rows' images in row order: (pixel_values [P, D], image_grid_thw [I, 3]), (None, None) without any."""
+def chunk_grids(images: Sequence[Images], device) -> torch.Tensor | None:
+    """image_grid_thw [I, 3] of the chunk's rows in row order, None without any image."""
     present = [im for im in images if im is not None]
-    if not present:
-        return None, None
-    return torch.cat([p for p, _ in present]).to(device), torch.cat([g for _, g in present]).to(device)
+    return torch.cat([g for _, g in present]).to(device) if present else None
+
+
+def chunk_image_embeddings(tower, images: Sequence[Images], merge: int, device) -> torch.Tensor:
+    """[num_image_tokens, h] of the chunk's rows in row order, the tower run once per prompt: the n samples of a
+    prompt hold the same (pixels, grids) object (`row_images`), so each distinct object is embedded once."""
+    present = [im for im in images if im is not None]
+    owners = list({id(im): im for im in present}.values())
+    pixels = torch.cat([p for p, _ in owners]).to(device)
+    embeddings = image_embeddings(tower, pixels, torch.cat([g for _, g in owners]).to(device))
+    if len(owners) == len(present):
+        return embeddings
+    sizes = [int(g.prod(-1).sum()) // (merge * merge) for _, g in owners]
+    chunks = dict(zip((id(im) for im in owners), embeddings.split(sizes)))
+    return torch.cat([chunks[id(im)] for im in present])
 
 
 def slot_positions(prompt: torch.Tensor, valid: torch.Tensor, grids: torch.Tensor | None, side: VisionSide,
@@ -42,17 +54,18 @@ def slot_positions(prompt: torch.Tensor, valid: torch.Tensor, grids: torch.Tenso
     return torch.cat([prompt_pos, decode], dim=2)
 
 
-def prefill_input(model, side: VisionSide, prompt: torch.Tensor, pixels: torch.Tensor | None,
-                  grids: torch.Tensor | None) -> torch.Tensor:
-    """decoder_input [P, b, h] of the prefill: the word embeddings, image tokens' rows from the tower."""
+def prefill_input(model, side: VisionSide, prompt: torch.Tensor, images: Sequence[Images]) -> torch.Tensor:
+    """decoder_input [P, b, h] of the prefill: the word embeddings, image tokens' rows from the tower (once per
+    prompt, `chunk_image_embeddings`)."""
     if bool((prompt == side.video_token_id).any()):
         raise ValueError("rollout prompts: video tokens are not supported yet (Qwen2.5-VL images only). Use images.")
     embeddings = model.embedding(input_ids=prompt, position_ids=None)
-    if pixels is None:
+    if all(im is None for im in images):
         if bool((prompt == side.image_token_id).any()):
             raise ValueError("rollout prompts: image tokens without images. Pass each prompt's images with it.")
         return embeddings
-    return merge_image_embeddings(embeddings, prompt, image_embeddings(side.tower, pixels, grids), side.image_token_id)
+    images = chunk_image_embeddings(side.tower, images, side.merge, prompt.device)
+    return merge_image_embeddings(embeddings, prompt, images, side.image_token_id)
 
 
 def row_images(images: Sequence[Images] | None, n: int, num_prompts: int) -> list[Images]:

@@ -91,3 +91,12 @@ def vl_step_batch(seed: int = 0) -> dict:
     return {"tokens": b["input_ids"], "lengths": lengths, "prompt_lengths": lengths, "response_mask": mask,
             "advantages": torch.randn(mask.shape, generator=g), "rollout_logp": torch.zeros(mask.shape),
             **stack_row_images(per_row, b["pixel_values"].size(1), "cpu")}
+
+
+def hf_param_count(hf: dict) -> int:
+    """The parameters of transformers' whole Qwen2.5-VL of config.json dict `hf` (built on the meta device)."""
+    from transformers import Qwen2_5_VLConfig, Qwen2_5_VLForConditionalGeneration
+
+    config = Qwen2_5_VLConfig(**{k: v for k, v in hf.items() if k != "architectures"})
+    with torch.device("meta"):
+        return sum(p.numel() for p in Qwen2_5_VLForConditionalGeneration(config).parameters())

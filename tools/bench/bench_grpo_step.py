@@ -50,6 +50,7 @@ from rlhf_mcore.config.load import from_dict, to_dict
 from rlhf_mcore.config.validate import validate
 from rlhf_mcore.logs import MetricLogger, init_logger
 from rlhf_mcore.models.flops import forward_flops_per_token
+from rlhf_mcore.models.registry import language_config
 from rlhf_mcore.models.transformer_config import load_hf_config
 from rlhf_mcore.parallel import init_distributed, torchrun_env
 from rlhf_mcore.rollout import static_decode
@@ -60,6 +61,7 @@ from rlhf_mcore.trainer.roles import build_roles
 from rlhf_mcore.trainer.run import Run, engine_setup
 from rlhf_mcore.trainer.scoring import Scored
 from rlhf_mcore.trainer.step_log import peak_memory_gb
+from tools.bench import vision_bench
 from tools.bench.memory_plan_check import compare as compare_plan
 from tools.bench.memory_plan_check import print_comparison, trainer_peaks
 
@@ -93,6 +95,9 @@ def parse_args(argv=None):
     p.add_argument("--sdpa-kernel", default="auto", help="model.sdpa_kernel (auto|flash|cudnn|efficient)")
     p.add_argument("--hf-path", default="", help="the architecture from this HF dir's config.json (random bf16 "
                    "weights, e.g. an MoE shape) instead of the Qwen2.5-0.5B shape")
+    p.add_argument("--images", type=int, default=0, help="a vision --hf-path: images per prompt (random noise, "
+                   "--image-side pixels square; tools/bench/vision_bench.py), inside --prompt-len")
+    p.add_argument("--image-side", type=int, default=448, help="the images' side in pixels (448: 256 LM tokens)")
     p.add_argument("--moe-expert-impl", default="auto", help="model.moe_expert_impl of an MoE --hf-path")
     p.add_argument("--router-replay", default="disabled", choices=["disabled", "R2", "R3"],
                    help="actor.router_replay of an MoE --hf-path (R3 decodes eagerly: compare with --cuda-graphs 0)")
@@ -185,7 +190,7 @@ def build_run(cfg, ctx, args) -> Run:
     if errors:
         raise ValueError("\n".join(errors))
     hf = load_hf_config(cfg.model)
-    with random_weights_on_gpu(args.gpu_init):
+    with random_weights_on_gpu(args.gpu_init), vision_bench.tower_on_gpu(bool(args.gpu_init)):
         roles = build_roles(cfg, hf, ctx)
     if not args.swiglu_fusion:  # A/B of megatron's torch.compile'd SwiGLU (its MLP reads the flag per call)
         roles.actor.model[0].config.bias_activation_fusion = False
@@ -193,12 +198,19 @@ def build_run(cfg, ctx, args) -> Run:
     start = time.perf_counter()
     engine = build_rollout_engine(cfg.rollout, engine_setup(cfg, roles, hf, tokenizer, ctx))
     run = Run(cfg=cfg, ctx=ctx, roles=roles, engine=engine, tokenizer=tokenizer, stop_ids=(),
-              sampler=RandomPrompts(cfg.data.train_batch_size // ctx.dims.dp, cfg.data.max_prompt_length,
-                                    hf["vocab_size"], ctx.dp_rank),
+              sampler=sampler(args, cfg, hf, ctx),
               val_sampler=None, scorer=RandomScores(), kl_ctrl=KL_CONTROLLERS.get("fixed")(value=0.0),
               total_steps=1 << 30, run_dir=tempfile.mkdtemp(), metric_logger=MetricLogger("", [], False))
     run.engine_start_s = time.perf_counter() - start
     return run
+
+
+def sampler(args, cfg, hf: dict, ctx):
+    """Random token prompts, or with --images prompts carrying images (`vision_bench.ImagePrompts`)."""
+    num, length = cfg.data.train_batch_size // ctx.dims.dp, cfg.data.max_prompt_length
+    if args.images:
+        return vision_bench.ImagePrompts(num, length, hf, args.images, args.image_side, ctx.dp_rank)
+    return RandomPrompts(num, length, language_config(hf)["vocab_size"], ctx.dp_rank)
 
 
 def random_weights_on_gpu(enabled: int):
@@ -340,10 +352,13 @@ def train_flops(hf: dict, rows: int, seq: int, passes: float) -> float:
 
 def summarize(args, cfg, run, steps: list[dict], rollout: dict) -> dict:
     med = {k: statistics.median(s.get(f"timing_s/{k}", 0.0) for s in steps) for k in PHASES + ("step",)}
-    hf = load_hf_config(cfg.model)
+    full_hf = load_hf_config(cfg.model)
+    hf = language_config(full_hf)  # a vision LM's LM; its tower's FLOPs are added below (--images)
     rows, seq = args.prompts * args.n, args.prompt_len + args.new_tokens
     passes = 3.0 + sum(1.0 for p in ("old_log_prob", "ref") if med[p] > 0.05)  # update fwd+bwd, + forward passes
     train_s = med["old_log_prob"] + med["ref"] + med["update_actor"]
+    tower = vision_bench.tower_step_flops(full_hf, args.prompts, args.images, args.image_side, passes,
+                                          not cfg.model.freeze_vision_tower) if args.images else 0.0
     last = steps[-1]
     return {
         "system": f"ours-{args.engine}" + (f"-{args.label}" if args.label else ""), "engine": args.engine,
@@ -353,7 +368,10 @@ def summarize(args, cfg, run, steps: list[dict], rollout: dict) -> dict:
         "mismatch": {k: last.get(k) for k in ("rollout/mismatch_logp_abs_diff", "rollout/mismatch_kl_k1",
                                               "rollout/mismatch_kl_k3", "rollout/mismatch_first_abs_diff",
                                               "rollout/mismatch_exact_frac")},
-        "logprob_update_mfu": train_flops(hf, rows, seq, passes) / max(train_s, 1e-9) / (PEAK_TFLOPS * 1e12),
+        "logprob_update_mfu": (train_flops(hf, rows, seq, passes) + tower) / max(train_s, 1e-9) / (PEAK_TFLOPS * 1e12),
+        "logprob_update_mfu_lm_only": train_flops(hf, rows, seq, passes) / max(train_s, 1e-9) / (PEAK_TFLOPS * 1e12),
+        "tower_tflop_per_step": tower / 1e12, "images_per_prompt": args.images, "image_side": args.image_side,
+        "rollout_tok_s_in_step": rows * args.new_tokens / max(med["gen"], 1e-9),
         "update_mfu": train_flops(hf, rows, seq, 3.0) / max(med["update_actor"], 1e-9) / (PEAK_TFLOPS * 1e12),
         "router_replay": cfg.actor.router_replay,
         "engine_start_s": run.engine_start_s, "rollout": rollout,

@@ -87,9 +87,6 @@ RUN_LIMITS = (
      "images yet (got true). Set it to false."),
     (lambda c: bool(c.reward.model_path), "reward.model_path: a text reward model cannot score image prompts (got "
      "{c.reward.model_path}). Use rule rewards (reward.custom_fn or a data_source)."),
-    (lambda c: not c.model.freeze_vision_tower and c.trainer.export_hf, "trainer.export_hf: the HF export writes "
-     "the vision tower as loaded, not a trained one (got model.freeze_vision_tower=false). Set trainer.export_hf="
-     "false, or keep the tower frozen."),
 )
 
 

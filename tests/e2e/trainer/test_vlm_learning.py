@@ -45,3 +45,36 @@ def test_tiny_vlm_checkpoint_and_hf_export_carry_the_tower(tmp_path):
     exported = {k.replace("model.visual.", "visual."): v for k, v in model.state_dict().items() if "visual." in k}
     assert sorted(exported) == sorted(tower) and all(torch.equal(exported[k], tower[k]) for k in tower)
     assert (tmp_path / "hf_export" / "global_step_1" / "preprocessor_config.json").is_file()
+
+
+def test_hf_export_writes_the_trained_tower(tmp_path):
+    """model.freeze_vision_tower=false: one step changes the tower, and the HF export writes the trained tower (from
+    the actor's dist-checkpoint), equal to what the trainer's tower held at the save (vision.safetensors) and not the
+    random start (the run's seeded init, rebuilt here); transformers loads the export with every tensor in place."""
+    import torch
+    from safetensors.torch import load_file
+    from transformers import AutoModelForImageTextToText
+
+    from rlhf_mcore.config.load import load_config
+    from rlhf_mcore.models.transformer_config import load_hf_config
+    from rlhf_mcore.models.vision import build_run_tower
+
+    overrides = ["model.freeze_vision_tower=false", "trainer.total_steps=1", "trainer.val_before_train=false",
+                 "trainer.test_freq=0", "trainer.resume=disable", "trainer.export_hf=true", "trainer.logger=jsonl"]
+    proc = cli("rlhf_mcore.train", "--config", os.path.join(ROOT, "configs", "tiny_vlm_grpo.yaml"),
+               f"trainer.output_dir={tmp_path}", *overrides, extra_env={"OMP_NUM_THREADS": "1"})
+    assert "trained" in proc.stderr + proc.stdout
+    saved = load_file(str(tmp_path / "global_step_1" / "actor" / "vision.safetensors"))
+    model, info = AutoModelForImageTextToText.from_pretrained(str(tmp_path / "hf_export" / "global_step_1"),
+                                                              output_loading_info=True)
+    assert not info["missing_keys"] and not info["unexpected_keys"], info
+    exported = {k.replace("model.visual.", "visual."): v for k, v in model.state_dict().items() if "visual." in k}
+    assert sorted(exported) == sorted(saved) and all(torch.equal(exported[k], saved[k]) for k in saved)
+    cfg = load_config(os.path.join(ROOT, "configs", "tiny_vlm_grpo.yaml"), overrides, check=False)
+    cfg.model.hf_path = os.path.join(ROOT, cfg.model.hf_path)
+    start, _ = build_run_tower(load_hf_config(cfg.model), cfg.model, "cpu", torch.float32, cfg.trainer.seed)
+    start = {f"visual.{k}": v.to(saved[f"visual.{k}"].dtype) for k, v in start.state_dict().items()}
+    changed = [k for k in saved if not torch.equal(start[k], saved[k])]
+    step = max((saved[k].float() - start[k].float()).abs().max().item() for k in saved)
+    assert len(changed) > len(saved) // 2, changed  # the update reached the tower
+    assert step <= 1.05 * cfg.actor.optim.lr, step  # one Adam step from the seeded start: at most lr per weight

@@ -1,11 +1,13 @@
 """The native engine rolls out a vision LM (rollout/vision_decode.py): prompts with images (left-padded, prefilled
 with the tower's embeddings, decoded at M-RoPE positions) give the log-probs the trainer's old-log-prob pass
-computes on the same rows (fp32, <= 1e-5), and the batch carries each row's images on to the trainer."""
+computes on the same rows (fp32, <= 1e-5) with the tower run once per prompt (its samples share the embeddings),
+and the batch carries each row's images on to the trainer."""
 from functools import partial
 
 import pytest
 import torch
 
+from rlhf_mcore.models.vision import vision_side
 from rlhf_mcore.rollout.native import NativeRolloutEngine
 from rlhf_mcore.rollout.types import SamplingParams
 from rlhf_mcore.trainer.losses import actor_loss
@@ -38,7 +40,11 @@ def test_rollout_log_probs_are_the_trainers(vl_dir, mcore_ctx, micro_batch_size)
                                  micro_batch_size=micro_batch_size)
     ids, images = prompts_and_images()
     params = SamplingParams(n=2, max_new_tokens=7, temperature=1.0, seed=3)
+    seen = []  # the patches the tower embeds: each prompt's image once per chunk, not once per sample
+    hook = vision_side(state.module).tower.register_forward_pre_hook(lambda m, a: seen.append(a[0].size(0)))
     out = engine.generate(ids, params, images=images)
+    hook.remove()
+    assert sum(seen) == sum(t * h * w for t, h, w in GRIDS)  # both chunkings hold a prompt's samples together
     assert out.tokens.size(0) == 6 and int(out.response_lengths.min()) == 7
     assert torch.equal(out.image_grid_thw[:, 0], torch.tensor([GRIDS[0]] * 2 + [GRIDS[1]] * 2 + [[0, 0, 0]] * 2))
     assert torch.equal(out.pixel_values[3, :24], images[1][0])
@@ -52,7 +58,7 @@ def test_rollout_log_probs_are_the_trainers(vl_dir, mcore_ctx, micro_batch_size)
     mask = out.response_mask
     err = float((logp - out.rollout_logprobs).abs()[mask].max())
     print(f"qwen2.5-vl rollout vs trainer log-probs (micro_batch_size={micro_batch_size}): max |diff| = {err:.2e}")
-    assert err <= TOL
+    assert err <= TOL  # the trainer's batch has no group_index: its tower runs on every row
     again = engine.generate(ids, params, images=images)  # same seed, same samples
     assert torch.equal(again.tokens, out.tokens)
 

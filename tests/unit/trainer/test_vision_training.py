@@ -59,3 +59,48 @@ def test_log_probs_are_transformers_and_gradients_reach_the_right_parts(vl_dir, 
     assert all(float(grads[n].abs().sum()) > 0 for n in grads), [n for n in grads if not grads[n].abs().sum()]
     for name, g in grads.items():
         assert torch.allclose(g, packed_grads[name], atol=TOL, rtol=1e-4), name
+
+
+@pytest.mark.parametrize("split", [{"micro_batch_size": 4}, {"micro_batch_size": 4, "max_tokens": 64, "pack": True}],
+                         ids=["padded", "packed"])
+def test_the_tower_runs_once_per_prompt_and_log_probs_and_gradients_are_unchanged(vl_dir, mcore_ctx, split):
+    """Three samples of each prompt (one group_index, the rows' images equal): the tower sees each prompt's image
+    once per micro-batch, and the log-probs and the gradients (a trained tower) are those of the tower run on every
+    row (the same batch without group_index)."""
+    from rlhf_mcore.models.vision import vision_side
+    from rlhf_mcore.trainer.optim import zero_grads
+
+    cfg, state = vl_actor(vl_dir, mcore_ctx, freeze=False)
+    grouped = {k: v.repeat_interleave(3, 0) for k, v in vl_step_batch().items()}
+    grouped["group_index"] = torch.arange(3).repeat_interleave(3)
+    seen = []
+    hook = vision_side(state.module).tower.register_forward_pre_hook(lambda m, a, k: seen.append(a[0].size(0)),
+                                                                      with_kwargs=True)
+    fn = partial(actor_loss, model=state.module, tp_group=mcore_ctx.pgs.tp, actor_cfg=cfg.actor, temperature=1.0,
+                 norm_length=16.0)
+
+    def run(batch):
+        seen.clear()
+        logp = forward_collect(state.model, split_micro_batches(batch, **split), fn, ("logp",),
+                               batch["tokens"].size(1), mcore_ctx.pgs.pp)["logp"]
+        patches = sum(seen)
+        zero_grads(state)
+        batch = {**batch, "old_logp": logp + 0.05 * batch["advantages"] * batch["response_mask"]}
+        run_schedule(state.model, split_micro_batches(batch, **split), fn, forward_only=False)
+        grads = {n: (p.main_grad if hasattr(p, "main_grad") else p.grad).clone()
+                 for n, p in state.module.named_parameters() if p.requires_grad}
+        return logp, grads, patches
+
+    shared, shared_grads, shared_patches = run(grouped)
+    each, each_grads, each_patches = run({k: v for k, v in grouped.items() if k != "group_index"})
+    hook.remove()
+    per_image = [16, 24]  # the two images' patches (tests/support/tiny_vl.py GRIDS)
+    assert each_patches == 3 * sum(per_image)  # every row's image, once each
+    once = sum(sum(per_image[g] for g in set(mb["group_index"].tolist()) if g < 2)  # prompt 2 is text only
+               for mb in split_micro_batches(grouped, **split))
+    assert shared_patches == once < each_patches  # each prompt's image once per micro-batch
+    mask = grouped["response_mask"].bool()
+    assert float((shared - each).abs()[mask].max()) <= 1e-6
+    assert any(n.startswith("vision_tower.") for n in shared_grads)
+    for name, g in shared_grads.items():
+        assert torch.allclose(g, each_grads[name], atol=TOL, rtol=1e-4), name

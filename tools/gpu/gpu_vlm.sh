@@ -1,0 +1,89 @@
+#!/usr/bin/env bash
+# Issue 43 on one H200: vision-language RL (Qwen2.5-VL) on CUDA, one call (< 540 s), carry .gpu-async-w
+# (megatron-core cp312 + gguf wheels):
+#   bash tools/gpu/gpu_vlm.sh
+# (a) the vision tests on CUDA (tests/unit/trainer/test_vision_training.py, tests/unit/rollout/test_vision_rollout.py:
+#     log-probs vs transformers, packed vs padded gradients, rollout vs trainer log-probs; fp32 on the GPU);
+# (b) the tiny VLM preset (configs/tiny_vlm_grpo.yaml: 40 steps, greedy validation before, at 20 and at the end)
+#     for at most PRESET_S seconds;
+# (c) one GRPO step at the Qwen2.5-VL-3B shape (config.json built below: LM 36 layers x 2048, vision tower depth 32
+#     x 1280, out 2048), random bf16 weights drawn on the GPU (LM and tower), 32 prompts x 8 samples, each prompt
+#     one 448 x 448 noise image (256 LM tokens) + text = 384 prompt tokens, 256 new tokens, micro-batch 16,
+#     2 mini-batches (the old-log-prob pass runs), eager decode (the static decoder has no M-RoPE), 1 warm-up
+#     + 2 timed steps (tools/bench/bench_grpo_step.py --images 1). Reported: step and phase seconds, rollout
+#     tokens/s (the step's gen phase), MFU of the log-prob + update passes with the tower's FLOPs and of the LM
+#     only, peak memory, and the memory plan's prediction per phase (LM + the tower's weights).
+# $OUT: tests.log, tiny_vlm/ (the preset's run: metrics.jsonl), vlm3b/grpo_step_part_native_vlm3b.json, vlm.json.
+# CPU dry run (the tiny VLM's shape, fp32, 56 x 56 images; seconds):
+#   DRY=1 OUT=/tmp/dry_vlm PY=.venv/bin/python bash tools/gpu/gpu_vlm.sh
+set -uo pipefail
+PY=${PY:-python3}
+export PYTHONUNBUFFERED=1 NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1
+log() { echo "=== $* ($(date +%T), ${SECONDS}s)"; }
+mkdir -p "$OUT"
+if [[ -z "${DRY:-}" ]]; then
+  export PYTHONPATH=/tmp/site:$PWD
+  [[ -d /tmp/site/megatron ]] || { mkdir -p /tmp/site && $PY -m pip install -q --no-index --no-deps --no-compile \
+      --no-cache-dir --upgrade --target /tmp/site .gpu-async-w/*.whl || exit 3; }
+  nvidia-smi --query-gpu=name,memory.total --format=csv,noheader
+else
+  export PYTHONPATH=$PWD
+fi
+TESTS_S=${TESTS_S:-150} PRESET_S=${PRESET_S:-75} BENCH_S=${BENCH_S:-260}  # + ~20 s install: ~505 s at most
+
+log "(a) vision tests on $([[ -n "${DRY:-}" ]] && echo CPU || echo CUDA)"
+timeout -k 5 "$TESTS_S" $PY -m pytest -q -p no:cacheprovider -rs tests/unit/trainer/test_vision_training.py \
+    tests/unit/rollout/test_vision_rollout.py > "$OUT/tests.log" 2>&1
+echo "tests: rc $?"; grep "passed\|failed\|error\|SKIP" "$OUT/tests.log" | tail -6
+
+log "(b) tiny VLM preset (at most ${PRESET_S}s)"
+PRESET=(trainer.output_dir="$OUT/tiny_vlm")
+[[ -n "${DRY:-}" ]] && PRESET+=(trainer.total_steps=2 trainer.val_before_train=false)
+timeout -k 5 "$PRESET_S" $PY -m rlhf_mcore.train --config configs/tiny_vlm_grpo.yaml "${PRESET[@]}" \
+    > "$OUT/tiny_vlm.log" 2>&1
+echo "preset: rc $?"; grep -i "val\|step 40\|step 20\|Error\|Traceback" "$OUT/tiny_vlm.log" | grep -v Warn | tail -8
+
+log "(c) GRPO step at the Qwen2.5-VL-3B shape (at most ${BENCH_S}s)"
+HF=/tmp/qwen2.5-vl-3b
+$PY - "$HF" "${DRY:+tiny}" <<'EOF'
+import json, sys
+from tools.bench.vision_bench import QWEN25_VL_3B, write_vlm_dir
+if sys.argv[2]:  # the tiny VLM's shape, 56 x 56 images
+    write_vlm_dir(sys.argv[1], json.load(open("data/tiny_vlm/config.json")), 56)
+else:
+    write_vlm_dir(sys.argv[1], QWEN25_VL_3B, 448)
+EOF
+if [[ -n "${DRY:-}" ]]; then
+  SHAPE=(--tiny --image-side 56)
+else
+  SHAPE=(--prompts 32 --n 8 --prompt-len 384 --new-tokens 256 --micro-batch 16 --image-side 448 --gpu-init 1)
+fi
+timeout -k 5 "$BENCH_S" $PY -m tools.bench.bench_grpo_step --engine native --hf-path "$HF" --images 1 \
+    --cuda-graphs 0 --mini-batches 2 --steps 2 --warmup 1 --standalone 0 --label vlm3b --out "$OUT/vlm3b" \
+    "${SHAPE[@]}" > "$OUT/vlm3b.log" 2>&1
+echo "bench: rc $?"
+grep -v "Warning\|warnings.warn" "$OUT/vlm3b.log" | grep -A6 "step [0-9]:\|phase  predicted\|Error\|Traceback" | tail -16
+
+log "summary"
+$PY - "$OUT" <<'EOF'
+import json, pathlib, sys
+out = pathlib.Path(sys.argv[1])
+found = sorted((out / "vlm3b").glob("grpo_step_part_*.json"))
+if not found:
+    sys.exit("no bench result")
+r = json.loads(found[0].read_text())
+ph = r["phases_s"]
+keys = ("step_s", "rollout_tok_s_in_step", "logprob_update_mfu", "logprob_update_mfu_lm_only", "update_mfu",
+        "tower_tflop_per_step", "peak_mem_gib", "mismatch", "memory_plan", "device")
+(out / "vlm.json").write_text(json.dumps({k: r.get(k) for k in keys} | {"phases_s": ph}, indent=2))
+fmt = lambda v, f: "-" if v is None else format(v, f)  # noqa: E731
+print(f"step {r['step_s']:.2f} s (gen {ph['gen']:.2f}, old log-prob {ph['old_log_prob']:.2f}, update "
+      f"{ph['update_actor']:.2f}, sync {ph['sync_weights']:.2f}); rollout {r['rollout_tok_s_in_step']:.0f} tok/s; "
+      f"MFU {fmt(r['logprob_update_mfu'], '.1%')} with the tower ({r['tower_tflop_per_step']:.0f} TFLOP a step), "
+      f"{fmt(r['logprob_update_mfu_lm_only'], '.1%')} LM only; peak {fmt(r['peak_mem_gib'], '.1f')} GiB; "
+      f"mismatch {fmt(r['mismatch']['rollout/mismatch_logp_abs_diff'], '.5f')}")
+for m in r["memory_plan"]:
+    print(f"  plan {m['phase']:<10} predicted {m['predicted_gib']:6.2f} GiB, measured {fmt(m['measured_gib'], '6.2f')}")
+print(f"wrote {out / 'vlm.json'}")
+EOF
+log "done"
