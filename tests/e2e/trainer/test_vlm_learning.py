@@ -29,22 +29,32 @@ def test_tiny_vlm_grpo_learns_the_colour_of_the_shape(tmp_path):
     assert sum(rewards[-5:]) / 5 > sum(rewards[:5]) / 5 + 0.3, rewards
 
 
-def test_tiny_vlm_checkpoint_and_hf_export_carry_the_tower(tmp_path):
+ONE_STEP = ("trainer.total_steps=1", "trainer.val_before_train=false", "trainer.test_freq=0", "trainer.resume=disable",
+            "trainer.export_hf=true", "trainer.logger=jsonl")
+
+
+def run_one_step_and_check_the_export(tmp_path, *overrides: str):
+    """One step of the tiny VLM preset with its HF export: transformers loads the export with every tensor in place,
+    its tower equals the checkpoint's vision.safetensors (returned, with the run's output), and the image
+    processor's config goes with it."""
     import torch
     from safetensors.torch import load_file
     from transformers import AutoModelForImageTextToText
 
-    cli("rlhf_mcore.train", "--config", os.path.join(ROOT, "configs", "tiny_vlm_grpo.yaml"),
-        f"trainer.output_dir={tmp_path}", "trainer.total_steps=1", "trainer.val_before_train=false",
-        "trainer.test_freq=0", "trainer.resume=disable", "trainer.export_hf=true", "trainer.logger=jsonl",
-        extra_env={"OMP_NUM_THREADS": "1"})
-    tower = load_file(str(tmp_path / "global_step_1" / "actor" / "vision.safetensors"))
-    model, info = AutoModelForImageTextToText.from_pretrained(str(tmp_path / "hf_export" / "global_step_1"),
-                                                              output_loading_info=True)
+    proc = cli("rlhf_mcore.train", "--config", os.path.join(ROOT, "configs", "tiny_vlm_grpo.yaml"),
+               f"trainer.output_dir={tmp_path}", *ONE_STEP, *overrides, extra_env={"OMP_NUM_THREADS": "1"})
+    saved = load_file(str(tmp_path / "global_step_1" / "actor" / "vision.safetensors"))
+    export = tmp_path / "hf_export" / "global_step_1"
+    model, info = AutoModelForImageTextToText.from_pretrained(str(export), output_loading_info=True)
     assert not info["missing_keys"] and not info["unexpected_keys"], info
     exported = {k.replace("model.visual.", "visual."): v for k, v in model.state_dict().items() if "visual." in k}
-    assert sorted(exported) == sorted(tower) and all(torch.equal(exported[k], tower[k]) for k in tower)
-    assert (tmp_path / "hf_export" / "global_step_1" / "preprocessor_config.json").is_file()
+    assert sorted(exported) == sorted(saved) and all(torch.equal(exported[k], saved[k]) for k in saved)
+    assert (export / "preprocessor_config.json").is_file()
+    return saved, proc.stderr + proc.stdout
+
+
+def test_tiny_vlm_checkpoint_and_hf_export_carry_the_tower(tmp_path):
+    run_one_step_and_check_the_export(tmp_path)  # the frozen tower: the export takes vision.safetensors
 
 
 def test_hf_export_writes_the_trained_tower(tmp_path):
@@ -52,25 +62,15 @@ def test_hf_export_writes_the_trained_tower(tmp_path):
     the actor's dist-checkpoint), equal to what the trainer's tower held at the save (vision.safetensors) and not the
     random start (the run's seeded init, rebuilt here); transformers loads the export with every tensor in place."""
     import torch
-    from safetensors.torch import load_file
-    from transformers import AutoModelForImageTextToText
 
     from rlhf_mcore.config.load import load_config
     from rlhf_mcore.models.transformer_config import load_hf_config
     from rlhf_mcore.models.vision import build_run_tower
 
-    overrides = ["model.freeze_vision_tower=false", "trainer.total_steps=1", "trainer.val_before_train=false",
-                 "trainer.test_freq=0", "trainer.resume=disable", "trainer.export_hf=true", "trainer.logger=jsonl"]
-    proc = cli("rlhf_mcore.train", "--config", os.path.join(ROOT, "configs", "tiny_vlm_grpo.yaml"),
-               f"trainer.output_dir={tmp_path}", *overrides, extra_env={"OMP_NUM_THREADS": "1"})
-    assert "trained" in proc.stderr + proc.stdout
-    saved = load_file(str(tmp_path / "global_step_1" / "actor" / "vision.safetensors"))
-    model, info = AutoModelForImageTextToText.from_pretrained(str(tmp_path / "hf_export" / "global_step_1"),
-                                                              output_loading_info=True)
-    assert not info["missing_keys"] and not info["unexpected_keys"], info
-    exported = {k.replace("model.visual.", "visual."): v for k, v in model.state_dict().items() if "visual." in k}
-    assert sorted(exported) == sorted(saved) and all(torch.equal(exported[k], saved[k]) for k in saved)
-    cfg = load_config(os.path.join(ROOT, "configs", "tiny_vlm_grpo.yaml"), overrides, check=False)
+    saved, out = run_one_step_and_check_the_export(tmp_path, "model.freeze_vision_tower=false")
+    assert "trained" in out
+    cfg = load_config(os.path.join(ROOT, "configs", "tiny_vlm_grpo.yaml"),
+                      [*ONE_STEP, "model.freeze_vision_tower=false"], check=False)
     cfg.model.hf_path = os.path.join(ROOT, cfg.model.hf_path)
     start, _ = build_run_tower(load_hf_config(cfg.model), cfg.model, "cpu", torch.float32, cfg.trainer.seed)
     start = {f"visual.{k}": v.to(saved[f"visual.{k}"].dtype) for k, v in start.state_dict().items()}
