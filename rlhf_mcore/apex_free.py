@@ -10,6 +10,8 @@ fallback copies each tensor's norm to the host, ~180 host syncs per step for Smo
   kernel set (`torch._foreach_norm`), no host copy; the norm of the norms as the fallback computes it.
 - A2 clip_grads.multi_tensor_scale_impl and optimizer.multi_tensor_scale_impl (clip_grad_by_total_norm_fp32,
   and _multi_tensor_copy_this_to_that when an overflow buffer is passed): `torch._foreach_mul` / `_foreach_copy_`.
+  Clipping passes the same list as source and destination: it scales in place (`_foreach_mul_`), never an fp32
+  copy of every gradient (4 bytes a parameter: 28 GiB at 7B, which ran a full 7B update out of an H200's memory).
 - A3 optimizer._multi_tensor_copy_this_to_that (Float16OptimizerWithFloat16Params._copy_main_params_to_model_params
   and _copy_model_params_to_main_params): one `_foreach_copy_` instead of a copy per tensor.
 `fuse_torch_adam(optimizer)` sets torch AdamW's `fused` flag on megatron's inner optimizers (one fused kernel
@@ -48,6 +50,10 @@ def foreach_scale(chunk_size, noop_flag, tensor_lists, scale):
     """
     src, dst = tensor_lists[0], tensor_lists[1]
     if not src:
+        return
+    if all(s is d for s, d in zip(src, dst)):  # clip_grad_by_total_norm_fp32 scales the grads in place
+        if scale != 1.0:
+            torch._foreach_mul_(dst, scale)
         return
     torch._foreach_copy_(dst, src if scale == 1.0 else torch._foreach_mul(src, scale))
 

@@ -90,18 +90,52 @@ def head_activation_bytes(shape: Shape, tokens: int, dtype: str) -> int:
     return tokens * (2 * shape.hidden * WEIGHT_BYTES[dtype] + FP32)
 
 
-def forward_layer_bytes(shape: Shape, tokens: int, tp: int, dtype: str, experts_per_token: int = 1) -> int:
+def forward_mlp_elements(shape: Shape, tp: int, experts_per_token: int = 1, lora_fc1: bool = False) -> int:
+    """Elements live per token at the MLP's peak in a forward without autograd.
+    - Dense: fc1's output and the SwiGLU product (`mlp_elements`). With LoRA on fc1 (`models.lora._column_hook`),
+      at the hook's sum: the base output, the adapters' per-projection parts, their join, its scaled copy and the
+      sum, 5 x 2 ffn.
+    - MoE (megatron's alltoall dispatcher, our grouped experts; at fc2): per routed copy of a token, the permuted
+      token and its by-expert sorted copy (`MoELayer.forward` keeps the first bound while the experts run), fc1's
+      output (2 moe_ffn), the weighted SwiGLU (moe_ffn) and fc2's output (h).
+
+    >>> s = Shape(layers=1, hidden=8, ffn=16, heads=2, groups=1, head_dim=4, vocab=10)
+    >>> forward_mlp_elements(s, 1), forward_mlp_elements(s, 1, lora_fc1=True)  # 3 x 16; 10 x 16
+    (48, 160)
+    >>> forward_mlp_elements(Shape(layers=1, hidden=8, ffn=16, heads=2, groups=1, head_dim=4, vocab=10, experts=4,
+    ...                            moe_ffn=6), 1, experts_per_token=2)  # 2 x (3 x 8 + 3 x 6)
+    84
+    """
+    if shape.experts:
+        return experts_per_token * (3 * shape.hidden + 3 * shape.moe_ffn // tp)
+    return (10 if lora_fc1 else 3) * shape.ffn // tp
+
+
+def expert_stack_bytes(shape: Shape, ep: int, dtype: str) -> int:
+    """The grouped experts' stacked weights (`models.experts_grouped._GroupedSwiGLU`: torch.stack of every local
+    expert's fc1 [2F, H] and fc2 [H, F]), live while a layer's experts run.
+
+    >>> expert_stack_bytes(Shape(layers=1, hidden=8, ffn=16, heads=2, groups=1, head_dim=4, vocab=10, experts=4,
+    ...                          moe_ffn=6), 2, "bf16")  # 2 local experts x 3 x 6 x 8 x 2 B
+    576
+    """
+    return (shape.experts // ep) * 3 * shape.moe_ffn * shape.hidden * WEIGHT_BYTES[dtype] if shape.experts else 0
+
+
+def forward_layer_bytes(shape: Shape, tokens: int, tp: int, dtype: str, experts_per_token: int = 1,
+                        lora_fc1: bool = False) -> int:
     """A forward-only pass's live tensors in its largest layer step (no autograd: each layer's tensors are freed
     when it returns): the layer's input (held by the block), the residual and the pre-MLP norm's output (3 h),
-    the fc1 output and the SwiGLU product (`mlp_elements`); or, in the attention, the input, the norm's output and
+    and the MLP's peak (`forward_mlp_elements`); or, in the attention, the input, the norm's output and
     the projection's output (3 h), the fused q/k/v, the query's reshaped copy and rotation, the rotated key and
-    the attention output ((4 heads + 3 groups) x head_dim), if larger.
+    the attention output ((4 heads + 3 groups) x head_dim), if larger. (An MoE layer's stacked expert weights:
+    `expert_stack_bytes`.)
 
     >>> forward_layer_bytes(Shape(layers=1, hidden=8, ffn=16, heads=2, groups=1, head_dim=4, vocab=10), 10, 1, "bf16")
     1440
     """
     heads, groups = shape.heads // tp, max(shape.groups // tp, 1)
-    mlp = 3 * shape.hidden + mlp_elements(shape, tp, experts_per_token)
+    mlp = 3 * shape.hidden + forward_mlp_elements(shape, tp, experts_per_token, lora_fc1)
     attention = 3 * shape.hidden + (4 * heads + 3 * groups) * shape.head_dim
     return max(mlp, attention) * tokens * WEIGHT_BYTES[dtype]
 

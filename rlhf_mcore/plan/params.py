@@ -38,6 +38,7 @@ class Shape:
     moe_ffn: int = 0
     tied: bool = False
     tower: int = 0  # a vision LM's tower + merger parameters (whole on every rank), `tower_params`
+    static_decode: bool = True  # the family's ModelSpec.decode_paths has the static decoder (MoE, M-RoPE: eager)
 
     @classmethod
     def of(cls, hf: dict) -> "Shape":
@@ -55,7 +56,8 @@ class Shape:
                    vocab=hf["vocab_size"], qkv_bias=spec.qkv_bias or bool(fields.get("add_bias_linear")),
                    linear_bias=bool(fields.get("add_bias_linear")), qk_norm=bool(fields.get("qk_layernorm")),
                    experts=experts, moe_ffn=fields.get("moe_ffn_hidden_size") or 0,
-                   tied=bool(hf.get("tie_word_embeddings", False)), tower=tower)
+                   tied=bool(hf.get("tie_word_embeddings", False)), tower=tower,
+                   static_decode="static" in spec.decode_paths)
 
 
 def tower_params(vision: dict) -> int:

@@ -21,13 +21,14 @@ import dataclasses
 from rlhf_mcore.plan.dynamic import (
     Batch,
     activation_bytes,
+    expert_stack_bytes,
     forward_layer_bytes,
     head_activation_bytes,
     logprob_backward_bytes,
     logprob_bytes,
 )
 from rlhf_mcore.plan.params import WEIGHT_BYTES, Shape
-from rlhf_mcore.plan.rollout import resident_cache_bytes, rollout_terms
+from rlhf_mcore.plan.rollout import lora_on_fc1, resident_cache_bytes, rollout_terms
 from rlhf_mcore.plan.static import Layout, main_param_bytes, roles_of, stage_bytes, tower_bytes
 
 PHASES = ("rollout", "log_prob", "values", "update", "critic_update", "optimizer")
@@ -65,11 +66,13 @@ def phase_terms(cfg, shape: Shape, layout: Layout, gpu_bytes: float = 0.0, pp_ra
     if cfg.rollout.engine == "sglang":
         rollout["sglang"] = int(cfg.rollout.sglang.gpu_memory_utilization * gpu_bytes)
     else:
-        rollout.update(rollout_terms(cfg, shape, batch.rows, batch.length, batch.prompt, tp, pp, dtype, div))
+        rollout.update(rollout_terms(cfg, shape, batch.rows, batch.length, batch.prompt, tp, pp, dtype, div,
+                                     experts_per_token, layout.ep))
     resident = {"weights": weights, "grads+optimizer": training, **({"tower": tower} if tower else {})}
     cache = resident_cache_bytes(cfg, shape, batch.rows, batch.length, batch.prompt, tp, pp, dtype)
     resident.update({"rollout_cache": cache} if cache else {})
-    forward = forward_layer_bytes(shape, batch.forward_tokens, tp, dtype, experts_per_token)
+    forward = forward_layer_bytes(shape, batch.forward_tokens, tp, dtype, experts_per_token, lora_on_fc1(cfg)) + \
+        expert_stack_bytes(shape, layout.ep, dtype)
     phases = {
         "rollout": rollout,
         "log_prob": {**resident, "activations": forward,

@@ -6,8 +6,9 @@
   the decode step's merged weights (`rollout.merged_weights`: one more copy of every adapted linear), stay through
   every later phase of the step too: `resident_cache_bytes`.
 - **Prefill**: the static decoder's prefill runs every row of a chunk through `layer_step` at once; inside a layer
-  its locals live to its end (`prefill_layer_bytes`). Megatron's eager path (TP / PP > 1, no graphs) holds one
-  layer's forward tensors (`plan.dynamic.forward_layer_bytes`) and a KV cache of the chunk's rows.
+  its locals live to its end (`prefill_layer_bytes`). Megatron's eager path (TP / PP > 1, no graphs, and the
+  families that decode eagerly: MoE, M-RoPE) holds one layer's forward tensors (`plan.dynamic.forward_layer_bytes`,
+  an MoE layer's stacked expert weights too) and a KV cache of the chunk's rows.
 - **Decode logits**: a decode step's fp32 logits over the vocabulary shard and the sampler's probabilities.
 The rollout's transient peak is the larger of the prefill's layer step and the decode step's logits.
 """
@@ -53,19 +54,21 @@ def static_state_bytes(shape: Shape, rows: int, length: int, max_new: int, dtype
             + out_rows * (max_new * (LONG + FP32) + LONG + 1))
 
 
-def prefill_layer_bytes(shape: Shape, tokens: int, dtype: str) -> int:
+def prefill_layer_bytes(shape: Shape, tokens: int, dtype: str, lora_fc1: bool = False) -> int:
     """The static decoder's prefill (`static_decode.layer_step`) at a layer's SwiGLU, per prompt token: the
     layer's input, the residual after attention, the input norm's output still bound to `x` and the pre-MLP norm's
     output (4 h); the fused q/k/v (held by the value's view), the rotated q and k, all live to the step's end
-    ((2 heads + 3 groups) x head_dim); the fc1 output and the SwiGLU product (`plan.dynamic.mlp_elements`).
+    ((2 heads + 3 groups) x head_dim); the MLP's peak (`plan.dynamic.forward_mlp_elements`: the prefill runs
+    megatron's modules, LoRA hooks included).
 
     >>> prefill_layer_bytes(Shape(layers=1, hidden=8, ffn=16, heads=2, groups=1, head_dim=4, vocab=10), 10, "bf16")
     ... # (4 x 8 + (2 x 2 + 3 x 1) x 4 + 3 x 16) x 10 x 2 B
     2160
     """
-    from rlhf_mcore.plan.dynamic import mlp_elements  # (lazy: the import graph's depth)
+    from rlhf_mcore.plan.dynamic import forward_mlp_elements  # (lazy: the import graph's depth)
 
-    elements = 4 * shape.hidden + (2 * shape.heads + 3 * shape.groups) * shape.head_dim + mlp_elements(shape, 1)
+    elements = 4 * shape.hidden + (2 * shape.heads + 3 * shape.groups) * shape.head_dim + forward_mlp_elements(
+        shape, 1, lora_fc1=lora_fc1)
     return elements * tokens * WEIGHT_BYTES[dtype]
 
 
@@ -80,10 +83,20 @@ def decode_logits_bytes(shape: Shape, rows: int, tp: int, divisible_by: int = 12
     return 2 * rows * vocab_shard(shape, tp, divisible_by) * FP32
 
 
-def uses_static_decoder(cfg, tp: int, pp: int) -> bool:
-    """The native engine decodes with the static decoder (on a GPU; `NativeRollout._static_decoder`)."""
+def uses_static_decoder(cfg, shape: Shape, tp: int, pp: int) -> bool:
+    """The native engine decodes with the static decoder (on a GPU; `NativeRollout._static_decoder`): not for a
+    family whose `decode_paths` lacks it (MoE, M-RoPE)."""
     return cfg.rollout.engine == "native" and cfg.rollout.native.cuda_graphs and tp == 1 and pp == 1 \
-        and not cfg.actor.router_replay == "R3"
+        and not cfg.actor.router_replay == "R3" and shape.static_decode
+
+
+def lora_on_fc1(cfg) -> bool:
+    """LoRA adapts the MLP's gate or up projection (megatron's linear_fc1), whose hook peaks a forward's MLP."""
+    if not cfg.model.lora_rank:
+        return False
+    from rlhf_mcore.models.lora import SUBS, LoraSettings
+
+    return bool(set(LoraSettings.from_model_cfg(cfg.model).target_modules) & set(SUBS["linear_fc1"]))
 
 
 def merged_lora_bytes(cfg, shape: Shape, dtype: str) -> int:
@@ -101,19 +114,21 @@ def merged_lora_bytes(cfg, shape: Shape, dtype: str) -> int:
 
 
 def rollout_terms(cfg, shape: Shape, rows: int, length: int, prompt: int, tp: int, pp: int, dtype: str,
-                  divisible_by: int = 128) -> dict[str, int]:
+                  divisible_by: int = 128, experts_per_token: int = 1, ep: int = 1) -> dict[str, int]:
     """The native engine's own terms during the rollout (weights and training state apart)."""
-    from rlhf_mcore.plan.dynamic import forward_layer_bytes
+    from rlhf_mcore.plan.dynamic import expert_stack_bytes, forward_layer_bytes
 
     max_new = length - prompt
     logits = decode_logits_bytes(shape, rows, tp, divisible_by)
-    if uses_static_decoder(cfg, tp, pp):
+    lora_fc1 = lora_on_fc1(cfg)
+    if uses_static_decoder(cfg, shape, tp, pp):
         terms = {"kv_cache": static_state_bytes(shape, rows, length, max_new, dtype),
                  "merged_lora": merged_lora_bytes(cfg, shape, dtype)}
-        prefill = prefill_layer_bytes(shape, rows * prompt, dtype)
+        prefill = prefill_layer_bytes(shape, rows * prompt, dtype, lora_fc1)
     else:
         terms = {"kv_cache": kv_cache_bytes(shape, rows, length, tp, pp, dtype)}
-        prefill = forward_layer_bytes(shape, rows * prompt, tp, dtype)
+        prefill = forward_layer_bytes(shape, rows * prompt, tp, dtype, experts_per_token, lora_fc1) + \
+            expert_stack_bytes(shape, ep, dtype)
     terms.update({"prefill": prefill} if prefill >= logits else {"decode_logits": logits})
     return {k: v for k, v in terms.items() if v}
 
@@ -122,6 +137,6 @@ def resident_cache_bytes(cfg, shape: Shape, rows: int, length: int, prompt: int,
                          dtype: str) -> int:
     """What the engine keeps after the rollout, through the other phases: the static decoder's state and merged
     LoRA weights with `rollout.native.keep_graphs`, else nothing (the KV cache is dropped at release)."""
-    if not uses_static_decoder(cfg, tp, pp) or not cfg.rollout.native.keep_graphs:
+    if not uses_static_decoder(cfg, shape, tp, pp) or not cfg.rollout.native.keep_graphs:
         return 0
     return static_state_bytes(shape, rows, length, length - prompt, dtype) + merged_lora_bytes(cfg, shape, dtype)

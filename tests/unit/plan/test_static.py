@@ -37,11 +37,12 @@ def test_the_command_lists_what_fits_best_first(tmp_path, capsys, monkeypatch):
     out = capsys.readouterr().out.splitlines()
     assert out[0] == ("memory plan: 8 GPU(s) of 141 GiB, bf16, roles actor, rollout native, distributed optimizer on, "
                       "recompute full")
-    assert out[2] == "  TP1 PP1 EP8 DP8              60.98 GiB  update    fits"
-    # kv_cache: 2 x 48 layers x bucket 128 rows x 4 groups x 1536 x 128 x 2 B = 18 GiB, kept through the update
-    # (rollout.native.keep_graphs); prefill: 65,536 prompt tokens x (4 x 2048 + (2 x 32 + 3 x 4) x 128 + 3 x 768) x 2 B
+    assert out[2] == "  TP1 PP1 EP8 DP8              63.22 GiB  rollout   fits"
+    # MoE decodes eagerly (Qwen3-MoE's decode_paths): kv_cache 2 x 48 layers x 128 rows x 4 groups x 1536 x 128 x 2 B
+    # = 18 GiB, dropped after the rollout; prefill: 65,536 prompt tokens x (3 x 2048 + 8 x (3 x 2048 + 3 x 768)) x 2 B
+    # (9 GiB) + 16 local experts' stacked weights 16 x 3 x 768 x 2048 x 2 B (0.14 GiB)
     rollout = next(line for line in out if line.startswith("  rollout "))
-    assert rollout == "  rollout      56.55 GiB = weights 9.62 + grads+optimizer 26.46 + kv_cache 18.00 + prefill 2.47"
+    assert rollout == "  rollout      63.22 GiB = weights 9.62 + grads+optimizer 26.46 + kv_cache 18.00 + prefill 9.14"
     table = [line for line in out if "GiB  " in line and line.startswith("  TP")]
     fits = [line.endswith(" fits") for line in table]
     assert fits == sorted(fits, reverse=True) and not fits[-1]  # fitting layouts first; some do not fit

@@ -42,6 +42,24 @@ def test_scale_equals_megatrons_fallback_across_dtypes(scale):
     assert torch.equal(ours[3], (src[3] * scale).to(torch.bfloat16))
 
 
+@pytest.mark.parametrize("scale", [1.0, 0.37])
+def test_clipping_scales_in_place_without_a_copy(scale, monkeypatch):
+    """clip_grad_by_total_norm_fp32 passes [grads, grads]: the same values as megatron's fallback, written into
+    the grads' own storage, and no out-of-place foreach product (a full fp32 copy of the gradients)."""
+    from megatron.core.utils import local_multi_tensor_scale
+
+    grads, theirs = tensors(6), tensors(6)
+    storage = [g.data_ptr() for g in grads]
+    local_multi_tensor_scale(0, None, [theirs, theirs], scale)
+
+    def no_copy(*args, **kwargs):
+        raise AssertionError("torch._foreach_mul (out of place) called while clipping")
+    monkeypatch.setattr(torch, "_foreach_mul", no_copy)
+    foreach_scale(0, None, [grads, grads], scale)
+    assert all(torch.equal(a, b) for a, b in zip(grads, theirs))
+    assert [g.data_ptr() for g in grads] == storage
+
+
 def test_param_copies_equal_the_loop():
     this, that = tensors(3, torch.bfloat16), tensors(4)
     foreach_copy_this_to_that(this, that)
