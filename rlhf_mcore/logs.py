@@ -79,6 +79,15 @@ PHASE_PEAKS: dict[str, int] = {}  # bytes allocated at each phase's peak since t
 RUN_PEAK = [0]  # the run's peak bytes: reset_peak_memory_stats per phase would hide it from torch
 
 
+def restart_phase_peak() -> None:
+    """Count the running phase's peak from here (CUDA): after trainer.offload_during_rollout has moved the training
+    state out, the rollout's peak is the generation's, not the state it entered with (the run's peak keeps it)."""
+    if torch.cuda.is_available():
+        torch.cuda.synchronize()
+        RUN_PEAK[0] = max(RUN_PEAK[0], torch.cuda.max_memory_allocated())
+        torch.cuda.reset_peak_memory_stats()
+
+
 def take_phase_peaks() -> dict[str, int]:
     """The phases' peaks since the last call (emptied)."""
     peaks = dict(PHASE_PEAKS)

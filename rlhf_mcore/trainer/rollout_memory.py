@@ -11,6 +11,7 @@ import contextlib
 
 import torch
 
+from rlhf_mcore.logs import restart_phase_peak
 from rlhf_mcore.trainer.optim import offload_for_rollout, reload_after_rollout
 
 
@@ -19,6 +20,8 @@ def offload_during(run, offload: bool) -> None:
     if run.cfg.trainer.offload_during_rollout and torch.cuda.is_available():
         for state in run.roles.trainable().values():
             offload_for_rollout(state) if offload else reload_after_rollout(state, run.ctx.device)
+        if offload:
+            restart_phase_peak()  # perf/max_memory_gb/gen: the generation's peak, as the memory plan's rollout
 
 
 @contextlib.contextmanager
