@@ -88,6 +88,24 @@ def restart_phase_peak() -> None:
         torch.cuda.reset_peak_memory_stats()
 
 
+PHASE_DEVICE: dict[str, int] = {}  # device bytes in use by every process, seen in a phase (`note_device_used`)
+
+
+def note_device_used(name: str) -> None:
+    """Record, under phase `name`, the device memory in use now by every process (`torch.cuda.mem_get_info`; CUDA
+    only): an SGLang engine's scheduler process holds its KV pool where max_memory_allocated cannot see it."""
+    if torch.cuda.is_available():
+        free, total = torch.cuda.mem_get_info()
+        PHASE_DEVICE[name] = max(PHASE_DEVICE.get(name, 0), total - free)
+
+
+def take_device_used() -> dict[str, int]:
+    """The phases' device memory in use (`note_device_used`) since the last call (emptied)."""
+    used = dict(PHASE_DEVICE)
+    PHASE_DEVICE.clear()
+    return used
+
+
 def take_phase_peaks() -> dict[str, int]:
     """The phases' peaks since the last call (emptied)."""
     peaks = dict(PHASE_PEAKS)

@@ -4,7 +4,7 @@ from __future__ import annotations
 import torch
 
 from rlhf_mcore.algorithms.stats import masked_var
-from rlhf_mcore.logs import RUN_PEAK, take_phase_peaks
+from rlhf_mcore.logs import RUN_PEAK, take_device_used, take_phase_peaks
 from rlhf_mcore.trainer.phases import gather_dp
 
 # (label, metric key, format) of the console line, in order; missing metrics print as "-", except the
@@ -90,6 +90,7 @@ def step_metrics(batch: dict, loss_metrics: dict, extra: dict, timings: dict, ct
     metrics["perf/throughput"] = metrics["perf/total_num_tokens"] / max(step_time, 1e-9) / ctx.dims.world_size
     metrics["perf/max_memory_gb"] = peak_memory_gb()
     metrics.update({f"perf/max_memory_gb/{k}": v / 2**30 for k, v in take_phase_peaks().items()})  # CUDA: each phase
+    metrics.update({f"perf/device_used_gb/{k}": v / 2**30 for k, v in take_device_used().items()})  # every process
     return metrics
 
 

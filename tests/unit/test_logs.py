@@ -133,3 +133,31 @@ def test_timer_records_each_phases_peak_and_keeps_the_runs(monkeypatch):
     assert logs.take_phase_peaks() == {} and set(timings) == {"gen", "update_actor"}
     assert peak_memory_gb() == 10.0
     logs.RUN_PEAK[0] = saved
+
+
+def test_an_offload_restarts_the_phases_peak_and_the_device_use_is_noted(monkeypatch):
+    """trainer.offload_during_rollout: the state the rollout entered with counts for the run's peak, not the
+    generation's (`restart_phase_peak`); the device memory in use by every process (an SGLang scheduler's pool)
+    is noted per phase, the largest kept, then taken once."""
+    allocated = {"now": 0, "peak": 0}
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda: None)
+    monkeypatch.setattr(torch.cuda, "max_memory_allocated", lambda: allocated["peak"])
+    monkeypatch.setattr(torch.cuda, "reset_peak_memory_stats", lambda: allocated.update(peak=allocated["now"]))
+    device = {"free": 100 * 2**30}
+    monkeypatch.setattr(torch.cuda, "mem_get_info", lambda: (device["free"], 140 * 2**30))
+    saved, logs.RUN_PEAK[0] = logs.RUN_PEAK[0], 0
+    logs.take_phase_peaks(), logs.take_device_used()
+    allocated.update(now=120 * 2**30, peak=120 * 2**30)  # the training state, before the offload
+    with logs.timer("gen", {}):
+        allocated.update(now=40 * 2**30)  # offloaded
+        logs.restart_phase_peak()
+        allocated.update(now=45 * 2**30, peak=45 * 2**30)  # the generation
+        logs.note_device_used("gen")
+        device["free"] = 90 * 2**30
+        logs.note_device_used("gen")
+        device["free"] = 120 * 2**30
+        logs.note_device_used("gen")
+    assert logs.take_phase_peaks() == {"gen": 45 * 2**30} and logs.RUN_PEAK[0] == 120 * 2**30
+    assert logs.take_device_used() == {"gen": 50 * 2**30} and logs.take_device_used() == {}
+    logs.RUN_PEAK[0] = saved

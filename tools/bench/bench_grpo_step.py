@@ -360,6 +360,8 @@ def summarize(args, cfg, run, steps: list[dict], rollout: dict) -> dict:
     tower = vision_bench.tower_step_flops(full_hf, args.prompts, args.images, args.image_side, passes,
                                           not cfg.model.freeze_vision_tower) if args.images else 0.0
     last = steps[-1]
+    peaks, device_used = trainer_peaks(steps), trainer_peaks(steps, "perf/device_used_gb/")
+    gpu_gib = torch.cuda.mem_get_info()[1] / 2**30 if torch.cuda.is_available() else 0.0  # SGLang's fraction of it
     return {
         "system": f"ours-{args.engine}" + (f"-{args.label}" if args.label else ""), "engine": args.engine,
         "step_s": med["step"], "phases_s": med,
@@ -386,9 +388,10 @@ def summarize(args, cfg, run, steps: list[dict], rollout: dict) -> dict:
                    "fp32_lm_head": cfg.rollout.sglang.fp32_lm_head, "swiglu_fusion": bool(args.swiglu_fusion),
                    "exact_casts": bool(args.exact_casts)},
         "device": torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu",
-        "memory_plan": compare_plan(cfg, hf, trainer_peaks(steps)),  # rlhf_mcore.plan vs perf/max_memory_gb/<phase>
+        "memory_plan": compare_plan(cfg, hf, peaks, gpu_gib * 2**30, device_used),  # rlhf_mcore.plan vs measured
         "label": args.label, "overrides": list(args.set),
-        "plan_input": {"config": to_dict(cfg), "hf": hf, "phase_peaks_gib": trainer_peaks(steps)},  # --repredict
+        "plan_input": {"config": to_dict(cfg), "hf": hf, "phase_peaks_gib": peaks,  # memory_plan_check --repredict
+                       "gpu_memory_gib": gpu_gib, "device_used_gib": device_used},
     }
 
 

@@ -25,13 +25,14 @@ MEASURED = {"rollout": ("gen",), "log_prob": ("old_log_prob", "ref"), "values": 
             "update": ("update_actor",), "critic_update": ("update_critic",)}
 
 
-def trainer_peaks(rows: list[dict]) -> dict[str, float]:
-    """GiB per trainer phase: the largest `perf/max_memory_gb/<phase>` over the steps.
+def trainer_peaks(rows: list[dict], prefix: str = "perf/max_memory_gb/") -> dict[str, float]:
+    """GiB per trainer phase: the largest `<prefix><phase>` over the steps (`perf/device_used_gb/`: the device's
+    memory in use by every process, an SGLang engine's included).
 
     >>> trainer_peaks([{"perf/max_memory_gb/gen": 3.0, "loss": 1.0}, {"perf/max_memory_gb/gen": 4.0}])
     {'gen': 4.0}
     """
-    prefix, out = "perf/max_memory_gb/", {}
+    out = {}
     for row in rows:
         for key, value in row.items():
             if key.startswith(prefix) and value is not None:
@@ -53,9 +54,12 @@ def measured_peaks(peaks: dict[str, float]) -> dict[str, float]:
     return out
 
 
-def compare(cfg, hf: dict, peaks: dict[str, float], gpu_bytes: float = 0.0) -> list[dict]:
+def compare(cfg, hf: dict, peaks: dict[str, float], gpu_bytes: float = 0.0,
+            device_used: dict[str, float] | None = None) -> list[dict]:
     """One record per plan phase: predicted and measured GiB, their ratio and the predicted terms (one rank of
-    the config's TP x PP x EP, DP 1). `peaks`: GiB per trainer phase (`trainer_peaks`)."""
+    the config's TP x PP x EP, DP 1). `peaks`: GiB per trainer phase (`trainer_peaks`). With SGLang the rollout's
+    measure is the device's memory in use during the generation (`device_used["gen"]`): the engine's KV pool lives
+    in its scheduler process, which this process's allocator does not see."""
     from rlhf_mcore.plan.params import Shape
     from rlhf_mcore.plan.phases import phase_terms
     from rlhf_mcore.plan.static import Layout
@@ -64,6 +68,10 @@ def compare(cfg, hf: dict, peaks: dict[str, float], gpu_bytes: float = 0.0) -> l
     terms = phase_terms(cfg, Shape.of(hf), Layout(p.tp, p.pp, p.ep, 1), gpu_bytes, 0,
                         int(hf.get("num_experts_per_tok") or 1))
     measured = measured_peaks(peaks)
+    if cfg.rollout.engine == "sglang":
+        measured.pop("rollout", None)
+        if (device_used or {}).get("gen"):
+            measured["rollout"] = device_used["gen"]
     out = []
     for phase, t in terms.items():
         predicted, got = sum(t.values()) / GIB, measured.get(phase)
@@ -82,7 +90,7 @@ def repredict(result: dict) -> tuple[str, list[dict]]:
                          "issue 42's run)")
     name = result.get("label") or result.get("system", "")
     return name, compare(from_dict(saved["config"]), saved["hf"], saved["phase_peaks_gib"],
-                         saved.get("gpu_memory_gib", 0.0) * GIB)
+                         saved.get("gpu_memory_gib", 0.0) * GIB, saved.get("device_used_gib"))
 
 
 def read_results(path: Path) -> list[dict]:

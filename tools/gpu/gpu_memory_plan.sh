@@ -7,6 +7,8 @@
 # (megatron-core cp312) in the first, nothing in the second:
 #   GROUP=small bash tools/gpu/gpu_memory_plan.sh   # the 0.5B variants, 1.5B, 3B
 #   GROUP=large bash tools/gpu/gpu_memory_plan.sh   # the 2-layer MoE, the two 7B shapes
+#   MCORE=.gpu-speed-w1/mcore SGL1=.gpu-speed-w1 GROUP=sglang1 ...   # carry .gpu-speed-w1 (move its trl/ out: 64 MiB)
+#   SGL2=.gpu-speed-w2 GROUP=sglang2 ...            # carry .gpu-speed-w2: rollout through SGLang, 0.5B and 1.5B
 # (2026-12-04: in one call with 40-85 s timeouts and random weights drawn on the CPU, every shape above 0.5B ran out
 # of its time; the shapes above 0.5B now draw their weights on the GPU, --gpu-init 1.)
 # Each variant writes $RUNS_DIR/<name>/grpo_step_part_*.json (its "memory_plan" records and "plan_input": the
@@ -22,6 +24,10 @@ log() { echo "=== $* ($(date +%T), ${SECONDS}s)"; }
 mkdir -p "$OUT"
 SHAPES=/tmp/plan_shapes
 RUNS_DIR=${RUNS_DIR:-/tmp/memory_plan_runs}  # per-variant results; $OUT gets two files
+if [[ ${GROUP:-} == sglang1 || ${GROUP:-} == sglang2 ]]; then  # SGLang's two-call install (tools/gpu/gpu_env.sh)
+  source tools/gpu/gpu_env.sh
+  sglang_part "part${GROUP#sglang}"  # part1 installs and exits
+fi
 if [[ -z "${DRY:-}" ]]; then
   export PYTHONPATH=/tmp/site:$PWD
   [[ -d /tmp/site/megatron ]] || { mkdir -p /tmp/site && $PY -m pip install -q --no-index --no-deps --no-compile \
@@ -58,10 +64,14 @@ LARGE="moe2l:--hf-path $SHAPES/qwen3-30b-a3b-2l --micro-batch 16 --gpu-init 1"
 LARGE+=";q7b_lora:--hf-path $SHAPES/qwen2.5-7b $SMALL --micro-batch 8 $LORA"
 LARGE+=";q7b_offload:--hf-path $SHAPES/qwen2.5-7b $SMALL --micro-batch 1 --set trainer.offload_during_rollout=true"
 LARGE+=" --set rollout.native.keep_graphs=false"  # plan: 133 GiB at the update; the kept KV cache would add 1.3
+# rollout through SGLang: its rollout is measured as the device memory in use (perf/device_used_gb/gen), which
+# counts the scheduler process's KV pool
+SGLANG="sglang_0.5b:--engine sglang;sglang_1.5b:--engine sglang --hf-path $SHAPES/qwen2.5-1.5b --micro-batch 32 --gpu-init 1"
 # seconds per variant (expected: 0.5B ~25 s, 1.5B ~35 s, 3B ~45 s, 7B ~60-80 s, start-up and warm-up included)
 declare -A TIMEOUTS=([padded]=60 [packed]=60 [kl_two_minis]=60 [ppo_critic]=60 [q1.5b]=120 [q3b]=150 [moe2l]=120
-                     [q7b_lora]=180 [q7b_offload]=220)  # small 510 s, large 520 s, + the wheel's install
-case ${GROUP:-small} in small) PICK=$DEFAULT ;; large) PICK=$LARGE ;; *) echo "GROUP: small or large"; exit 2 ;; esac
+                     [q7b_lora]=180 [q7b_offload]=220 [sglang_0.5b]=200 [sglang_1.5b]=220)  # small 510 s, large 520 s, + the wheel's install
+case ${GROUP:-small} in small) PICK=$DEFAULT ;; large) PICK=$LARGE ;; sglang2) PICK=$SGLANG ;;
+  *) echo "GROUP: small, large, or sglang1 then sglang2"; exit 2 ;; esac
 IFS=';' read -r -a RUNS <<< "${VARIANTS:-$PICK}"
 names=()
 for run in "${RUNS[@]}"; do

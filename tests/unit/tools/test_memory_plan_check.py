@@ -39,3 +39,24 @@ def test_repredict_plans_a_saved_result_against_its_measurements(tmp_path):
     assert rows["update"]["predicted_gib"] * GIB == update
     assert rows["update"]["ratio"] == update / GIB
     assert rows["rollout"]["ratio"] == rows["rollout"]["predicted_gib"] / 0.5
+
+
+def test_sglangs_rollout_is_measured_by_the_devices_memory_in_use(tmp_path):
+    """rollout.engine=sglang: the plan's rollout holds the engine's fraction of the device, and it is set against
+    the device memory in use during the generation (the scheduler process's pool), never this process's
+    allocator peak; a result without that figure has no measured rollout."""
+    cfg = Config(model=ModelConfig(dtype="bf16"), rollout=RolloutConfig(engine="sglang", n=2, max_response_length=16),
+                 actor=ActorConfig(ppo_mini_batch_size=4, micro_batch_size_per_gpu=4),
+                 data=DataConfig(train_batch_size=4, max_prompt_length=8))
+    saved = {"config": to_dict(cfg), "hf": HF, "phase_peaks_gib": {"gen": 0.5, "update_actor": 1.0},
+             "gpu_memory_gib": 100.0}
+    results = [{"label": "with", "plan_input": {**saved, "device_used_gib": {"gen": 60.0}}},
+               {"label": "without", "plan_input": saved}]
+    path = tmp_path / "runs.json"
+    path.write_text(json.dumps(results))
+    assert main(["--repredict", str(path), "--out", str(tmp_path / "table.json")]) == 0
+    rows = {(r["variant"], r["phase"]): r for r in json.loads((tmp_path / "table.json").read_text())}
+    rollout = rows["with", "rollout"]
+    assert rollout["terms_gib"]["sglang"] == 0.5 * 100.0 and rollout["measured_gib"] == 60.0
+    assert rollout["ratio"] == rollout["predicted_gib"] / 60.0
+    assert rows["without", "rollout"]["measured_gib"] is None and rows["without", "update"]["measured_gib"] == 1.0
