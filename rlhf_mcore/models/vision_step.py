@@ -143,18 +143,23 @@ def prompt_ids(mb: dict, packed: bool) -> torch.Tensor:
     return out
 
 
-def vision_inputs(lm, side: VisionSide, mb: dict, packed: bool) -> tuple[torch.Tensor, torch.Tensor]:
-    """(M-RoPE positions [3, b, s], decoder_input [s, b, h]) of a micro-batch (`lm`: the unwrapped GPTModel)."""
+def vision_inputs(lm, side: VisionSide, mb: dict, packed: bool) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """(M-RoPE positions [3, b, s], decoder_input [s, b, h]) of a micro-batch (`lm`: the unwrapped GPTModel). A
+    later pipeline stage (no embedding: its input comes from the previous stage) gets the positions only, which
+    every stage's rotary table needs; the tower runs on the first stage."""
     tokens, layout = mb["tokens"], prompt_ids(mb, packed)
     if bool((layout == side.video_token_id).any()):
         raise ValueError("input_ids: video tokens are not supported yet (Qwen2.5-VL images only). Use images.")
-    embeddings = lm.embedding(input_ids=tokens, position_ids=None)  # [s, b, h]
     grids = micro_batch_grids(mb)
-    if grids is not None:
-        embeddings = merge_image_embeddings(embeddings, layout, shared_image_embeddings(side.tower, mb, side.merge),
-                                            side.image_token_id)
-    elif bool((layout == side.image_token_id).any()):
+    if grids is None and bool((layout == side.image_token_id).any()):
         raise ValueError("input_ids: image tokens without pixel_values. Pass the images with their tokens.")
+    embeddings = None
+    if getattr(lm, "pre_process", True):
+        embeddings = lm.embedding(input_ids=tokens, position_ids=None)  # [s, b, h]
+        if grids is not None:
+            embeddings = merge_image_embeddings(embeddings, layout, shared_image_embeddings(side.tower, mb,
+                                                                                            side.merge),
+                                                side.image_token_id)
     if packed:
         positions = packed_mrope_positions(layout, mb["cu_seqlens"], mb["row_index"].numel(), grids,
                                            side.image_token_id, side.merge)

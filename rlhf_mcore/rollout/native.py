@@ -382,7 +382,8 @@ class NativeRolloutEngine:
         if side is None:
             return None, None
         grids = vision_decode.chunk_grids(images, prompt.device)
-        embedded = vision_decode.prefill_input(self.model, side, prompt, images)  # raises on a missing image
+        embedded = vision_decode.prefill_input(self.model, side, prompt, images) if self.ctx.is_first_stage \
+            else None  # the tower and embeddings on the first stage; every stage takes the positions
         return vision_decode.slot_positions(prompt, valid, grids, side, max_new), embedded
 
     def _forward(self, input_ids: torch.Tensor, mask: Optional[torch.Tensor], kv, positions=None,

@@ -92,7 +92,7 @@ def _vision_forward(model, side, mb: Batch):
     from rlhf_mcore.models.vision_step import packed_without_positions, vision_inputs
 
     packed = is_packed(mb)
-    positions, embeddings = vision_inputs(unwrap_model(model), side, mb, packed)
+    positions, embeddings = vision_inputs(unwrap_model(model), side, mb, packed)  # embeddings: first stage only
     if not packed:
         return model(mb["tokens"], positions, None, decoder_input=embeddings)
     params = packed_without_positions(packed_seq_params(mb, get_attr_wrapped_model(model, "packed_qkv_format")))

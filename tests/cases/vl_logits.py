@@ -1,8 +1,10 @@
-"""torchrun worker of tests/dist/models/test_qwen2_5_vl_layouts.py: a tiny HF Qwen2.5-VL directory loaded straight
-into our model at tensor parallelism --tp (the LM split, the vision tower whole on every rank), fp32 logits of the
-image batch of tests/support/tiny_vl.py against transformers'; then the trainer's old-log-prob pass (the actor,
-DDP-wrapped, through trainer/schedule.py, padded and packed micro-batches) against transformers' log-probs. Prints
-`vl tp=N rank=R logits_max=X` and `vl train tp=N rank=R logp_max=X` per rank; exits 1 past 1e-5."""
+"""torchrun worker of tests/dist/models/test_hf_layouts.py: a tiny HF Qwen2.5-VL directory loaded straight into our
+model at tensor parallelism --tp (the LM split, the vision tower whole on every rank), fp32 logits of the image batch
+of tests/support/tiny_vl.py against transformers'; then the trainer's old-log-prob pass (the actor, DDP-wrapped,
+through trainer/schedule.py, padded and packed micro-batches) against transformers' log-probs, at --tp or at
+pipeline parallelism --pp (the tower on the first stage, M-RoPE positions on every stage; the direct logits check is
+TP only). Prints `vl tp=N rank=R logits_max=X` and `vl train tp=N pp=M rank=R logp_max=X` per rank; exits 1 past
+1e-5."""
 from __future__ import annotations
 
 import argparse
@@ -21,24 +23,28 @@ def main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser()
     parser.add_argument("--hf-dir", required=True)
     parser.add_argument("--tp", type=int, required=True)
+    parser.add_argument("--pp", type=int, default=1)
     args = parser.parse_args(argv)
     init_logger(torchrun_env()[0])
-    ctx = init_distributed(args.tp, 1)
+    ctx = init_distributed(args.tp, args.pp)
     from transformers import AutoModelForImageTextToText
 
-    vlm = build_vision_lm(args.hf_dir, "actor", ModelConfig(dtype="fp32", attention_backend="sdpa"),
-                          ParallelConfig(tp=args.tp, pp=1), ctx)
     hf = AutoModelForImageTextToText.from_pretrained(args.hf_dir, dtype=torch.float32).eval()
     batch = image_batch()
     with torch.no_grad():
         want = hf(**batch).logits
-        hidden = vision_lm_forward(vlm, batch["input_ids"], batch["pixel_values"], batch["image_grid_thw"],
-                                   batch["attention_mask"])
-        got = full_logits(vlm.lm, hidden, ctx.pgs.tp)
-    err = (want - got).abs()[batch["attention_mask"].bool()].max().item()
-    print(f"vl tp={args.tp} rank={ctx.rank} logits_max={err:.3e}", flush=True)
+    err = 0.0
+    if args.pp == 1:
+        vlm = build_vision_lm(args.hf_dir, "actor", ModelConfig(dtype="fp32", attention_backend="sdpa"),
+                              ParallelConfig(tp=args.tp, pp=1), ctx)
+        with torch.no_grad():
+            hidden = vision_lm_forward(vlm, batch["input_ids"], batch["pixel_values"], batch["image_grid_thw"],
+                                       batch["attention_mask"])
+            got = full_logits(vlm.lm, hidden, ctx.pgs.tp)
+        err = (want - got).abs()[batch["attention_mask"].bool()].max().item()
+        print(f"vl tp={args.tp} rank={ctx.rank} logits_max={err:.3e}", flush=True)
     train_err = trainer_logp_error(args.hf_dir, ctx, want, batch)
-    print(f"vl train tp={args.tp} rank={ctx.rank} logp_max={train_err:.3e}", flush=True)
+    print(f"vl train tp={args.tp} pp={args.pp} rank={ctx.rank} logp_max={train_err:.3e}", flush=True)
     destroy_distributed()
     return int(max(err, train_err) > 1e-5)
 

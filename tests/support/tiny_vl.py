@@ -57,7 +57,8 @@ def image_batch(seed: int = 0) -> dict:
 
 
 def vl_actor(vl_dir, mcore_ctx, freeze: bool = True):
-    """(config, TrainState) of the actor of a tiny VL directory at TP1, its tower frozen unless not `freeze`."""
+    """(config, TrainState) of the actor of a tiny VL directory at the context's TP and PP, its tower frozen unless
+    not `freeze`."""
     from rlhf_mcore.config import load_config
     from rlhf_mcore.models.build import build_model
     from rlhf_mcore.models.hf_io import read_hf_config
@@ -66,7 +67,8 @@ def vl_actor(vl_dir, mcore_ctx, freeze: bool = True):
     from rlhf_mcore.trainer.roles import attach_run_tower
 
     cfg = load_config(None, [f"model.hf_path={vl_dir}", "model.attention_backend=sdpa",
-                             f"parallel.tp={mcore_ctx.dims.tp}", f"model.freeze_vision_tower={str(freeze).lower()}",
+                             f"parallel.tp={mcore_ctx.dims.tp}", f"parallel.pp={mcore_ctx.dims.pp}",
+                             f"model.freeze_vision_tower={str(freeze).lower()}",
                              "trainer.export_hf=false"],
                       check=False)
     hf = read_hf_config(vl_dir)

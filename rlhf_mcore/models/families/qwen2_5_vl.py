@@ -63,11 +63,9 @@ def config_fields(hf: dict) -> dict:
 
 
 def layout_errors(parallel) -> list[str]:
-    """pp=1 and no sequence parallelism for now: the image embeddings replace token rows before the decoder, whole
-    along the sequence (`models.vision`)."""
+    """No sequence parallelism for now: the image embeddings replace token rows before the decoder, whole along the
+    sequence (`models.vision`). Pipeline stages: the first runs the tower, every stage the M-RoPE positions."""
     errs = []
-    if parallel.pp > 1:
-        errs.append(f"parallel.pp: Qwen2.5-VL runs at pp=1 only for now (got {parallel.pp}). Set parallel.pp=1.")
     if parallel.sequence_parallel:
         errs.append("parallel.sequence_parallel: not yet with Qwen2.5-VL (got true). Set it to false.")
     return errs
@@ -79,6 +77,9 @@ RUN_LIMITS = (
      "and preprocessor_config.json) (got ''). Set model.hf_path (model.init=random for random weights)."),
     (lambda c: c.rollout.engine != "native", "rollout.engine: Qwen2.5-VL rolls out with the native engine only for "
      "now (got {c.rollout.engine}); SGLang does not get the images yet. Set rollout.engine=native."),
+    (lambda c: c.parallel.pp > 1 and not c.model.freeze_vision_tower, "model.freeze_vision_tower: a trained tower "
+     "runs at parallel.pp=1 only for now (got false at parallel.pp={c.parallel.pp}): its copies on later stages would "
+     "drift. Set model.freeze_vision_tower=true, or parallel.pp=1."),
     (lambda c: c.rollout.mode != "single_turn", "rollout.mode: multi-turn rollouts with images are not supported yet "
      "(got {c.rollout.mode}). Set rollout.mode=single_turn."),
     (lambda c: c.async_training.partial_rollout, "async_training.partial_rollout: not yet with Qwen2.5-VL (got "

@@ -9,7 +9,8 @@
   at TP2 and PP2 (dense, a reward model included) and EP2 and TP2 (Qwen3-MoE, Mixtral).
 - Qwen3-MoE loaded straight at EP2 (four experts per rank, different tokens per rank: the dispatcher exchanges
   them) gives transformers' logits.
-- Qwen2.5-VL loaded straight at TP2 (the vision tower whole on each rank) gives transformers' logits with images.
+- Qwen2.5-VL loaded straight at TP2 (the vision tower whole on each rank) gives transformers' logits with images;
+  the trainer's log-prob pass gives transformers' log-probs at TP2 and PP2.
 
 The module fixture runs every case in two launches of the shared worker (2 ranks, then 4); the tests read what
 the cases printed, and convert back in this process (the converter's CLI is tested in tests/e2e/tools/).
@@ -55,6 +56,7 @@ def converted(tiny_work, hf_load_work, hf_load_moe_work, tmp_path_factory) -> di
         if nproc == 2:
             runs += [("moe_logits", "--hf-dir", works["ep_logits"], "--ep", 2),
                      ("vl_logits", "--hf-dir", works["vl"], "--tp", 2),
+                     ("vl_logits", "--hf-dir", works["vl"], "--tp", 1, "--pp", 2),
                      ("hf_load", "--work", hf_load_work, "--layouts", "1x1,2x1,1x2", "--cases", ",".join(HF_LOAD_CASES)),
                      ("hf_load", "--work", hf_load_moe_work, "--layouts", "1x1,1x1x2,2x1", "--cases",
                       "qwen3_moe,mixtral")]
@@ -169,8 +171,10 @@ def test_qwen2_5_vl_logits_match_transformers_with_images_at_tp2(converted):
     assert sorted(r[0] for r in rows) == ["0", "1"] and all(float(r[1]) <= 1e-5 for r in rows)
 
 
-def test_qwen2_5_vl_trainer_log_probs_match_transformers_with_images_at_tp2(converted):
-    """The old-log-prob pass (tower, image scatter, M-RoPE; padded and packed) at TP2 (tests/cases/vl_logits.py)."""
-    rows = re.findall(r"vl train tp=2 rank=(\d) logp_max=(\d\.\d+e[-+]\d+)", converted["out"][2])
+@pytest.mark.parametrize("layout", ["tp=2 pp=1", "tp=1 pp=2"])
+def test_qwen2_5_vl_trainer_log_probs_match_transformers_with_images_at_tp2_and_pp2(converted, layout):
+    """The old-log-prob pass (tower, image scatter, M-RoPE; padded and packed) at TP2, and at PP2: the tower and the
+    image rows on the first stage, the M-RoPE positions on both (tests/cases/vl_logits.py)."""
+    rows = re.findall(rf"vl train {layout} rank=(\d) logp_max=(\d\.\d+e[-+]\d+)", converted["out"][2])
     print(rows)
     assert sorted(r[0] for r in rows) == ["0", "1"] and all(float(r[1]) <= 1e-5 for r in rows)

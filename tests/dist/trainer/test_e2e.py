@@ -30,6 +30,11 @@ RUNS = {
     "grpo_async_pp2": (2, "tiny_grpo.yaml", ASYNC + ("parallel.pp=2",)),
     "grpo_async_dp2": (2, "tiny_grpo.yaml", ASYNC + GRPO_DP),
     "grpo_async_continuous_dp2": (2, "tiny_grpo.yaml", ASYNC + GRPO_DP + ("rollout.native.static_on_cpu=true",)),
+    # a vision LM (the tiny Qwen2.5-VL on the shapes task): rollout with images and the update, at PP2 (the tower
+    # and image rows on the first stage, M-RoPE positions on both)
+    "vlm": (1, "tiny_vlm_grpo.yaml", STEPS + ("trainer.val_before_train=false", "trainer.test_freq=0")),
+    "vlm_pp2": (2, "tiny_vlm_grpo.yaml", STEPS + ("trainer.val_before_train=false", "trainer.test_freq=0",
+                                                  "parallel.pp=2")),
     "ppo": (1, "tiny_ppo.yaml", STEPS),
     "ppo_packed": (1, "tiny_ppo.yaml", STEPS + PACKED),
     "ppo_rule_only_1step": (1, "tiny_ppo.yaml", ("trainer.total_steps=1",)),
@@ -98,6 +103,14 @@ def test_grpo_two_ranks_tp_and_pp_match_one_rank(runs):
         result = runs[split]
         check_trained(result, 2)
         assert_same_metrics(base, result)
+
+
+def test_a_vision_lm_trains_alike_at_pp2(runs):
+    """The whole GRPO step of a vision LM (images in the rollout's prefill and in every trainer pass) at PP2 gives
+    the 1-rank run's metrics."""
+    check_trained(runs["vlm"], 2)
+    check_trained(runs["vlm_pp2"], 2)
+    assert_same_metrics(runs["vlm"], runs["vlm_pp2"])
 
 
 ASYNC_METRICS = ("async/staleness_mean", "async/staleness_max", "async/off_policy_token_frac",

@@ -126,7 +126,8 @@ def test_validate_refuses_what_is_not_there_yet(vl_dir):
                              "parallel.tp=2", "rollout.engine=sglang", "algorithm.filter_groups.enable=true",
                              "model.freeze_vision_tower=false", "trainer.export_hf=true"], check=False)  # export: fine
     errs = validate(cfg, world_size=4)
-    for start in ("parallel.pp: Qwen2.5-VL runs at pp=1", "parallel.sequence_parallel: not yet with Qwen2.5-VL",
+    for start in ("model.freeze_vision_tower: a trained tower runs at parallel.pp=1 only",
+                  "parallel.sequence_parallel: not yet with Qwen2.5-VL",
                   "rollout.engine: Qwen2.5-VL rolls out with the native engine only",
                   "algorithm.filter_groups.enable: dynamic sampling does not carry images"):
         assert sum(e.startswith(start) for e in errs) == 1, (start, errs)
