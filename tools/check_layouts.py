@@ -13,7 +13,9 @@ layout runs padded and then packed, all compared against the first (padded) one.
 loss forward + backward + step; --steps N takes N steps on that batch, so LoRA's A matrices, whose first
 gradient is zero, are compared too). Per layout it prints loss, grad norm and the max abs difference of
 per-token log-probs / values (before and after the steps) against the first layout, and exits 1 when a
-relative difference passes --tolerance. Overrides such as model.lora_rank=8 apply to every layout.
+relative difference passes --tolerance. Overrides such as model.lora_rank=8 apply to every layout. A vision LM
+(configs/tiny_vlm_grpo.yaml) gets one synthetic image per row (`tools/layout_images.py`): the tower, the image rows
+and the M-RoPE positions are checked at every layout too.
 """
 from __future__ import annotations
 
@@ -34,7 +36,9 @@ from rlhf_mcore.trainer.losses import actor_loss, critic_loss
 from rlhf_mcore.trainer.metrics import reduce_outputs
 from rlhf_mcore.trainer.optim import build_train_state, optimizer_step, zero_grads
 from rlhf_mcore.trainer.phases import gather_dp, micro_batching
+from rlhf_mcore.trainer.roles import attach_run_tower
 from rlhf_mcore.trainer.schedule import forward_collect, run_schedule, split_micro_batches, to_device
+from tools.layout_images import add_images, is_vision_lm, text_vocab
 
 
 def synthetic_batch(num: int, seq: int, vocab: int, seed: int) -> dict:
@@ -63,8 +67,9 @@ def dp_shard(batch: dict, ctx) -> dict:
 def run_role(role, cfg, hf, ctx, batch, section, loss_fn, key, split: dict, steps: int = 1):
     """(global loss, grad norm of the last step, per-token output before the steps, after them) for one role."""
     lora = LoraSettings.from_model_cfg(cfg.model, rank=cfg.critic.lora_rank) if role == "critic" else "model"
-    state = build_train_state(build_model(role, hf, cfg.model, cfg.parallel, ctx, lora=lora), section.optim,
-                              cfg.parallel)  # the trainer's roles: model.lora_* for the actor, critic.lora_rank
+    model = build_model(role, hf, cfg.model, cfg.parallel, ctx, lora=lora)
+    attach_run_tower(model, cfg, hf, ctx)  # a vision LM's tower (the same weights at every layout); text: nothing
+    state = build_train_state(model, section.optim, cfg.parallel)  # model.lora_* for the actor, critic.lora_rank
     model = state.module
     fn = partial(loss_fn, model=model, tp_group=ctx.pgs.tp, actor_cfg=section, temperature=1.0,
                  norm_length=float(batch["tokens"].size(1))) if role == "actor" else \
@@ -130,7 +135,9 @@ def check_layout(cfg, layout: tuple[int, int, int, bool], seed: int, num: int, s
                                                                 sequence_parallel=sp))
     reset_model_parallel()
     ctx = init_distributed(tp, pp, seed=seed, ep=ep)
-    batch = to_device(dp_shard(synthetic_batch(num, seq, hf["vocab_size"], seed), ctx), ctx.device)
+    batch = synthetic_batch(num, seq, text_vocab(hf), seed)
+    batch = add_images(batch, hf, seed) if is_vision_lm(hf) else batch  # a vision LM: an image opens each row
+    batch = to_device(dp_shard(batch, ctx), ctx.device)
     result = {"layout": f"tp{tp} pp{pp}{f' ep{ep}' if ep > 1 else ''} dp{ctx.dims.dp}{' sp' if sp else ''}"
                         f"{' packed' if packed else ''}"}
     cfg = dataclasses.replace(cfg, data=dataclasses.replace(cfg.data, use_sequence_packing=packed))

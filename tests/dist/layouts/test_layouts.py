@@ -11,6 +11,7 @@ take: one line each, exit 2, before any model is built.
   index so every layout builds the same model) at EP2, EP4, TP2xEP2 (sequence parallel) and PP2xEP2.
 - LoRA (rank 8 actor, rank 4 critic, on every linear): TP2, PP2 and TP2xPP2 after three steps, so A (whose first
   gradient is zero while B is zero) is compared too; with packing; on the MoE model at EP2 and TP2.
+- A vision LM (the tiny Qwen2.5-VL preset, an image in every row) at DP2, TP2 and PP2, padded and packed.
 - Full MoE fine-tuning at TP2 + SP after three steps. At EP 1 megatron 0.16.1 marks expert weights
   `allreduce=True`, so DDP reduced their gradients over the data-parallel group only; each TP rank trained its
   copy of the experts on its own sequence shard and the actor's log-probs were 0.38 off after three steps (0.72 at
@@ -43,6 +44,7 @@ RUNS = {
                                                    "actor.loss_agg_mode=seq-mean-token-mean", "actor.policy_loss=gspo",
                                                    "actor.entropy_coeff=0.01")),
     "packed_auto": (2, "tiny_grpo.yaml", "1x1,1x2", ("--packing", "both")),
+    "vlm": (2, "tiny_vlm_grpo.yaml", "1x1,2x1,1x2", ("--packing", "both")),
     "lora_packed": (2, "tiny_grpo.yaml", "1x1,2x1", ("--packing", "both", "--steps", "2", "--sequence-parallel",
                                                      "--max-tokens", "45", *LORA)),
     "lora_moe": (2, MOE, "1x1,1x1x2,2x1", ("--steps", "3", *LORA, "critic.optim.lr=1e-2")),
@@ -122,6 +124,17 @@ def test_packed_auto_budget_two_ranks(runs):
     out = Out(runs["packed_auto"])
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
     assert "tp1 pp1 dp2 packed" in out.stdout and "tp1 pp2 dp1 packed" in out.stdout and "PASS" in out.stdout
+
+
+def test_a_vision_lm_agrees_at_dp2_tp2_and_pp2_padded_and_packed(runs):
+    """The tiny Qwen2.5-VL with an image opening every row (tools/layout_images.py): the tower, the image rows
+    and the M-RoPE positions at DP2, TP2 and PP2 (the tower on the first stage), padded and packed."""
+    out = Out(runs["vlm"])
+    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+    rows = parse_table(out.stdout)
+    assert [" ".join(r[:3]) for r in rows] == ["tp1 pp1 dp2"] * 2 + ["tp2 pp1 dp1"] * 2 + ["tp1 pp2 dp1"] * 2
+    assert [r[3] == "packed" for r in rows] == [False, True] * 3
+    assert "PASS" in out.stdout
 
 
 def test_ep_layouts_agree_with_1x1(runs):
