@@ -37,7 +37,9 @@ def test_a_hang_blocks_no_other_call():
         results = ex.run([HANG] + [SLEEP] * 6)
         wall = time.monotonic() - start
     assert results[0].error == "timeout" and results[0].timed_out and 3.0 <= results[0].seconds < 4.0
-    assert all(r.error is None and r.seconds < 2.5 for r in results[1:])  # none waited for the hung call
+    # none waited for the hung call: each finished inside its own limit (a sandbox's start can take a second or
+    # more on a loaded 2-core machine), and the batch ended when the hung call's timeout fired
+    assert all(r.error is None and r.seconds < 3.0 for r in results[1:]), [(r.error, r.seconds) for r in results]
     assert wall < 3.0 + 1.5
 
 
