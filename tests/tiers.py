@@ -8,6 +8,7 @@ table and the 15 slowest tests, and exits non-zero if a tier failed.
 """
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -19,6 +20,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 TIERS = ("unit", "dist", "e2e")
 SLOWEST = 15
+TIMES_FILE = ROOT / ".pytest_cache" / "tier_times.json"
 
 
 def pytest_cmd(tier: str, junit: Path, extra: list[str]) -> list[str]:
@@ -62,6 +64,10 @@ def run_tiers(tiers: list[str], extra: list[str]) -> int:
     print(f"\n== the {SLOWEST} slowest tests (setup + call + teardown)")
     for seconds, name in sorted(times, reverse=True)[:SLOWEST]:
         print(f"{seconds:7.1f} s  {name}")
+    TIMES_FILE.parent.mkdir(exist_ok=True)  # every test's seconds, for trimming the suite (git-ignored)
+    TIMES_FILE.write_text(json.dumps({"tiers": {t: w for t, w, _, _ in rows},
+                                      "tests": [[round(s, 2), n] for s, n in sorted(times, reverse=True)]}, indent=0))
+    print(f"(every test's time: {TIMES_FILE.relative_to(ROOT)})")
     return 1 if failed else 0
 
 
