@@ -1,7 +1,8 @@
 """Every patch megatron-core 0.16.1 needs to run on a machine without CUDA, in one place.
 
-Applied by `apply_cpu_patches()` only when `torch.cuda.is_available()` is False; on a GPU this module
-changes nothing. Each patch names the call sites it serves.
+Applied by `apply_cpu_patches()` only when `torch.cuda.is_available()` is False (P8, `without_jit_fuser`, at
+megatron's import, from `rlhf_mcore.__init__`); on a GPU this module changes nothing. Each patch names the call
+sites it serves.
 `tests/unit/test_cpu_compat.py` fails loudly if a megatron-core upgrade moves a call site out from under a patch.
 """
 from __future__ import annotations
@@ -101,6 +102,16 @@ def _cuda_named_type(original):
         return _CUDA_TYPE_NAMES[self.dtype]
 
     return tensor_type
+
+
+def without_jit_fuser(jit_module) -> None:
+    """P8, at import (`rlhf_mcore.__init__` runs it right after megatron.core.jit executes): megatron sets
+    `jit_fuser = torch.compile`, and megatron.core.fusions.* (bias_geglu, bias_swiglu, bias_dropout_add, ...)
+    decorate their kernels with it as they are imported; each decoration loads torch._dynamo and inductor, about a
+    second of every process's start. Without CUDA none of those kernels runs (`models.transformer_config` turns the
+    fusions off), so the decorator becomes megatron's own `noop_decorator` (`disable_jit_fuser`)."""
+    if not torch.cuda.is_available():
+        jit_module.disable_jit_fuser()
 
 
 def apply_cpu_patches() -> bool:

@@ -76,3 +76,18 @@ def test_cuda_rng_state_sites_still_exist_and_full_recompute_runs(mcore_ctx):
     (loss_a, grads_a), (loss_b, grads_b) = results
     assert len(grads_a) == len(grads_b) > 0 and torch.equal(loss_a, loss_b)
     assert all(torch.allclose(a, b, atol=1e-6) for a, b in zip(grads_a, grads_b))
+
+
+def test_megatron_imports_without_compiling_its_fusions_on_cpu():
+    """P8: with rlhf_mcore imported first, megatron's fusion modules are decorated by its noop_decorator on a
+    machine without CUDA, so a process's start loads neither torch._dynamo nor inductor (about a second each);
+    the kernels are the plain functions (none runs on a CPU: the fusions are off there)."""
+    import subprocess
+    import sys
+
+    if torch.cuda.is_available():
+        pytest.skip("CPU behaviour")
+    probe = ("import sys, rlhf_mcore, megatron.core.fusions.fused_bias_swiglu as f, megatron.core.jit as j; "
+             "print(j.jit_fuser is j.noop_decorator, 'torch._dynamo' in sys.modules, type(f.swiglu).__name__)")
+    out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True).stdout.split()
+    assert out == ["True", "False", "function"], out
