@@ -58,10 +58,7 @@ def timer(name: str, timings: dict):
     """Adds the wall seconds of the block to timings[name] (synchronising CUDA so GPU work is counted); on CUDA
     also the block's peak allocated memory to PHASE_PEAKS[name] (phases do not nest)."""
     cuda = torch.cuda.is_available()
-    if cuda:
-        torch.cuda.synchronize()
-        RUN_PEAK[0] = max(RUN_PEAK[0], torch.cuda.max_memory_allocated())
-        torch.cuda.reset_peak_memory_stats()
+    restart_phase_peak()
     start = time.perf_counter()
     try:
         with torch.profiler.record_function(f"phase/{name}"):  # trainer.profile_steps sums per phase
@@ -80,8 +77,9 @@ RUN_PEAK = [0]  # the run's peak bytes: reset_peak_memory_stats per phase would 
 
 
 def restart_phase_peak() -> None:
-    """Count the running phase's peak from here (CUDA): after trainer.offload_during_rollout has moved the training
-    state out, the rollout's peak is the generation's, not the state it entered with (the run's peak keeps it)."""
+    """Count the running phase's peak from here (CUDA; the run's peak keeps what came before): as each phase starts
+    (`timer`), and after trainer.offload_during_rollout has moved the training state out, so that the rollout's peak
+    is the generation's, not the state it entered with."""
     if torch.cuda.is_available():
         torch.cuda.synchronize()
         RUN_PEAK[0] = max(RUN_PEAK[0], torch.cuda.max_memory_allocated())

@@ -123,13 +123,13 @@ def expert_stack_bytes(shape: Shape, ep: int, dtype: str) -> int:
 
 
 def forward_layer_bytes(shape: Shape, tokens: int, tp: int, dtype: str, experts_per_token: int = 1,
-                        lora_fc1: bool = False) -> int:
+                        lora_fc1: bool = False, ep: int = 1) -> int:
     """A forward-only pass's live tensors in its largest layer step (no autograd: each layer's tensors are freed
     when it returns): the layer's input (held by the block), the residual and the pre-MLP norm's output (3 h),
     and the MLP's peak (`forward_mlp_elements`); or, in the attention, the input, the norm's output and
     the projection's output (3 h), the fused q/k/v, the query's reshaped copy and rotation, the rotated key and
-    the attention output ((4 heads + 3 groups) x head_dim), if larger. (An MoE layer's stacked expert weights:
-    `expert_stack_bytes`.)
+    the attention output ((4 heads + 3 groups) x head_dim), if larger; an MoE layer's stacked expert weights on
+    top (`expert_stack_bytes`, `ep` ranks sharing the experts).
 
     >>> forward_layer_bytes(Shape(layers=1, hidden=8, ffn=16, heads=2, groups=1, head_dim=4, vocab=10), 10, 1, "bf16")
     1440
@@ -137,7 +137,7 @@ def forward_layer_bytes(shape: Shape, tokens: int, tp: int, dtype: str, experts_
     heads, groups = shape.heads // tp, max(shape.groups // tp, 1)
     mlp = 3 * shape.hidden + forward_mlp_elements(shape, tp, experts_per_token, lora_fc1)
     attention = 3 * shape.hidden + (4 * heads + 3 * groups) * shape.head_dim
-    return max(mlp, attention) * tokens * WEIGHT_BYTES[dtype]
+    return max(mlp, attention) * tokens * WEIGHT_BYTES[dtype] + expert_stack_bytes(shape, ep, dtype)
 
 
 def logprob_bytes(shape: Shape, tokens: int, tp: int, divisible_by: int = 128) -> int:

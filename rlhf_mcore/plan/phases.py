@@ -21,7 +21,6 @@ import dataclasses
 from rlhf_mcore.plan.dynamic import (
     Batch,
     activation_bytes,
-    expert_stack_bytes,
     forward_layer_bytes,
     head_activation_bytes,
     logprob_backward_bytes,
@@ -71,8 +70,8 @@ def phase_terms(cfg, shape: Shape, layout: Layout, gpu_bytes: float = 0.0, pp_ra
     resident = {"weights": weights, "grads+optimizer": training, **({"tower": tower} if tower else {})}
     cache = resident_cache_bytes(cfg, shape, batch.rows, batch.length, batch.prompt, tp, pp, dtype)
     resident.update({"rollout_cache": cache} if cache else {})
-    forward = forward_layer_bytes(shape, batch.forward_tokens, tp, dtype, experts_per_token, lora_on_fc1(cfg)) + \
-        expert_stack_bytes(shape, layout.ep, dtype)
+    forward = forward_layer_bytes(shape, batch.forward_tokens, tp, dtype, experts_per_token, lora_on_fc1(cfg),
+                                  layout.ep)
     phases = {
         "rollout": rollout,
         "log_prob": {**resident, "activations": forward,

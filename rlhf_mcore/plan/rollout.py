@@ -92,31 +92,31 @@ def uses_static_decoder(cfg, shape: Shape, tp: int, pp: int) -> bool:
 
 def lora_on_fc1(cfg) -> bool:
     """LoRA adapts the MLP's gate or up projection (megatron's linear_fc1), whose hook peaks a forward's MLP."""
+    return "linear_fc1" in adapted_linears(cfg)
+
+
+def adapted_linears(cfg) -> set[str]:
+    """Megatron's linears (linear_qkv, linear_proj, linear_fc1, linear_fc2) with any projection LoRA adapts."""
     if not cfg.model.lora_rank:
-        return False
+        return set()
     from rlhf_mcore.models.lora import SUBS, LoraSettings
 
-    return bool(set(LoraSettings.from_model_cfg(cfg.model).target_modules) & set(SUBS["linear_fc1"]))
+    targets = set(LoraSettings.from_model_cfg(cfg.model).target_modules)
+    return {linear for linear, subs in SUBS.items() if targets & set(subs)}
 
 
 def merged_lora_bytes(cfg, shape: Shape, dtype: str) -> int:
     """The static decoder's merged copies of the adapted linears' weights (LoRA; `rollout.merged_weights`)."""
-    if not cfg.model.lora_rank:
-        return 0
-    from rlhf_mcore.models.lora import SUBS, LoraSettings
-
-    targets = set(LoraSettings.from_model_cfg(cfg.model).target_modules)
     qkv = (shape.heads + 2 * shape.groups) * shape.head_dim * shape.hidden
     sizes = {"linear_qkv": qkv, "linear_proj": shape.heads * shape.head_dim * shape.hidden,
              "linear_fc1": 2 * shape.ffn * shape.hidden, "linear_fc2": shape.ffn * shape.hidden}
-    sizes = {k: v for k, v in sizes.items() if targets & set(SUBS[k])}  # a linear with any adapted projection
-    return shape.layers * sum(sizes.values()) * WEIGHT_BYTES[dtype]
+    return shape.layers * sum(sizes[k] for k in adapted_linears(cfg)) * WEIGHT_BYTES[dtype]
 
 
 def rollout_terms(cfg, shape: Shape, rows: int, length: int, prompt: int, tp: int, pp: int, dtype: str,
                   divisible_by: int = 128, experts_per_token: int = 1, ep: int = 1) -> dict[str, int]:
     """The native engine's own terms during the rollout (weights and training state apart)."""
-    from rlhf_mcore.plan.dynamic import expert_stack_bytes, forward_layer_bytes
+    from rlhf_mcore.plan.dynamic import forward_layer_bytes
 
     max_new = length - prompt
     logits = decode_logits_bytes(shape, rows, tp, divisible_by)
@@ -127,8 +127,7 @@ def rollout_terms(cfg, shape: Shape, rows: int, length: int, prompt: int, tp: in
         prefill = prefill_layer_bytes(shape, rows * prompt, dtype, lora_fc1)
     else:
         terms = {"kv_cache": kv_cache_bytes(shape, rows, length, tp, pp, dtype)}
-        prefill = forward_layer_bytes(shape, rows * prompt, tp, dtype, experts_per_token, lora_fc1) + \
-            expert_stack_bytes(shape, ep, dtype)
+        prefill = forward_layer_bytes(shape, rows * prompt, tp, dtype, experts_per_token, lora_fc1, ep)
     terms.update({"prefill": prefill} if prefill >= logits else {"decode_logits": logits})
     return {k: v for k, v in terms.items() if v}
 
