@@ -1,8 +1,8 @@
 """rlhf-mcore: RL post-training (PPO, GRPO and variants) of LLMs on megatron-core, as one SPMD program."""
-import importlib.abc
-import importlib.machinery
 import sys
 import warnings
+
+from rlhf_mcore.import_hooks import AfterImport
 
 # megatron-core warns once per module when TE/apex are absent; we log the path that runs instead
 # (rlhf_mcore.models.build logs the layer spec, rlhf_mcore.cpu_compat the CPU patches).
@@ -16,25 +16,12 @@ warnings.filterwarnings("ignore", message=".*`load_state_dict` is deprecated.*")
 __version__ = "0.1.0"
 
 
-class _AfterMegatronJit(importlib.abc.MetaPathFinder):
+def _without_jit_fuser(module) -> None:
     """Runs `cpu_compat.without_jit_fuser` on megatron.core.jit as soon as it has executed, before any fusion module
     decorates a kernel with its `jit_fuser` (a process that imports megatron before rlhf_mcore is left as it is)."""
+    from rlhf_mcore.cpu_compat import without_jit_fuser
 
-    def find_spec(self, name, path, target=None):
-        if name != "megatron.core.jit":
-            return None
-        spec = importlib.machinery.PathFinder.find_spec(name, path)
-        if spec is None or not hasattr(spec.loader, "exec_module"):
-            return spec
-        run = spec.loader.exec_module
-
-        def exec_module(module):
-            run(module)
-            from rlhf_mcore.cpu_compat import without_jit_fuser
-
-            without_jit_fuser(module)
-        spec.loader.exec_module = exec_module
-        return spec
+    without_jit_fuser(module)
 
 
-sys.meta_path.insert(0, _AfterMegatronJit())
+sys.meta_path.insert(0, AfterImport("megatron.core.jit", _without_jit_fuser))

@@ -448,16 +448,22 @@ def print_table(systems: list[dict]) -> None:
 
 
 def combine(directory: str, out: str, name: str = "grpo_step_qwen2.5-0.5b.json") -> None:
+    """Every grpo_step_part_*.json of `directory` in one table, with each system's speed-up over TRL's and verl's
+    step where their parts are there (tools/bench/bench_trl_grpo.py, tools/bench/bench_verl_grpo.py)."""
     parts = [json.loads(p.read_text()) for p in sorted(Path(directory).glob("grpo_step_part_*.json"))]
-    trl = next((p for p in parts if p["system"].startswith("trl")), None)
-    for p in parts:
-        p["speedup_vs_trl"] = trl["step_s"] / p["step_s"] if trl else None
+    baselines = {b: next((p for p in parts if p["system"].startswith(b)), None) for b in ("trl", "verl")}
+    for b, base in baselines.items():
+        for p in parts:
+            p[f"speedup_vs_{b}"] = base["step_s"] / p["step_s"] if base else None
     print_table(parts)
-    if trl:
-        print("speed-up vs TRL: " + ", ".join(f"{p['system']} {p['speedup_vs_trl']:.2f}x" for p in parts))
+    for b, base in baselines.items():
+        if base:
+            print(f"speed-up vs {b}: " + ", ".join(f"{p['system']} {p[f'speedup_vs_{b}']:.2f}x" for p in parts))
     if out:
         path = Path(out) / name
-        path.write_text(json.dumps({"systems": parts, "baseline": trl and trl["system"]}, indent=2))
+        path.write_text(json.dumps({"systems": parts, "baseline": baselines["trl"] and baselines["trl"]["system"],
+                                    "baselines": {b: base and base["system"] for b, base in baselines.items()}},
+                                   indent=2))
         print(f"wrote {path}")
 
 

@@ -1,74 +1,78 @@
 #!/usr/bin/env bash
-# Issue 41: verl 0.9.1 itself (FSDP actor, SGLang 0.5.17 rollout) on one warm H200, then ours on the same job, back to
-# back. Six calls on the same machine, each within the box's idle window (a call carries at most 64 MiB; the wheel
-# sets: tools/gpu/fetch_gpu_wheels.sh, and verl's as tools/gpu/verl_research.md section 2 lists, Ray without its
-# Java jars):
-#   bash tools/gpu/gpu_verl.sh A   # carry .gpu-speed-w1: SGLang part 1, megatron-core, datasets/dill/multiprocess
-#   bash tools/gpu/gpu_verl.sh B   # carry .gpu-speed-w2 and .gpu-verl-w/small: SGLang part 2, verl and its small deps
-#   bash tools/gpu/gpu_verl.sh C   # carry .gpu-verl-w/ray: Ray 2.60 (stripped), then a Ray smoke test
-#   bash tools/gpu/gpu_verl.sh D   # carry gguf/smollm2.gguf.part1
-#   bash tools/gpu/gpu_verl.sh E   # carry gguf/smollm2.gguf.part2: SmolLM2 + GSM8K; verl for STEPS steps
-#   bash tools/gpu/gpu_verl.sh F   # ours on the same job for STEPS steps: ENGINES (native sglang)
-# The job: SmolLM2-135M-Instruct on GSM8K, 64 prompts x 8, 256-token prompts and responses, lr 1e-5, 4 mini-batches,
-# k3 KL loss 0.001, no format credit (verl's gsm8k reward), tools/gpu/verl_matched_cmd.sh for verl. verl runs padded
-# sdpa (no flash-attn wheel: its remove-padding would mix packed sequences under sdpa); ours packs.
-# Per system: $OUT/<system>.log and <system>_steps.json (seconds per step and per phase, tokens, memory).
+# Issue 41: verl 0.9.1 itself (FSDP actor, SGLang 0.5.17 rollout, colocated) and ours on the same H200, back to back:
+# the GRPO step at bench_grpo_step.py's shape, and the real SmolLM2-135M-Instruct / GSM8K job for MINUTES each from
+# launch, then one greedy evaluator (tools/bench/eval_gsm8k_hf.py) on all 1319 test prompts. Six calls on one warm
+# machine (a call carries at most 64 MiB; the wheel sets: tools/gpu/fetch_gpu_wheels.sh, and verl's as
+# tools/gpu/verl_research.md section 2 lists, Ray without its Java jars):
+#   bash tools/gpu/gpu_verl.sh A   # carry .gpu-speed-w1 (trl/ moved out): SGLang part 1, megatron-core
+#   bash tools/gpu/gpu_verl.sh B   # carry .gpu-speed-w2, .gpu-verl-w/small: SGLang part 2, verl and its small deps;
+#                                  # the step job's random Qwen2.5-0.5B and prompts
+#   bash tools/gpu/gpu_verl.sh C   # carry .gpu-verl-w/ray: Ray 2.60 (stripped); verl's step job (STEPS, 1 warm-up)
+#   bash tools/gpu/gpu_verl.sh D   # carry gguf/smollm2.gguf.part1: ours at the step shape (ENGINES: native sglang)
+#   bash tools/gpu/gpu_verl.sh E   # carry gguf/smollm2.gguf.part2: SmolLM2 + GSM8K; verl's real job; its export
+#                                  # evaluated
+#   bash tools/gpu/gpu_verl.sh F   # ours on the real job (the preset unchanged); the start model and ours evaluated
+# Results in $OUT: verl_<job>.log/_steps.json/.json, grpo_step_part_*.json, ours_gsm8k.log/_metrics.jsonl,
+# eval_verl.json, eval_ours.json (+ _samples.jsonl). tools/bench/bench_grpo_step.py --combine puts the step parts
+# in one table. CPU dry run of what runs without verl: python -m tools.bench.bench_verl_grpo --dry-run
 set -uo pipefail
 PART=${1:?A|B|C|D|E|F}
 PY=${PY:-python3}
-STEPS=${STEPS:-12}
+STEPS=${STEPS:-4}
+MINUTES=${MINUTES:-5}
 W=/tmp/verl_w
-export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1 NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1
-export RAY_USAGE_STATS_ENABLED=0 RAY_memory_monitor_refresh_ms=0 TOKENIZERS_PARALLELISM=false
+export PYTHONUNBUFFERED=1 NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 TOKENIZERS_PARALLELISM=false
+export RAY_USAGE_STATS_ENABLED=0 RAY_memory_monitor_refresh_ms=0 PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True
 source tools/gpu/gpu_env.sh
 source tools/gpu/smol.sh
 mkdir -p "$OUT"
+log() { echo "=== $* ($(date +%T), ${SECONDS}s)"; }
+evaluate() {  # OUT_NAME NAME=DIR...: the greedy evaluator on every test prompt
+  local name=$1
+  shift
+  log "evaluate $*"
+  $PY -m tools.bench.eval_gsm8k_hf --data $W/gsm8k/test.parquet "${@/#/--model=}" --out $OUT/$name.json 2>&1 \
+    | grep -v "Loading weights\|prompts$" | tail -6
+}
 case $PART in
-A) mkdir -p /tmp/site && install .gpu-speed-w1/*.whl .gpu-speed-w1/mcore/*.whl .gpu-speed-w1/trl/*.whl || exit 3 ;;
+A) mkdir -p /tmp/site && install .gpu-speed-w1/*.whl .gpu-speed-w1/mcore/*.whl || exit 3
+   nvidia-smi -L ;;
 B) [[ -d /tmp/site/sglang ]] || { echo COLD_MACHINE; exit 9; }
    install .gpu-speed-w2/*.whl .gpu-verl-w/small/*.whl || exit 3
-   $PY -c "import sglang, verl, hydra, tensordict; print('sglang', sglang.__version__, 'verl', verl.__version__)" ;;
+   $PY -c "import sglang, verl, hydra, tensordict, transformers as t; print('sglang', sglang.__version__, 'verl', \
+verl.__version__, 'transformers', t.__version__)" 2>&1 | tail -1
+   $PY -m tools.bench.bench_verl_grpo prepare --dir $W/step 2>&1 | tail -2; ls $W/step/hf ;;
 C) [[ -d /tmp/site/verl ]] || { echo COLD_MACHINE; exit 9; }
    install .gpu-verl-w/ray/*.whl || exit 3
-   timeout 120 $PY -c "
-import ray
-ray.init(include_dashboard=False, num_gpus=1)
-@ray.remote(num_gpus=1)
-def probe():
-    import torch
-    return torch.cuda.get_device_name(0)
-print('ray', ray.__version__, 'task on', ray.get(probe.remote()), 'node', ray.util.get_node_ip_address())
-ray.shutdown()" 2>&1 | tail -3 ;;
-D) cp gguf/smollm2.gguf.part1 /tmp/ && ls -la /tmp/smollm2.gguf.part1 ;;
+   df -h /dev/shm /tmp | tail -2
+   log "verl: the step job, $STEPS steps"
+   $PY -m tools.bench.bench_verl_grpo run --job step --dir $W/step --steps $STEPS --workdir $W/verl_step \
+       --timeout ${VERL_TIMEOUT:-500} --out $OUT 2>&1 | tail -25 ;;
+D) cp gguf/smollm2.gguf.part1 /tmp/ || exit 4
+   for engine in ${ENGINES:-native sglang}; do
+     log "ours ($engine): the step job"
+     timeout -k 10 ${OURS_TIMEOUT:-240} $PY -m tools.bench.bench_grpo_step --engine $engine --standalone 0 \
+         --out $OUT > $OUT/ours_step_$engine.log 2>&1
+     echo "rc $?"; grep -v "Warning\|warn(" $OUT/ours_step_$engine.log | tail -4 | cut -c1-250
+   done
+   $PY -m tools.bench.bench_grpo_step --combine $OUT --out $OUT 2>&1 | tail -6 ;;
 E) [[ -d /tmp/site/ray ]] || { echo COLD_MACHINE; exit 9; }
    smol_prepare $W /tmp/smollm2.gguf
-   nvidia-smi --query-gpu=utilization.gpu,memory.used --format=csv,noheader,nounits -l 1 > $OUT/verl_gpu.csv &
-   SMI=$!
-   DATA=$W/gsm8k MODEL=$W/hf timeout -k 10 ${VERL_TIMEOUT:-540} bash tools/gpu/verl_matched_cmd.sh \
-       trainer.total_training_steps=$STEPS > $OUT/verl.log 2>&1
-   echo "verl rc $?"; kill $SMI 2>/dev/null
-   $PY - $OUT/verl.log $OUT/verl_steps.json <<'PYEOF'
-import json, re, sys
-steps = []
-for line in open(sys.argv[1], errors="replace"):
-    if "step:" not in line or "timing_s/step" not in line:
-        continue
-    pairs = dict(re.findall(r"([\w/@.\-]+):([-+0-9.eE]+|nan)", line))
-    steps.append({k: float(v) for k, v in pairs.items()})
-json.dump(steps, open(sys.argv[2], "w"))
-print(f"verl: {len(steps)} steps", *(f"{s.get('timing_s/step', 0):.2f}" for s in steps))
-PYEOF
-   grep -i "error\|Traceback" $OUT/verl.log | head -5 ;;
-F) [[ -d $W/hf ]] || { echo COLD_MACHINE; exit 9; }
-   for engine in ${ENGINES:-native sglang}; do
-     timeout -k 10 ${OURS_TIMEOUT:-270} $PY -m rlhf_mcore.train --config configs/gsm8k_grpo_smollm2.yaml \
-         model.hf_path=$W/hf model.load= data.train_files=$W/gsm8k/train.parquet data.val_files= \
-         trainer.total_steps=$STEPS trainer.test_freq=0 trainer.save_freq=0 trainer.export_hf=false \
-         trainer.resume=disable trainer.output_dir=/tmp/ours_$engine "trainer.logger=[console,jsonl]" \
-         reward.format_score=0 reward.post_answer_penalty=0 rollout.engine=$engine > $OUT/ours_$engine.log 2>&1
-     echo "ours ($engine) rc $?"
-     cp /tmp/ours_$engine/metrics.jsonl $OUT/ours_${engine}_steps.jsonl 2>/dev/null
-     grep "step [0-9]*/" $OUT/ours_$engine.log | tail -2 | cut -c1-300
-   done ;;
+   log "verl: the real job for $MINUTES minutes from launch"
+   $PY -m tools.bench.bench_verl_grpo run --job gsm8k --model $W/hf --data $W/gsm8k --minutes $MINUTES \
+       --workdir $W/verl_gsm8k --timeout ${VERL_TIMEOUT:-420} --out $OUT 2>&1 | tail -8
+   export_dir=$($PY -c "import json; print(json.load(open('$OUT/verl_gsm8k.json')).get('hf_export') or '')")
+   [[ -n $export_dir ]] && evaluate eval_verl verl=$export_dir ;;
+F) [[ -d $W/mcore ]] || { echo COLD_MACHINE; exit 9; }
+   log "ours: the real job for $MINUTES minutes from launch"
+   timeout -k 10 ${OURS_TIMEOUT:-420} $PY -m rlhf_mcore.train --config configs/gsm8k_grpo_smollm2.yaml \
+       model.hf_path=$W/hf model.load=$W/mcore data.train_files=$W/gsm8k/train.parquet data.val_files= \
+       trainer.time_limit_min=$MINUTES trainer.total_steps=100000 trainer.test_freq=0 trainer.save_freq=-1 \
+       trainer.export_hf=true trainer.resume=disable trainer.output_dir=$W/ours "trainer.logger=[console,jsonl]" \
+       2>&1 | grep -v "Warning\|warn(" > $OUT/ours_gsm8k.log
+   grep "step [0-9]*/" $OUT/ours_gsm8k.log | tail -2 | cut -c1-250; grep -i "Traceback\|Error" $OUT/ours_gsm8k.log | head -3
+   cp $W/ours/metrics.jsonl $OUT/ours_gsm8k_metrics.jsonl 2>/dev/null
+   export_dir=$($PY -c "import json; print(json.load(open('$W/ours/summary.json'))['hf_export'] or '')" 2>/dev/null)
+   evaluate eval_ours start=$W/hf ${export_dir:+ours=$export_dir} ;;
 *) echo "part A..F (got $PART)"; exit 2 ;;
 esac

@@ -1,0 +1,91 @@
+"""What verl itself loads when tools/bench/bench_verl_grpo.py runs it (issue 41): the reward functions named by
+`reward.custom_reward_function.{path,name}` and a Ray worker setup hook that ends training at a wall-clock deadline.
+
+- `random_score`: a reward in [0, 1) drawn from the response text (the step job: GRPO needs spread in a group,
+  not meaning; ours draws its random rewards the same way, tools/bench/bench_grpo_step.py `RandomScores`).
+- `preset_score`: our GSM8K preset's reward (configs/gsm8k_grpo_smollm2.yaml: strict `#### N`, 0.1 for a
+  well-formed wrong answer, -0.1 for text after the first answer line), so verl trains on the same signal.
+- `install_deadline`: `ray_kwargs.ray_init.runtime_env.worker_process_setup_hook`. Once `time.time()` passes
+  $BENCH_VERL_DEADLINE, the step that just ended makes the next one verl's last (it then saves its checkpoint, as a
+  run that reached `trainer.total_training_steps` does). Our trainer's `trainer.time_limit_min` does the same.
+"""
+from __future__ import annotations
+
+import hashlib
+import os
+import time
+
+PRESET_FORMAT_SCORE = 0.1
+PRESET_POST_ANSWER_PENALTY = 0.1
+DEADLINE_ENV = "BENCH_VERL_DEADLINE"
+
+
+def random_score(data_source, solution_str, ground_truth, extra_info=None, **kwargs) -> float:
+    """A stable pseudo-random reward in [0, 1) from the text (a hash: no global RNG state in verl's workers).
+
+    >>> random_score("random", "t5 t9", "0") == random_score("random", "t5 t9", "0")
+    True
+    >>> 0.0 <= random_score("random", "t1", "0") < 1.0
+    True
+    """
+    digest = hashlib.blake2b(str(solution_str).encode(), digest_size=8).digest()
+    return int.from_bytes(digest, "little") / 2**64
+
+
+def preset_score(data_source, solution_str, ground_truth, extra_info=None, **kwargs) -> float:
+    """Our preset's GSM8K reward for one response: the strict score with format credit, plus the post-answer
+    penalty (rlhf_mcore.rewards, as the trainer combines them).
+
+    >>> preset_score("openai/gsm8k", "6 * 12 = 72\\n#### 72", "72")
+    1.0
+    >>> preset_score("openai/gsm8k", "#### 71", "72")
+    0.1
+    >>> round(preset_score("openai/gsm8k", "#### 72\\nand then more", "72"), 6)
+    0.9
+    """
+    from rlhf_mcore.rewards.gsm8k import compute_gsm8k_score
+    from rlhf_mcore.rewards.penalties import post_answer_penalty
+
+    score = compute_gsm8k_score(data_source, solution_str, ground_truth, format_score=PRESET_FORMAT_SCORE)["score"]
+    return score + post_answer_penalty(solution_str, "gsm8k", PRESET_POST_ANSWER_PENALTY)
+
+
+def end_at_deadline(trainer, now: float, deadline: float) -> bool:
+    """After a step: past the deadline, make the next step the last one (verl's loop reads
+    `total_training_steps` at the top of each step). Returns whether it did.
+
+    >>> import types
+    >>> t = types.SimpleNamespace(global_steps=7, total_training_steps=1000)
+    >>> end_at_deadline(t, now=10.0, deadline=20.0), t.total_training_steps
+    (False, 1000)
+    >>> end_at_deadline(t, now=30.0, deadline=20.0), t.total_training_steps
+    (True, 8)
+    """
+    if now < deadline:
+        return False
+    trainer.total_training_steps = min(trainer.total_training_steps, trainer.global_steps + 1)
+    return True
+
+
+def install_deadline() -> None:
+    """Ray worker setup hook: once verl's trainer module is imported in this worker (the TaskRunner imports it
+    inside its `run`, after this hook), wrap its per-step `_compute_metrics` with `end_at_deadline`. A no-op
+    without $BENCH_VERL_DEADLINE."""
+    deadline = os.environ.get(DEADLINE_ENV)
+    if deadline:
+        from rlhf_mcore.import_hooks import after_import
+
+        after_import("verl.trainer.ppo.v1.trainer_base", lambda module: wrap_trainer(module, float(deadline)))
+
+
+def wrap_trainer(trainer_base, deadline: float) -> None:
+    inner = trainer_base.PPOTrainer._compute_metrics
+
+    def wrapped(self, batch, metrics, timing_raw, global_steps, epoch):
+        out = inner(self, batch, metrics, timing_raw, global_steps, epoch)
+        if end_at_deadline(self, time.time(), deadline):
+            print(f"bench_verl_grpo: deadline passed after step {global_steps}; step "
+                  f"{self.total_training_steps} is the last", flush=True)
+        return out
+
+    trainer_base.PPOTrainer._compute_metrics = wrapped
