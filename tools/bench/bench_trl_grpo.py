@@ -7,7 +7,8 @@ Random Qwen2.5-0.5B-shaped `Qwen2ForCausalLM` (transformers, bf16, SDPA), HF `ge
 beta=0 (no reference model), 64 prompts x 8 generations x 256 new tokens (min_new_tokens=256: no early
 EOS), 128-token prompts, one optimizer step per generation batch (per-device batch x accumulation = 512,
 steps_per_generation = accumulation, one iteration: TRL then skips its old-log-prob pass, as we do).
-The tokenizer is a word-level one over "t0".."t{V-1}", so a prompt of 128 words is 128 tokens.
+The tokenizer is a word-level one over "t3".."t{V-1}" (`word_tokenizer`), so a prompt of 128 words is 128
+tokens.
 Step time = wall time between optimizer steps (a callback, CUDA synchronised); generation time wraps
 TRL's `_generate_single_turn`. Writes OUT/grpo_step_part_trl.json.
 """
@@ -37,15 +38,22 @@ def parse_args(argv=None):
 
 
 def word_tokenizer(vocab: int):
+    """A word a token: "t3".."t{V-1}" are ids 3..V-1, split on spaces; "<pad>" 0, "<eos>" 1 and a newline 2 (verl's
+    agent loop checks that a Qwen tokenizer encodes one as one token). Prompts draw ids from 10, so 128 words are
+    128 tokens. (Before 2026-12-04 pad and EOS were the words "t0" and "t1": special tokens match inside words, so
+    "t17" was "t1" + "7" and a 128-word prompt was about 177 tokens.) The chat template is the bare text."""
     from tokenizers import Tokenizer
     from tokenizers.models import WordLevel
-    from tokenizers.pre_tokenizers import WhitespaceSplit
+    from tokenizers.pre_tokenizers import Split
     from transformers import PreTrainedTokenizerFast
 
-    tok = Tokenizer(WordLevel({f"t{i}": i for i in range(vocab)}, unk_token="t0"))
-    tok.pre_tokenizer = WhitespaceSplit()
-    return PreTrainedTokenizerFast(tokenizer_object=tok, pad_token="t0", eos_token="t1", unk_token="t0",
+    words = {"<pad>": 0, "<eos>": 1, "\n": 2, **{f"t{i}": i for i in range(3, vocab)}}
+    tok = Tokenizer(WordLevel(words, unk_token="<pad>"))
+    tok.pre_tokenizer = Split(" ", behavior="removed")
+    fast = PreTrainedTokenizerFast(tokenizer_object=tok, pad_token="<pad>", eos_token="<eos>", unk_token="<pad>",
                                    padding_side="left")
+    fast.chat_template = "{% for m in messages %}{{ m['content'] }}{% endfor %}"
+    return fast
 
 
 def qwen_model(tiny: bool, dtype):

@@ -7,12 +7,12 @@
 
 Jobs (a registry of verl overrides, `JOBS`):
 - `step`: the shape of tools/bench/bench_grpo_step.py. Random Qwen2.5-0.5B-shaped weights (transformers, saved as
-  an HF dir), a word-level tokenizer over "t0".."t{V-1}" whose chat template is the bare text, so a prompt of 128
-  random words is 128 tokens (tools/bench/bench_trl_grpo.py does the same for TRL). 64 prompts x 8, 256 new
+  an HF dir), TRL's word-level tokenizer (tools/bench/bench_trl_grpo.py `word_tokenizer`) whose chat template is the
+  bare text, so a prompt of 128 random words is 128 tokens. 64 prompts x 8, 256 new
   tokens, one optimizer step a step, no KL, random rewards (tools/bench/verl_hooks.py `random_score`).
-- `gsm8k`: our preset configs/gsm8k_grpo_smollm2.yaml in verl's keys, with our reward (`preset_score`) and a
-  wall-clock budget (`verl_hooks.install_deadline`); verl saves an HF export at the end for the evaluator
-  (tools/bench/eval_gsm8k_hf.py).
+- `gsm8k`: our preset configs/gsm8k_grpo_smollm2.yaml in verl's keys, with our reward (`preset_score`) and
+  `--minutes` of training from the first step (`verl_hooks.install_deadline`; the start-up before it is reported
+  apart: `startup_s`); verl saves an HF export at the end for the evaluator (tools/bench/eval_gsm8k_hf.py).
 
 verl runs its FSDP backend with SGLang rollout, colocated (`rollout.mode=async`, the hybrid engine's sleep and wake),
 tuned as its performance docs advise: token-budget micro-batches (`use_dynamic_bsz`, 65536 tokens), no parameter or
@@ -38,6 +38,7 @@ import time
 from pathlib import Path
 
 from rlhf_mcore.models.flops import forward_flops_per_token
+from tools.bench.verl_hooks import MINUTES_ENV
 
 PEAK_TFLOPS = 790.0  # the H200's measured bf16 dense rate, as bench_grpo_step.py
 HOOKS = Path(__file__).with_name("verl_hooks.py")
@@ -49,9 +50,10 @@ PHASES = {"gen": "gen", "reward": "reward", "old_log_prob": "old_log_prob", "ref
           "update_actor": "update_actor", "update_weights": "sync_weights", "step": "step"}
 
 
-def common_overrides(model: str, workdir: str, gpus: int = 1) -> list[str]:
-    """What every job shares: GRPO, FSDP + SGLang colocated on one node, sdpa without remove-padding."""
-    return [
+def common_overrides(model: str, workdir: str, tokenizer: str = "", gpus: int = 1) -> list[str]:
+    """What every job shares: GRPO, FSDP + SGLang colocated on one node, sdpa without remove-padding. `tokenizer`:
+    a tokenizer dir apart from the model's (verl's `model.tokenizer_path`)."""
+    return [*([f"actor_rollout_ref.model.tokenizer_path={tokenizer}"] if tokenizer else []),
         "algorithm.adv_estimator=grpo", "algorithm.use_kl_in_reward=False",
         f"actor_rollout_ref.model.path={model}",
         "+actor_rollout_ref.model.override_config.attn_implementation=sdpa",
@@ -68,12 +70,33 @@ def common_overrides(model: str, workdir: str, gpus: int = 1) -> list[str]:
         "actor_rollout_ref.rollout.gpu_memory_utilization=0.5", "actor_rollout_ref.rollout.temperature=1.0",
         "actor_rollout_ref.rollout.skip_tokenizer_init=True",
         "+actor_rollout_ref.rollout.engine_kwargs.sglang.attention_backend=flashinfer",
+        # SGLang 0.5.17 compiles piecewise prefill graphs at start (over 3 minutes here); a start-up cost only
+        "+actor_rollout_ref.rollout.engine_kwargs.sglang.disable_prefill_cuda_graph=True",
         "data.return_raw_chat=True", "data.filter_overlong_prompts=True", "data.truncation=error",
         "trainer.critic_warmup=0", "trainer.logger=console", f"trainer.n_gpus_per_node={gpus}", "trainer.nnodes=1",
         "trainer.val_before_train=False", "trainer.test_freq=-1", "trainer.resume_mode=disable",
         "trainer.total_epochs=1000", "trainer.project_name=bench", f"trainer.default_local_dir={workdir}/ckpt",
         f"hydra.run.dir={workdir}/hydra",
     ]
+
+
+def decode_graph_sizes(rows: int) -> list[int]:
+    """SGLang decode CUDA-graph batch sizes up to the rollout batch (as our SGLang engine sets its max): powers of
+    two and their midpoints. SGLang's default list stops short of 512 rows, which then decode eagerly.
+
+    >>> decode_graph_sizes(512)
+    [1, 2, 4, 8, 16, 24, 32, 48, 64, 96, 128, 192, 256, 384, 512]
+    """
+    sizes, p = [1, 2, 4, 8], 16
+    while p < rows:
+        sizes += [p, p + p // 2]
+        p *= 2
+    return sorted({s for s in sizes if s < rows} | {rows})
+
+
+def sglang_graphs(rows: int) -> str:
+    return "+actor_rollout_ref.rollout.engine_kwargs.sglang.cuda_graph_bs_decode=[" + \
+        ",".join(map(str, decode_graph_sizes(rows))) + "]"
 
 
 def step_overrides(data: str, steps: int, shape: dict) -> list[str]:
@@ -83,7 +106,7 @@ def step_overrides(data: str, steps: int, shape: dict) -> list[str]:
         f"data.train_batch_size={shape['prompts']}", f"data.max_prompt_length={shape['prompt_len']}",
         f"data.max_response_length={shape['new_tokens']}", f"actor_rollout_ref.rollout.n={shape['n']}",
         f"actor_rollout_ref.actor.ppo_mini_batch_size={shape['prompts']}", "actor_rollout_ref.actor.optim.lr=1e-6",
-        "actor_rollout_ref.actor.use_kl_loss=False",
+        "actor_rollout_ref.actor.use_kl_loss=False", sglang_graphs(shape["prompts"] * shape["n"]),
         f"reward.custom_reward_function.path={HOOKS}", "reward.custom_reward_function.name=random_score",
         "trainer.save_freq=-1", f"trainer.total_training_steps={steps}",
     ]
@@ -98,7 +121,7 @@ def gsm8k_overrides(data: str, steps: int, shape: dict) -> list[str]:
         "actor_rollout_ref.rollout.n=8", "actor_rollout_ref.actor.optim.lr=1e-5",
         "actor_rollout_ref.actor.ppo_mini_batch_size=16",
         "actor_rollout_ref.actor.use_kl_loss=True", "actor_rollout_ref.actor.kl_loss_coef=0.001",
-        "actor_rollout_ref.actor.kl_loss_type=low_var_kl",
+        "actor_rollout_ref.actor.kl_loss_type=low_var_kl", sglang_graphs(64 * 8),
         f"reward.custom_reward_function.path={HOOKS}", "reward.custom_reward_function.name=preset_score",
         "+ray_kwargs.ray_init.runtime_env.worker_process_setup_hook=tools.bench.verl_hooks.install_deadline",
         "trainer.save_freq=100000", "actor_rollout_ref.actor.checkpoint.save_contents=[hf_model]",
@@ -110,8 +133,8 @@ JOBS = {"step": step_overrides, "gsm8k": gsm8k_overrides}
 
 
 def verl_command(job: str, model: str, data: str, workdir: str, steps: int, shape: dict | None = None,
-                 python: str = sys.executable) -> list[str]:
-    return [python, "-m", "verl.trainer.main_ppo", *common_overrides(model, workdir),
+                 tokenizer: str = "", python: str = sys.executable) -> list[str]:
+    return [python, "-m", "verl.trainer.main_ppo", *common_overrides(model, workdir, tokenizer),
             *JOBS[job](data, steps, shape or STEP_SHAPE)]
 
 
@@ -164,7 +187,8 @@ def summarize_step(steps: list[dict], hf: dict, shape: dict, warmup: int = 1) ->
 
 
 def prepare_step(directory: str, tiny: bool, shape: dict, steps: int = 8) -> None:
-    """The step job's HF dir (random Qwen2.5-0.5B shape, word tokenizer, bare chat template) and its parquet."""
+    """The step job's DIR/hf (random Qwen2.5-0.5B shape), DIR/tokenizer (words, bare chat template) and
+    DIR/data/train.parquet."""
     import torch
 
     from rlhf_mcore.data import make_row, write_prompt_parquet
@@ -173,9 +197,8 @@ def prepare_step(directory: str, tiny: bool, shape: dict, steps: int = 8) -> Non
     out = Path(directory)
     model, vocab = qwen_model(tiny, torch.float32 if tiny else torch.bfloat16)
     model.save_pretrained(out / "hf")
-    tok = word_tokenizer(vocab)
-    tok.chat_template = "{% for m in messages %}{{ m['content'] }}{% endfor %}"
-    tok.save_pretrained(out / "hf")
+    # a dir of its own: next to a Qwen2 config.json, AutoTokenizer (transformers 5) rebuilds it as Qwen2's BPE
+    word_tokenizer(vocab).save_pretrained(out / "tokenizer")
     g = torch.Generator().manual_seed(0)
     ids = torch.randint(10, vocab, (shape["prompts"] * steps, shape["prompt_len"]), generator=g).tolist()
     rows = (make_row("random", " ".join(f"t{i}" for i in row), "random", "0", {"index": k})
@@ -183,20 +206,27 @@ def prepare_step(directory: str, tiny: bool, shape: dict, steps: int = 8) -> Non
     write_prompt_parquet(rows, out / "data" / "train.parquet")
 
 
-def run_verl(cmd: list[str], log_path: Path, timeout_s: float, env: dict) -> int:
-    """verl's main_ppo with its output in `log_path` (echoed step lines); the exit code (124: timed out)."""
+READY = "ready to fit"  # verl's TaskRunner, once Ray, the FSDP engines and SGLang are up
+
+
+def run_verl(cmd: list[str], log_path: Path, timeout_s: float, env: dict) -> tuple[int, float | None]:
+    """verl's main_ppo with its output in `log_path` (step lines echoed); the exit code (124: timed out) and the
+    seconds from launch to READY (None if never)."""
+    ready = None
     with open(log_path, "w") as log:
         proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env,
                                 start_new_session=True)
         start = time.monotonic()
         for line in proc.stdout:
             log.write(line)
-            if STEP_LINE.search(line) or "Traceback" in line or "Error" in line[:200]:
+            if ready is None and READY in line:
+                ready = time.monotonic() - start
+            if STEP_LINE.search(line) or READY in line or "Traceback" in line or "Error" in line[:200]:
                 print(f"[{time.monotonic() - start:6.0f}s] {line.rstrip()[:240]}", flush=True)
             if time.monotonic() - start > timeout_s:
                 os.killpg(proc.pid, 9)
-                return 124
-        return proc.wait()
+                return 124, ready
+        return proc.wait(), ready
 
 
 def run(args) -> None:
@@ -206,19 +236,20 @@ def run(args) -> None:
     data = args.data or f"{args.dir}/data"
     workdir = args.workdir or tempfile.mkdtemp(prefix=f"verl_{args.job}_")
     steps = args.steps if args.job == "step" else 100000
-    cmd = verl_command(args.job, model, data, workdir, steps)
+    tokenizer = args.tokenizer or (f"{args.dir}/tokenizer" if args.job == "step" else "")
+    cmd = verl_command(args.job, model, data, workdir, steps, tokenizer=tokenizer)
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(REPO), os.environ.get(
         "PYTHONPATH", "")])), RAY_USAGE_STATS_ENABLED="0", RAY_memory_monitor_refresh_ms="0")
     if args.minutes:
-        env["BENCH_VERL_DEADLINE"] = str(time.time() + 60 * args.minutes)
+        env[MINUTES_ENV] = str(args.minutes)
     (out / f"verl_{args.job}_cmd.txt").write_text(" \\\n  ".join(cmd) + "\n")
     start = time.time()
-    rc = run_verl(cmd, out / f"verl_{args.job}.log", args.timeout, env)
+    rc, startup = run_verl(cmd, out / f"verl_{args.job}.log", args.timeout, env)
     wall = time.time() - start
     steps_seen = parse_console(open(out / f"verl_{args.job}.log", errors="replace"))
     (out / f"verl_{args.job}_steps.json").write_text(json.dumps(steps_seen, indent=1))
     print(f"verl {args.job}: rc {rc}, {len(steps_seen)} steps in {wall:.0f} s")
-    result = {"system": f"verl-{verl_version()}", "engine": "sglang", "rc": rc, "wall_s": wall,
+    result = {"system": f"verl-{verl_version()}", "engine": "sglang", "rc": rc, "wall_s": wall, "startup_s": startup,
               "steps": len(steps_seen), "versions": versions()}
     if args.job == "step" and steps_seen:
         hf = json.loads(Path(model, "config.json").read_text())
@@ -257,7 +288,8 @@ def dry_run() -> None:
     work = Path(tempfile.mkdtemp(prefix="verl_dry_"))
     prepare_step(str(work), tiny=True, shape=TINY_SHAPE, steps=2)
     for job in JOBS:
-        print(" ".join(verl_command(job, str(work / "hf"), str(work / "data"), str(work), 2, TINY_SHAPE)))
+        print(" ".join(verl_command(job, str(work / "hf"), str(work / "data"), str(work), 2, TINY_SHAPE,
+                                    tokenizer=str(work / "tokenizer"))))
     line = ("step:2 - timing_s/gen:1.5 - timing_s/old_log_prob:0.25 - timing_s/update_actor:0.75 - "
             "timing_s/update_weights:0.1 - timing_s/step:2.75 - response_length/mean:8.0 - prompt_length/mean:12.0")
     hf = json.loads((work / "hf" / "config.json").read_text())
@@ -272,9 +304,11 @@ def parse_args(argv=None):
     p.add_argument("--dir", default="/tmp/verl_step", help="prepare's output (the step job's hf/ and data/)")
     p.add_argument("--model", default="", help="HF model dir (default: DIR/hf)")
     p.add_argument("--data", default="", help="dir of train.parquet / test.parquet (default: DIR/data)")
+    p.add_argument("--tokenizer", default="", help="tokenizer dir (default: DIR/tokenizer for the step job, "
+                   "else the model's)")
     p.add_argument("--workdir", default="", help="verl's checkpoints and Hydra output (default: a temp dir)")
     p.add_argument("--steps", type=int, default=4, help="step job: verl steps (the first warms up)")
-    p.add_argument("--minutes", type=float, default=0.0, help="gsm8k job: wall-clock budget from launch")
+    p.add_argument("--minutes", type=float, default=0.0, help="gsm8k job: minutes of training from the first step")
     p.add_argument("--timeout", type=float, default=540.0, help="kill verl after this many seconds")
     p.add_argument("--out", default="results")
     return p.parse_args(argv)

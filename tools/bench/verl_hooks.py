@@ -5,9 +5,11 @@
   not meaning; ours draws its random rewards the same way, tools/bench/bench_grpo_step.py `RandomScores`).
 - `preset_score`: our GSM8K preset's reward (configs/gsm8k_grpo_smollm2.yaml: strict `#### N`, 0.1 for a
   well-formed wrong answer, -0.1 for text after the first answer line), so verl trains on the same signal.
-- `install_deadline`: `ray_kwargs.ray_init.runtime_env.worker_process_setup_hook`. Once `time.time()` passes
-  $BENCH_VERL_DEADLINE, the step that just ended makes the next one verl's last (it then saves its checkpoint, as a
-  run that reached `trainer.total_training_steps` does). Our trainer's `trainer.time_limit_min` does the same.
+- `install_deadline`: `ray_kwargs.ray_init.runtime_env.worker_process_setup_hook`. Once $BENCH_VERL_TRAIN_MINUTES
+  have passed since the first step began (verl's start-up, 4.5-7 minutes on one H200, is reported apart), the
+  step that just ended makes the next one verl's last (it then saves its checkpoint, as a run that reached
+  `trainer.total_training_steps` does). Our trainer's `trainer.time_limit_min` does the same, from before its
+  model build.
 """
 from __future__ import annotations
 
@@ -17,7 +19,7 @@ import time
 
 PRESET_FORMAT_SCORE = 0.1
 PRESET_POST_ANSWER_PENALTY = 0.1
-DEADLINE_ENV = "BENCH_VERL_DEADLINE"
+MINUTES_ENV = "BENCH_VERL_TRAIN_MINUTES"
 
 
 def random_score(data_source, solution_str, ground_truth, extra_info=None, **kwargs) -> float:
@@ -70,21 +72,25 @@ def end_at_deadline(trainer, now: float, deadline: float) -> bool:
 def install_deadline() -> None:
     """Ray worker setup hook: once verl's trainer module is imported in this worker (the TaskRunner imports it
     inside its `run`, after this hook), wrap its per-step `_compute_metrics` with `end_at_deadline`. A no-op
-    without $BENCH_VERL_DEADLINE."""
-    deadline = os.environ.get(DEADLINE_ENV)
-    if deadline:
+    without $BENCH_VERL_TRAIN_MINUTES."""
+    minutes = os.environ.get(MINUTES_ENV)
+    if minutes:
         from rlhf_mcore.import_hooks import after_import
 
-        after_import("verl.trainer.ppo.v1.trainer_base", lambda module: wrap_trainer(module, float(deadline)))
+        after_import("verl.trainer.ppo.v1.trainer_base", lambda module: wrap_trainer(module, float(minutes)))
 
 
-def wrap_trainer(trainer_base, deadline: float) -> None:
+def wrap_trainer(trainer_base, minutes: float, clock=time.time) -> None:
+    """The deadline is `minutes` after the first step began (that step's end less its `timing_s/step`)."""
     inner = trainer_base.PPOTrainer._compute_metrics
 
     def wrapped(self, batch, metrics, timing_raw, global_steps, epoch):
         out = inner(self, batch, metrics, timing_raw, global_steps, epoch)
-        if end_at_deadline(self, time.time(), deadline):
-            print(f"bench_verl_grpo: deadline passed after step {global_steps}; step "
+        now = clock()
+        if not hasattr(self, "_bench_train_start"):
+            self._bench_train_start = now - timing_raw.get("step", 0.0)
+        if end_at_deadline(self, now, self._bench_train_start + 60 * minutes):
+            print(f"bench_verl_grpo: {minutes} training minutes passed after step {global_steps}; step "
                   f"{self.total_training_steps} is the last", flush=True)
         return out
 

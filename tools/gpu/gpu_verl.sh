@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Issue 41: verl 0.9.1 itself (FSDP actor, SGLang 0.5.17 rollout, colocated) and ours on the same H200, back to back:
 # the GRPO step at bench_grpo_step.py's shape, and the real SmolLM2-135M-Instruct / GSM8K job for MINUTES each from
-# launch, then one greedy evaluator (tools/bench/eval_gsm8k_hf.py) on all 1319 test prompts. Six calls on one warm
+# their first step (start-up reported apart), then one greedy evaluator (tools/bench/eval_gsm8k_hf.py) on all 1319 test prompts. Six calls on one warm
 # machine (a call carries at most 64 MiB; the wheel sets: tools/gpu/fetch_gpu_wheels.sh, and verl's as
 # tools/gpu/verl_research.md section 2 lists, Ray without its Java jars):
 #   bash tools/gpu/gpu_verl.sh A   # carry .gpu-speed-w1 (trl/ moved out): SGLang part 1, megatron-core
@@ -22,7 +22,7 @@ STEPS=${STEPS:-4}
 MINUTES=${MINUTES:-5}
 W=/tmp/verl_w
 export PYTHONUNBUFFERED=1 NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 TOKENIZERS_PARALLELISM=false
-export RAY_USAGE_STATS_ENABLED=0 RAY_memory_monitor_refresh_ms=0 PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True
+export RAY_USAGE_STATS_ENABLED=0 RAY_memory_monitor_refresh_ms=0
 source tools/gpu/gpu_env.sh
 source tools/gpu/smol.sh
 mkdir -p "$OUT"
@@ -43,12 +43,12 @@ B) [[ -d /tmp/site/sglang ]] || { echo COLD_MACHINE; exit 9; }
 verl.__version__, 'transformers', t.__version__)" 2>&1 | tail -1
    $PY -m tools.bench.bench_verl_grpo prepare --dir $W/step 2>&1 | tail -2; ls $W/step/hf ;;
 C) [[ -d /tmp/site/verl ]] || { echo COLD_MACHINE; exit 9; }
-   install .gpu-verl-w/ray/*.whl || exit 3
+   [[ -d /tmp/site/ray ]] || install .gpu-verl-w/ray/*.whl || exit 3
    df -h /dev/shm /tmp | tail -2
    log "verl: the step job, $STEPS steps"
    $PY -m tools.bench.bench_verl_grpo run --job step --dir $W/step --steps $STEPS --workdir $W/verl_step \
        --timeout ${VERL_TIMEOUT:-500} --out $OUT 2>&1 | tail -25 ;;
-D) cp gguf/smollm2.gguf.part1 /tmp/ || exit 4
+D) [[ ! -f gguf/smollm2.gguf.part1 ]] || cp gguf/smollm2.gguf.part1 /tmp/ || exit 4
    for engine in ${ENGINES:-native sglang}; do
      log "ours ($engine): the step job"
      timeout -k 10 ${OURS_TIMEOUT:-240} $PY -m tools.bench.bench_grpo_step --engine $engine --standalone 0 \
@@ -58,7 +58,7 @@ D) cp gguf/smollm2.gguf.part1 /tmp/ || exit 4
    $PY -m tools.bench.bench_grpo_step --combine $OUT --out $OUT 2>&1 | tail -6 ;;
 E) [[ -d /tmp/site/ray ]] || { echo COLD_MACHINE; exit 9; }
    smol_prepare $W /tmp/smollm2.gguf
-   log "verl: the real job for $MINUTES minutes from launch"
+   log "verl: the real job, $MINUTES minutes of training"
    $PY -m tools.bench.bench_verl_grpo run --job gsm8k --model $W/hf --data $W/gsm8k --minutes $MINUTES \
        --workdir $W/verl_gsm8k --timeout ${VERL_TIMEOUT:-420} --out $OUT 2>&1 | tail -8
    export_dir=$($PY -c "import json; print(json.load(open('$OUT/verl_gsm8k.json')).get('hf_export') or '')")

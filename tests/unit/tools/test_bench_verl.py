@@ -1,0 +1,170 @@
+"""tools/bench/bench_verl_grpo.py, verl_hooks.py and eval_gsm8k_hf.py without verl (issue 41's CPU dry run): the
+commands match our benchmark shape and preset, verl's console lines parse, the MFU is our formula by hand, the
+deadline ends verl's loop, verl's reward is ours, and the evaluator scores by the strict rule."""
+import doctest
+import importlib
+import json
+import sys
+import types
+
+import pytest
+import yaml
+
+from rlhf_mcore.import_hooks import after_import
+from rlhf_mcore.models.flops import forward_flops_per_token
+from tools.bench import bench_verl_grpo as bench
+from tools.bench import eval_gsm8k_hf, verl_hooks
+from tools.bench.bench_trl_grpo import word_tokenizer
+
+
+def overrides(cmd: list[str]) -> dict:
+    return dict(arg.lstrip("+").split("=", 1) for arg in cmd[3:])
+
+
+def test_hooks_doctests():
+    assert doctest.testmod(verl_hooks).failed == 0
+    assert doctest.testmod(eval_gsm8k_hf).failed == 0
+
+
+def test_step_job_is_bench_grpo_steps_shape():
+    keys = overrides(bench.verl_command("step", "/m", "/d", "/w", 4, tokenizer="/t"))
+    shape = bench.STEP_SHAPE
+    assert keys["data.train_batch_size"] == str(shape["prompts"]) == "64"
+    assert keys["actor_rollout_ref.rollout.n"] == "8"
+    assert keys["data.max_prompt_length"] == "128" and keys["data.max_response_length"] == "256"
+    # one optimizer step a step, as bench_grpo_step's default: the mini-batch is every prompt
+    assert keys["actor_rollout_ref.actor.ppo_mini_batch_size"] == keys["data.train_batch_size"]
+    assert keys["actor_rollout_ref.actor.use_kl_loss"] == "False"
+    assert keys["reward.custom_reward_function.name"] == "random_score"
+    assert keys["actor_rollout_ref.model.tokenizer_path"] == "/t"
+    assert keys["trainer.total_training_steps"] == "4"
+    # no flash-attn wheel: sdpa, and no remove-padding (it would mix packed sequences under sdpa)
+    assert keys["actor_rollout_ref.model.override_config.attn_implementation"] == "sdpa"
+    assert keys["actor_rollout_ref.model.use_remove_padding"] == "False"
+
+
+def test_gsm8k_job_is_our_preset_in_verls_keys():
+    preset = yaml.safe_load(open("configs/gsm8k_grpo_smollm2.yaml"))
+    keys = overrides(bench.verl_command("gsm8k", "/m", "/d", "/w", 100000))
+    assert int(keys["data.train_batch_size"]) == preset["data"]["train_batch_size"]
+    assert int(keys["data.max_prompt_length"]) == preset["data"]["max_prompt_length"]
+    assert int(keys["data.max_response_length"]) == preset["rollout"]["max_response_length"]
+    assert int(keys["actor_rollout_ref.rollout.n"]) == preset["rollout"]["n"]
+    assert float(keys["actor_rollout_ref.rollout.temperature"]) == preset["rollout"]["temperature"]
+    actor = preset["actor"]
+    assert float(keys["actor_rollout_ref.actor.optim.lr"]) == actor["optim"]["lr"]
+    assert int(keys["actor_rollout_ref.actor.ppo_mini_batch_size"]) == actor["ppo_mini_batch_size"]
+    assert int(keys["actor_rollout_ref.actor.ppo_max_token_len_per_gpu"]) == actor["max_tokens_per_gpu"]
+    assert float(keys["actor_rollout_ref.actor.kl_loss_coef"]) == actor["kl_loss_coef"]
+    assert actor["kl_loss_type"] == "k3" and keys["actor_rollout_ref.actor.kl_loss_type"] == "low_var_kl"
+    assert keys["actor_rollout_ref.actor.loss_agg_mode"] == actor["loss_agg_mode"]
+    assert verl_hooks.PRESET_FORMAT_SCORE == preset["reward"]["format_score"]
+    assert verl_hooks.PRESET_POST_ANSWER_PENALTY == preset["reward"]["post_answer_penalty"]
+    assert keys["reward.custom_reward_function.name"] == "preset_score"
+    assert keys["ray_kwargs.ray_init.runtime_env.worker_process_setup_hook"] == \
+        "tools.bench.verl_hooks.install_deadline"
+    assert "hf_model" in keys["actor_rollout_ref.actor.checkpoint.save_contents"]
+
+
+def test_preset_score_is_what_our_trainer_scores():
+    from rlhf_mcore.rewards.gsm8k import compute_gsm8k_score
+    from rlhf_mcore.rewards.penalties import apply_penalties, post_answer_penalties
+
+    texts = ["so 72\n#### 72", "#### 71", "no answer", "#### 72\nmore text", "#### 7,2\n"]
+    want = apply_penalties([compute_gsm8k_score("openai/gsm8k", t, "72", format_score=0.1)["score"] for t in texts],
+                           post_answer_penalties(texts, "gsm8k", 0.1))
+    assert [verl_hooks.preset_score("openai/gsm8k", t, "72") for t in texts] == pytest.approx(want)
+    assert want == pytest.approx([1.0, 0.1, 0.0, 0.9, 1.0])
+
+
+def test_console_lines_parse_numpy_reprs_and_ray_prefixes():
+    lines = ["(TaskRunnerV1 pid=7) step:3 - timing_s/gen:np.float64(1.25) - perf/mfu/actor:0.31 - "
+             "response_length/mean:255.5 - critic/score/mean:-0.1 - actor/lr:1e-05 - x:nan",
+             "unrelated: 5 - y:2", "step:4 - timing_s/step:2.5"]
+    steps = bench.parse_console(lines)
+    assert [s["step"] for s in steps] == [3, 4]
+    assert steps[0]["timing_s/gen"] == 1.25 and steps[0]["critic/score/mean"] == -0.1
+    assert steps[0]["actor/lr"] == 1e-05 and steps[0]["response_length/mean"] == 255.5
+    assert steps[1] == {"step": 4, "timing_s/step": 2.5}
+
+
+def test_step_summary_by_hand():
+    hf = {"hidden_size": 8, "num_hidden_layers": 2, "intermediate_size": 16, "num_attention_heads": 2,
+          "num_key_value_heads": 1, "vocab_size": 32}
+    shape = dict(prompts=2, n=2, prompt_len=4, new_tokens=4)
+    warm = {"timing_s/step": 9.0, "timing_s/gen": 9.0}
+    timed = [{"timing_s/step": s, "timing_s/gen": 1.0, "timing_s/old_log_prob": 0.5, "timing_s/update_actor": 1.5,
+              "response_length/mean": 4.0, "prompt_length/mean": 4.0} for s in (3.0, 4.0, 5.0)]
+    out = bench.summarize_step([warm, *timed], hf, shape)
+    assert out["step_s"] == 4.0 and out["timed_steps"] == 3
+    assert out["phases_s"]["gen"] == 1.0 and out["phases_s"]["sync_weights"] == 0.0
+    assert out["tokens_per_s"] == 4 * 8 / 4.0 and out["rollout_tokens_per_s"] == 4 * 4 / 1.0
+    flops = forward_flops_per_token(hf, 8 / 2) * 4 * 8  # one forward of 4 rows of 8 tokens
+    assert out["logprob_update_mfu"] == pytest.approx((1 + 3) * flops / 2.0 / 790e12)
+    assert out["update_mfu"] == pytest.approx(3 * flops / 1.5 / 790e12)
+
+
+def test_word_tokenizer_has_a_one_token_newline_and_bare_prompts(tmp_path):
+    from transformers import AutoTokenizer
+
+    word_tokenizer(300).save_pretrained(tmp_path)
+    tok = AutoTokenizer.from_pretrained(tmp_path)  # what verl loads from model.tokenizer_path
+    assert tok.encode("\n", add_special_tokens=False) == [2]
+    text = tok.apply_chat_template([{"role": "user", "content": "t10 t299 t42"}], add_generation_prompt=True,
+                                   tokenize=False)
+    assert tok.encode(text, add_special_tokens=False) == [10, 299, 42]
+    # the vocabulary of the real shape: words that begin like a special token stay one token each
+    big = word_tokenizer(151936)
+    words = " ".join(f"t{i}" for i in (10, 17, 100, 1999, 151935, 3))
+    assert big(words)["input_ids"] == [10, 17, 100, 1999, 151935, 3]
+
+
+def test_dry_run_prepares_the_tiny_step_job(tmp_path, monkeypatch, capsys):
+    monkeypatch.setattr(bench.tempfile, "mkdtemp", lambda prefix="": str(tmp_path))
+    bench.dry_run()
+    assert json.loads((tmp_path / "hf" / "config.json").read_text())["model_type"] == "qwen2"
+    import pyarrow.parquet as pq
+
+    rows = pq.read_table(tmp_path / "data" / "train.parquet").to_pylist()
+    assert len(rows) == 2 * bench.TINY_SHAPE["prompts"]
+    assert len(rows[0]["prompt"][0]["content"].split(" ")) == bench.TINY_SHAPE["prompt_len"]
+    summary = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert summary["step_s"] == 2.75 and summary["rollout_tokens_per_s"] == 8 * 8 / 1.5
+
+
+def test_deadline_counts_from_the_first_step_and_ends_verls_loop():
+    module = types.SimpleNamespace(PPOTrainer=type("PPOTrainer", (), {
+        "_compute_metrics": lambda self, batch, metrics, timing_raw, global_steps, epoch: "metrics"}))
+    now = [1000.0]
+    verl_hooks.wrap_trainer(module, minutes=1.0, clock=lambda: now[0])
+    trainer = module.PPOTrainer()
+    trainer.global_steps, trainer.total_training_steps = 1, 100000
+    assert trainer._compute_metrics(None, {}, {"step": 10.0}, 1, 0) == "metrics"  # began at 990
+    now[0], trainer.global_steps = 1049.0, 5
+    trainer._compute_metrics(None, {}, {"step": 10.0}, 5, 0)
+    assert trainer.total_training_steps == 100000  # 59 s of training
+    now[0], trainer.global_steps = 1051.0, 6
+    trainer._compute_metrics(None, {}, {"step": 10.0}, 6, 0)
+    assert trainer.total_training_steps == 7  # verl's loop: step 7 is the last, and saves
+
+
+def test_after_import_patches_a_module_on_first_import(tmp_path, monkeypatch):
+    (tmp_path / "late_module_41.py").write_text("VALUE = 1\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    seen = []
+    after_import("late_module_41", lambda m: seen.append(m.VALUE))
+    try:
+        module = importlib.import_module("late_module_41")
+        assert seen == [1] and module.VALUE == 1
+        after_import("late_module_41", lambda m: seen.append(2))  # already imported: at once
+        assert seen == [1, 2]
+    finally:
+        sys.modules.pop("late_module_41", None)
+        sys.meta_path[:] = [f for f in sys.meta_path if getattr(f, "name", None) != "late_module_41"]
+
+
+def test_evaluator_scores_by_the_strict_rule():
+    responses = ["so 72\n#### 72", "the answer is 72", "#### 1,000", "#### 5\n#### 72"]
+    out = eval_gsm8k_hf.score(responses, ["72", "72", "1000", "72"])
+    assert out["n"] == 4 and out["format"] == 0.75
+    assert out["acc"] == out["acc_ours_rule"] == 0.75 and out["disagreements"] == 0
