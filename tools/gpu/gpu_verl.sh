@@ -1,19 +1,21 @@
 #!/usr/bin/env bash
 # Issue 41: verl 0.9.1 itself (FSDP actor, SGLang 0.5.17 rollout, colocated) and ours on the same H200, back to back:
-# the GRPO step at bench_grpo_step.py's shape, and the real SmolLM2-135M-Instruct / GSM8K job for MINUTES each from
-# their first step (start-up reported apart), then one greedy evaluator (tools/bench/eval_gsm8k_hf.py) on all 1319 test prompts. Six calls on one warm
-# machine (a call carries at most 64 MiB; the wheel sets: tools/gpu/fetch_gpu_wheels.sh, and verl's as
+# the GRPO step at bench_grpo_step.py's shape, and the real SmolLM2-135M-Instruct / GSM8K job for MINUTES of training
+# each (verl's from its first step, its start-up reported apart; ours from before its model build), then one greedy
+# evaluator (tools/bench/eval_gsm8k_hf.py) on all 1319 test prompts. Six calls on one warm machine (a call carries
+# at most 64 MiB; the wheel sets: tools/gpu/fetch_gpu_wheels.sh, and verl's as
 # tools/gpu/verl_research.md section 2 lists, Ray without its Java jars):
 #   bash tools/gpu/gpu_verl.sh A   # carry .gpu-speed-w1 (trl/ moved out): SGLang part 1, megatron-core
 #   bash tools/gpu/gpu_verl.sh B   # carry .gpu-speed-w2, .gpu-verl-w/small: SGLang part 2, verl and its small deps;
 #                                  # the step job's random Qwen2.5-0.5B and prompts
 #   bash tools/gpu/gpu_verl.sh C   # carry .gpu-verl-w/ray: Ray 2.60 (stripped); verl's step job (STEPS, 1 warm-up)
-#   bash tools/gpu/gpu_verl.sh D   # carry gguf/smollm2.gguf.part1: ours at the step shape (ENGINES: native sglang)
-#   bash tools/gpu/gpu_verl.sh E   # carry gguf/smollm2.gguf.part2: SmolLM2 + GSM8K; verl's real job; its export
-#                                  # evaluated
-#   bash tools/gpu/gpu_verl.sh F   # ours on the real job (the preset unchanged); the start model and ours evaluated
+#   bash tools/gpu/gpu_verl.sh D   # carry gguf/smollm2.gguf.part1 and .gpu-trl: ours at the step shape (ENGINES:
+#                                  # native sglang), then TRL's (tools/bench/bench_trl_grpo.py) where .gpu-trl came
+#   bash tools/gpu/gpu_verl.sh E   # carry gguf/smollm2.gguf.part2: SmolLM2 + GSM8K; verl's real job
+#   bash tools/gpu/gpu_verl.sh F   # ours on the real job (the preset unchanged); the start model, verl's export
+#                                  # and ours through one evaluator
 # Results in $OUT: verl_<job>.log/_steps.json/.json, grpo_step_part_*.json, ours_gsm8k.log/_metrics.jsonl,
-# eval_verl.json, eval_ours.json (+ _samples.jsonl). tools/bench/bench_grpo_step.py --combine puts the step parts
+# eval_gsm8k.json (+ _samples.jsonl). tools/bench/bench_grpo_step.py --combine puts the step parts
 # in one table. CPU dry run of what runs without verl: python -m tools.bench.bench_verl_grpo --dry-run
 set -uo pipefail
 PART=${1:?A|B|C|D|E|F}
@@ -55,24 +57,31 @@ D) [[ ! -f gguf/smollm2.gguf.part1 ]] || cp gguf/smollm2.gguf.part1 /tmp/ || exi
          --out $OUT > $OUT/ours_step_$engine.log 2>&1
      echo "rc $?"; grep -v "Warning\|warn(" $OUT/ours_step_$engine.log | tail -4 | cut -c1-250
    done
+   if [[ -d .gpu-trl ]]; then
+     install .gpu-trl/trl-*.whl || exit 3
+     log "TRL: the step job"
+     timeout -k 10 ${TRL_TIMEOUT:-240} $PY -m tools.bench.bench_trl_grpo --out $OUT > $OUT/trl_step.log 2>&1
+     echo "rc $?"; grep "^TRL" $OUT/trl_step.log | cut -c1-250
+   fi
    $PY -m tools.bench.bench_grpo_step --combine $OUT --out $OUT 2>&1 | tail -6 ;;
 E) [[ -d /tmp/site/ray ]] || { echo COLD_MACHINE; exit 9; }
    smol_prepare $W /tmp/smollm2.gguf
    log "verl: the real job, $MINUTES minutes of training"
    $PY -m tools.bench.bench_verl_grpo run --job gsm8k --model $W/hf --data $W/gsm8k --minutes $MINUTES \
-       --workdir $W/verl_gsm8k --timeout ${VERL_TIMEOUT:-420} --out $OUT 2>&1 | tail -8
-   export_dir=$($PY -c "import json; print(json.load(open('$OUT/verl_gsm8k.json')).get('hf_export') or '')")
-   [[ -n $export_dir ]] && evaluate eval_verl verl=$export_dir ;;
+       --workdir $W/verl_gsm8k --timeout ${VERL_TIMEOUT:-560} --out $OUT 2>&1 | tail -8
+   cp $OUT/verl_gsm8k.json $W/ ;;  # F evaluates its export
 F) [[ -d $W/mcore ]] || { echo COLD_MACHINE; exit 9; }
-   log "ours: the real job for $MINUTES minutes from launch"
+   log "ours: the real job, $MINUTES minutes"
    timeout -k 10 ${OURS_TIMEOUT:-420} $PY -m rlhf_mcore.train --config configs/gsm8k_grpo_smollm2.yaml \
        model.hf_path=$W/hf model.load=$W/mcore data.train_files=$W/gsm8k/train.parquet data.val_files= \
        trainer.time_limit_min=$MINUTES trainer.total_steps=100000 trainer.test_freq=0 trainer.save_freq=-1 \
        trainer.export_hf=true trainer.resume=disable trainer.output_dir=$W/ours "trainer.logger=[console,jsonl]" \
        2>&1 | grep -v "Warning\|warn(" > $OUT/ours_gsm8k.log
-   grep "step [0-9]*/" $OUT/ours_gsm8k.log | tail -2 | cut -c1-250; grep -i "Traceback\|Error" $OUT/ours_gsm8k.log | head -3
+   grep "step [0-9]*/" $OUT/ours_gsm8k.log | tail -2 | cut -c1-250
+   grep -i "Traceback\|Error" $OUT/ours_gsm8k.log | head -3
    cp $W/ours/metrics.jsonl $OUT/ours_gsm8k_metrics.jsonl 2>/dev/null
-   export_dir=$($PY -c "import json; print(json.load(open('$W/ours/summary.json'))['hf_export'] or '')" 2>/dev/null)
-   evaluate eval_ours start=$W/hf ${export_dir:+ours=$export_dir} ;;
+   ours=$($PY -c "import json; print(json.load(open('$W/ours/summary.json'))['hf_export'] or '')" 2>/dev/null)
+   verl=$($PY -c "import json; print(json.load(open('$W/verl_gsm8k.json'))['hf_export'] or '')" 2>/dev/null)
+   evaluate eval_gsm8k start=$W/hf ${verl:+verl=$verl} ${ours:+ours=$ours} ;;
 *) echo "part A..F (got $PART)"; exit 2 ;;
 esac
