@@ -32,6 +32,8 @@ from typing import Iterator
 import torch
 import torch.distributed as dist
 
+from rlhf_mcore.models.vision import TOWER_NAME
+
 _LAYER_KEY = re.compile(r"^decoder\.layers\.(\d+)\.")
 _EXPERTS = "mlp.experts.local_experts."
 _EXPERT_KEY = re.compile(r"^mlp\.experts\.local_experts\.(\d+)\.")
@@ -170,8 +172,10 @@ class FullWeights(Mapping):
     def __init__(self, model, ctx):
         self.model, self.ctx = unwrap_model(model), ctx
         adapters, self.linears = merged_linears(self.model)  # LoRA: weight key -> linear to merge
-        self.params = {k: p for k, p in self.model.named_parameters() if k not in adapters}
-        listing = _listing(self.model, adapters)
+        # a trained vision tower is whole on every rank, and named apart (`rollout.sglang_images.tower_tensors`)
+        tower = {k for k, _ in self.model.named_parameters() if k.startswith(TOWER_NAME + ".")}
+        self.params = {k: p for k, p in self.model.named_parameters() if k not in adapters | tower}
+        listing = _listing(self.model, adapters | tower)
         self.local = {key: entry[0] for key, entry in listing.items()}
         per_ep = _gather_objects(listing, ctx.dims.ep, ctx.pgs.ep)  # this stage's EP ranks hold other experts
         self.plan = plan_from_listings(_gather_objects(per_ep, ctx.dims.pp, ctx.pgs.pp), ctx.dims.tp)

@@ -92,6 +92,7 @@ class EngineSetup:
     replica_rows: int  # sequences one DP replica generates per step (its prompts x rollout.n)
     seed: int  # trainer.seed
     record_routing: bool = False  # actor.router_replay=R3: the batch carries each token's experts (routed_experts)
+    hf_dir: str = ""  # model.hf_path: its tokenizer and image processor (a vision LM through SGLang)
 
 
 @dataclasses.dataclass(frozen=True)

@@ -22,6 +22,9 @@ What differs from the native engine, by design of SGLang:
 - stop strings are applied after generation (the engine runs without a tokenizer): a response is cut right
   after the first stop string, with finish reason "stop".
 
+A vision LM (Qwen2.5-VL): each row's images go with it as SGLang's preprocessed form and its ids stay ours; the
+tower starts from the actor's and is refreshed with it when trained (`sglang_images`).
+
 Routing replay R3 (`record_routing`, actor.router_replay=R3): the engine starts with SGLang's
 enable_return_routed_experts, every request asks for its routed experts, and each row's come back in the native
 recorder's layout, cut to this rank's MoE layers (`sglang_routing`), into `RolloutBatch.routed_experts`.
@@ -32,6 +35,7 @@ import atexit
 import dataclasses
 import functools
 import inspect
+import itertools
 import json
 import logging
 import os
@@ -43,7 +47,7 @@ from typing import Callable, Iterable, Optional
 import torch
 
 from rlhf_mcore.models.full_weights import FullWeights, hf_weights, unwrap_model
-from rlhf_mcore.rollout import sglang_continuous
+from rlhf_mcore.rollout import sglang_continuous, sglang_images
 from rlhf_mcore.rollout.base import ROLLOUT_ENGINES, EngineSetup
 from rlhf_mcore.rollout.replicas import generate_shared
 from rlhf_mcore.rollout.responses import Response, assemble_batch
@@ -51,6 +55,7 @@ from rlhf_mcore.rollout.sglang_routing import SGLangRouting
 from rlhf_mcore.rollout.sglang_weights import FLATTENED, flatten_bucket, sglang_payload, weight_buckets
 from rlhf_mcore.rollout.stopping import Decode, ends_with_stop_string
 from rlhf_mcore.rollout.types import RolloutBatch, SamplingParams
+from rlhf_mcore.rollout.vision_decode import row_images
 
 log = logging.getLogger(__name__)
 
@@ -240,7 +245,12 @@ class SGLangRolloutEngine:
         dtype = unwrap_model(setup.model).config.params_dtype
         start = time.perf_counter()
         weights = FullWeights(setup.model, setup.ctx)
-        model_dir = write_hf_dir(hf_weights(weights, setup.hf_config), setup.hf_config, dtype)
+        model = unwrap_model(setup.model)
+        named = itertools.chain(hf_weights(weights, setup.hf_config), sglang_images.tower_tensors(model))
+        model_dir = write_hf_dir(named, setup.hf_config, dtype)
+        if sglang_images.vision_side(model) is not None:
+            sglang_images.copy_processor_files(setup.hf_dir, model_dir)
+            os.environ.update(sglang_images.vlm_cache_env(model))  # read when the scheduler starts
         set_compile_cache(options.compile_cache_dir)
         kwargs = engine_kwargs(options, setup, dtype, torch.cuda.current_device())
         server = sglang.Engine(model_path=model_dir, **kwargs)
@@ -253,23 +263,31 @@ class SGLangRolloutEngine:
                  options.compile_cache_dir)
         return engine
 
-    def generate(self, prompts: list[list[int]], params: SamplingParams, show_progress: bool = False) -> RolloutBatch:
+    def generate(self, prompts: list[list[int]], params: SamplingParams, show_progress: bool = False,
+                 images: list | None = None) -> RolloutBatch:
+        """`images` (a vision LM's prompts): per prompt (pixel_values [p, D], image_grid_thw [i, 3]) or None."""
         rows = [p for p in prompts for _ in range(params.n)]
         if not rows:
             return assemble_batch([], [], self.pad_id, self.ctx.device)
         sampling = sglang_sampling(params)
         routed = {"return_routed_experts": True} if self.routing is not None else {}
+        per_row = sglang_images.image_data(row_images(images, params.n, len(prompts)))
 
-        def generate_rows(mine: list[list[int]]) -> list[Response]:
-            self._prefill_shared_prompts(mine)
-            outs = self.engine.generate(input_ids=mine, sampling_params=sampling, return_logprob=True, **routed)
+        def generate_rows(mine: list[tuple]) -> list[Response]:
+            ids = [r for r, _ in mine]
+            pictures = {"image_data": [im for _, im in mine]} if per_row is not None else {}
+            if not pictures:  # with images the n samples share the prompt's prefix by its image hash instead
+                self._prefill_shared_prompts(ids)
+            outs = self.engine.generate(input_ids=ids, sampling_params=sampling, return_logprob=True, **routed,
+                                        **pictures)
             responses = [cut_at_stop_string(to_response(o), params.stop_strings, self.decode) for o in outs]
             if self.routing is not None:  # R3: every layer's, so any rank of the replica can take its own
-                for prompt, out, r in zip(mine, outs, responses):
+                for prompt, out, r in zip(ids, outs, responses):
                     r.routing = self.routing.row(out, len(prompt), len(r.tokens))
             return responses
 
-        responses = generate_shared(rows, generate_rows, self.ctx.pgs.mp)  # every GPU of the replica
+        pairs = list(zip(rows, per_row or [None] * len(rows)))
+        responses = generate_shared(pairs, generate_rows, self.ctx.pgs.mp)  # every GPU of the replica
         if self.routing is not None:
             for r in responses:
                 r.routing = self.routing.this_rank(r.routing)
@@ -317,7 +335,10 @@ class SGLangRolloutEngine:
             self.weights = FullWeights(actor_model, self.ctx)
         received, sent = self.weights.bytes_received, 0
         with torch.no_grad():
-            for bucket in weight_buckets(hf_weights(self.weights, self.hf_cfg), self.bucket_bytes):
+            model = unwrap_model(actor_model)
+            tower = sglang_images.tower_tensors(model) if sglang_images.tower_trained(model) else ()
+            named = itertools.chain(hf_weights(self.weights, self.hf_cfg), tower)
+            for bucket in weight_buckets(named, self.bucket_bytes):
                 self._send(bucket)
                 sent += sum(t.numel() * t.element_size() for _, t in bucket)
                 bucket.clear()

@@ -353,7 +353,7 @@ def engine_setup(cfg, roles: Roles, hf_config: dict, tokenizer, ctx) -> EngineSe
     return EngineSetup(model=roles.actor.model[0], hf_config=hf_config, ctx=ctx, pad_id=tokenizer.pad_id,
                        decode=tokenizer.decode, micro_batch_size=cfg.rollout.micro_batch_size,
                        replica_rows=replica_prompts * cfg.rollout.n * in_flight, seed=cfg.trainer.seed,
-                       record_routing=cfg.actor.router_replay == "R3")
+                       record_routing=cfg.actor.router_replay == "R3", hf_dir=cfg.model.hf_path)
 
 
 def finish_run(run: Run, last: int) -> None:

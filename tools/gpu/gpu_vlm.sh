@@ -13,6 +13,9 @@
 #     + 2 timed steps (tools/bench/bench_grpo_step.py --images 1). Reported: step and phase seconds, rollout
 #     tokens/s (the step's gen phase), MFU of the log-prob + update passes with the tower's FLOPs and of the LM
 #     only, peak memory, and the memory plan's prediction per phase (LM + the tower's weights).
+# ENGINE=sglang: (b) and (c) roll out through the embedded SGLang engine (rollout/sglang_images.py) instead; SGLang
+# first, on the same warm machine: MCORE=.gpu-speed-w1/mcore SGL1=.gpu-speed-w1 bash -c 'source tools/gpu/gpu_env.sh;
+# sglang_part part1' (carry .gpu-speed-w1), then this script with SGL2=.gpu-speed-w2 (carry .gpu-speed-w2).
 # $OUT: tests.log, tiny_vlm/ (the preset's run: metrics.jsonl), vlm3b/grpo_step_part_native_vlm3b.json, vlm.json.
 # CPU dry run (the tiny VLM's shape, fp32, 56 x 56 images; seconds):
 #   DRY=1 OUT=/tmp/dry_vlm PY=.venv/bin/python bash tools/gpu/gpu_vlm.sh
@@ -29,6 +32,10 @@ if [[ -z "${DRY:-}" ]]; then
 else
   export PYTHONPATH=$PWD
 fi
+ENGINE=${ENGINE:-native}
+if [[ $ENGINE == sglang && -z "${DRY:-}" ]]; then
+  source tools/gpu/gpu_env.sh && sglang_part part2  # SGLang's second half (the first: see the header)
+fi
 TESTS_S=${TESTS_S:-150} PRESET_S=${PRESET_S:-75} BENCH_S=${BENCH_S:-260}  # + ~20 s install: ~505 s at most
 
 log "(a) vision tests on $([[ -n "${DRY:-}" ]] && echo CPU || echo CUDA)"
@@ -37,7 +44,7 @@ timeout -k 5 "$TESTS_S" $PY -m pytest -q -p no:cacheprovider -rs tests/unit/trai
 echo "tests: rc $?"; grep "passed\|failed\|error\|SKIP" "$OUT/tests.log" | tail -6
 
 log "(b) tiny VLM preset (at most ${PRESET_S}s)"
-PRESET=(trainer.output_dir="$OUT/tiny_vlm")
+PRESET=(trainer.output_dir="$OUT/tiny_vlm" rollout.engine=$ENGINE)
 [[ -n "${DRY:-}" ]] && PRESET+=(trainer.total_steps=2 trainer.val_before_train=false)
 timeout -k 5 "$PRESET_S" $PY -m rlhf_mcore.train --config configs/tiny_vlm_grpo.yaml "${PRESET[@]}" \
     > "$OUT/tiny_vlm.log" 2>&1
@@ -58,7 +65,9 @@ if [[ -n "${DRY:-}" ]]; then
 else
   SHAPE=(--prompts 32 --n 8 --prompt-len 384 --new-tokens 256 --micro-batch 16 --image-side 448 --gpu-init 1)
 fi
-timeout -k 5 "$BENCH_S" $PY -m tools.bench.bench_grpo_step --engine native --hf-path "$HF" --images 1 \
+[[ $ENGINE == sglang ]] && cp data/tiny_vlm/{tokenizer.json,tokenizer_config.json,chat_template.jinja} "$HF"/  # its
+# multimodal processor loads a tokenizer even without tokenizer init; the ids are ours
+timeout -k 5 "$BENCH_S" $PY -m tools.bench.bench_grpo_step --engine $ENGINE --hf-path "$HF" --images 1 \
     --cuda-graphs 0 --mini-batches 2 --steps 2 --warmup 1 --standalone 0 --label vlm3b --out "$OUT/vlm3b" \
     "${SHAPE[@]}" > "$OUT/vlm3b.log" 2>&1
 echo "bench: rc $?"

@@ -75,8 +75,6 @@ def layout_errors(parallel) -> list[str]:
 RUN_LIMITS = (
     (lambda c: not c.model.hf_path, "model.hf_path: Qwen2.5-VL is built from its HF directory (its vision_config "
      "and preprocessor_config.json) (got ''). Set model.hf_path (model.init=random for random weights)."),
-    (lambda c: c.rollout.engine != "native", "rollout.engine: Qwen2.5-VL rolls out with the native engine only for "
-     "now (got {c.rollout.engine}); SGLang does not get the images yet. Set rollout.engine=native."),
     (lambda c: c.parallel.pp > 1 and not c.model.freeze_vision_tower, "model.freeze_vision_tower: a trained tower "
      "runs at parallel.pp=1 only for now (got false at parallel.pp={c.parallel.pp}): its copies on later stages would "
      "drift. Set model.freeze_vision_tower=true, or parallel.pp=1."),

@@ -1,0 +1,110 @@
+"""A vision LM through the embedded SGLang engine (rollout/sglang_images.py), around a stand-in server: each row's
+images go with it in SGLang's preprocessed form and its ids stay ours; the engine's start directory is the actor,
+tower included, as transformers reads it (same logits with images); a trained tower is refreshed, a frozen one not."""
+import itertools
+import shutil
+
+import pytest
+import torch
+
+from rlhf_mcore.models.full_weights import FullWeights, hf_weights
+from rlhf_mcore.rollout import sglang_images
+from rlhf_mcore.rollout.sglang_engine import SGLangRolloutEngine, write_hf_dir
+from rlhf_mcore.rollout.types import SamplingParams
+from tests.support.tiny_vl import END, IMAGE, START, image_batch, save_tiny_vl, vl_actor
+from tests.unit.rollout.test_sglang_engine import StandIn, setup_for
+
+
+class ImageStandIn(StandIn):
+    """The stand-in server, recording each generate call's image_data."""
+
+    def __init__(self):
+        super().__init__()
+        self.image_data = []
+
+    def generate(self, input_ids, sampling_params, return_logprob, image_data=None):
+        self.image_data.append(image_data)
+        return super().generate(input_ids, sampling_params, return_logprob)
+
+
+@pytest.fixture(scope="module")
+def vl_dir(tmp_path_factory):
+    from transformers import Qwen2VLImageProcessor
+
+    path = save_tiny_vl(tmp_path_factory.mktemp("vl") / "hf")
+    Qwen2VLImageProcessor(patch_size=14, merge_size=2, temporal_patch_size=2).save_pretrained(str(path))
+    return path
+
+
+def prompt_images(seed: int = 0):
+    b = image_batch(seed)
+    patches = int(b["image_grid_thw"][0].prod())
+    return b["pixel_values"][:patches], b["image_grid_thw"][:1]
+
+
+def test_rows_carry_their_prompts_images_and_keep_their_ids(vl_dir, mcore_ctx):
+    cfg, state = vl_actor(vl_dir, mcore_ctx)
+    actor = state.model[0]
+    engine = SGLangRolloutEngine(setup_for(actor, cfg_hf(vl_dir), mcore_ctx, hf_dir=str(vl_dir)), 1 << 20,
+                                 ImageStandIn())
+    pv, thw = prompt_images()
+    with_image = [5, START, IMAGE, IMAGE, IMAGE, IMAGE, END, 7]  # 4 image tokens: a 1x4x4 grid merged 2x2
+    batch = engine.generate([with_image, [5, 6]], SamplingParams(n=2, max_new_tokens=2), images=[(pv, thw), None])
+    assert engine.engine.prompts == [[with_image, with_image, [5, 6], [5, 6]]]  # our ids, unchanged
+    assert engine.engine.prefills == []  # with images the prefix is shared by the image hash instead
+    data = engine.engine.image_data[0]
+    assert data[2] is None and data[3] is None and data[0] is data[1]
+    item = data[0][0]
+    assert item["format"] == "processor_output" and item["pixel_values"].device.type == "cpu"
+    assert torch.equal(item["pixel_values"], pv) and torch.equal(item["image_grid_thw"], thw)
+    assert item["hash"] == sglang_images.images_hash(pv, thw)
+    assert batch.tokens.tolist()[0][-2:] == [8, 9]  # the stand-in answers prompt[-1] + 1, + 2
+    engine.generate([[5, 6], [7]], SamplingParams(n=2, max_new_tokens=2))  # text only: as before
+    assert engine.engine.image_data[-1] is None and engine.engine.prefills == [[[5, 6], [7]]]
+
+
+def cfg_hf(vl_dir):
+    from rlhf_mcore.models.hf_io import read_hf_config
+
+    return read_hf_config(vl_dir)
+
+
+def test_start_directory_is_the_actor_with_its_tower_as_transformers_reads_it(vl_dir, mcore_ctx, tmp_path):
+    from transformers import AutoModelForImageTextToText
+
+    _, state = vl_actor(vl_dir, mcore_ctx)
+    actor, hf = state.model[0], cfg_hf(vl_dir)
+    named = itertools.chain(hf_weights(FullWeights(actor, mcore_ctx), hf), sglang_images.tower_tensors(actor))
+    path = write_hf_dir(named, hf, torch.float32)
+    copied = sglang_images.copy_processor_files(str(vl_dir), path)
+    assert "preprocessor_config.json" in copied
+    b = image_batch()
+    theirs = AutoModelForImageTextToText.from_pretrained(str(vl_dir)).eval()
+    started = AutoModelForImageTextToText.from_pretrained(path).eval()
+    with torch.no_grad():
+        want = theirs(**b).logits
+        got = started(**b).logits
+    torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
+    bare = tmp_path / "bare"
+    shutil.copytree(vl_dir, bare)
+    (bare / "preprocessor_config.json").unlink()
+    with pytest.raises(ValueError, match="preprocessor_config.json"):
+        sglang_images.copy_processor_files(str(bare), str(tmp_path))
+
+
+@pytest.mark.parametrize("freeze", [True, False])
+def test_a_trained_tower_is_refreshed_and_its_cache_is_off(vl_dir, mcore_ctx, freeze):
+    _, state = vl_actor(vl_dir, mcore_ctx, freeze=freeze)
+    actor = state.model[0]
+    engine = SGLangRolloutEngine(setup_for(actor, cfg_hf(vl_dir), mcore_ctx), 1 << 20, ImageStandIn())
+    engine.update_weights(actor)
+    sent = dict(pair for named, _ in engine.engine.calls for pair in named)
+    tower = {k: v for k, v in sent.items() if k.startswith("visual.")}
+    assert any(k.startswith("model.layers.") for k in sent) and "model.embed_tokens.weight" in sent
+    if freeze:
+        assert tower == {} and sglang_images.vlm_cache_env(actor) == {}
+    else:
+        want = dict(sglang_images.tower_tensors(actor))
+        assert set(tower) == set(want) and all(torch.equal(tower[k], want[k]) for k in want)
+        assert "visual.blocks.0.attn.qkv.weight" in tower and "visual.merger.mlp.0.weight" in tower
+        assert sglang_images.vlm_cache_env(actor) == {"SGLANG_VLM_CACHE_SIZE_MB": "0"}
