@@ -80,23 +80,10 @@ def common_overrides(model: str, workdir: str, tokenizer: str = "", gpus: int = 
     ]
 
 
-def decode_graph_sizes(rows: int) -> list[int]:
-    """SGLang decode CUDA-graph batch sizes up to the rollout batch (as our SGLang engine sets its max): powers of
-    two and their midpoints. SGLang's default list stops short of 512 rows, which then decode eagerly.
-
-    >>> decode_graph_sizes(512)
-    [1, 2, 4, 8, 16, 24, 32, 48, 64, 96, 128, 192, 256, 384, 512]
-    """
-    sizes, p = [1, 2, 4, 8], 16
-    while p < rows:
-        sizes += [p, p + p // 2]
-        p *= 2
-    return sorted({s for s in sizes if s < rows} | {rows})
-
-
 def sglang_graphs(rows: int) -> str:
-    return "+actor_rollout_ref.rollout.engine_kwargs.sglang.cuda_graph_bs_decode=[" + \
-        ",".join(map(str, decode_graph_sizes(rows))) + "]"
+    """SGLang decode CUDA graphs up to the rollout batch, the setting our SGLang engine makes
+    (`rollout.sglang_engine.engine_kwargs`): SGLang 0.5.17's default stops at 256 rows and decodes 512 eagerly."""
+    return f"+actor_rollout_ref.rollout.engine_kwargs.sglang.cuda_graph_max_bs_decode={rows}"
 
 
 def step_overrides(data: str, steps: int, shape: dict) -> list[str]:

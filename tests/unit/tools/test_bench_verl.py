@@ -38,6 +38,8 @@ def test_step_job_is_bench_grpo_steps_shape():
     assert keys["reward.custom_reward_function.name"] == "random_score"
     assert keys["actor_rollout_ref.model.tokenizer_path"] == "/t"
     assert keys["trainer.total_training_steps"] == "4"
+    # SGLang as our engine sets it: decode graphs cover the 512-row batch
+    assert keys["actor_rollout_ref.rollout.engine_kwargs.sglang.cuda_graph_max_bs_decode"] == "512"
     # no flash-attn wheel: sdpa, and no remove-padding (it would mix packed sequences under sdpa)
     assert keys["actor_rollout_ref.model.override_config.attn_implementation"] == "sdpa"
     assert keys["actor_rollout_ref.model.use_remove_padding"] == "False"
@@ -64,6 +66,8 @@ def test_gsm8k_job_is_our_preset_in_verls_keys():
     assert keys["ray_kwargs.ray_init.runtime_env.worker_process_setup_hook"] == \
         "tools.bench.verl_hooks.install_deadline"
     assert "hf_model" in keys["actor_rollout_ref.actor.checkpoint.save_contents"]
+    assert keys["actor_rollout_ref.rollout.engine_kwargs.sglang.cuda_graph_max_bs_decode"] == str(
+        preset["data"]["train_batch_size"] * preset["rollout"]["n"])
 
 
 def test_preset_score_is_what_our_trainer_scores():
