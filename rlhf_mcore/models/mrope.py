@@ -88,3 +88,35 @@ def decode_position_ids(start: torch.Tensor, length: int, deltas: torch.Tensor) 
     """
     rows = start[:, None] + torch.arange(length, device=start.device)[None] + deltas[:, None]
     return rows[None].expand(3, -1, -1)
+
+
+def interleaved_axes(section: tuple[int, int, int]) -> list[int]:
+    """The axis (0 t, 1 h, 2 w) of each rotary frequency in Qwen3-VL's interleaved M-RoPE (transformers'
+    `Qwen3VLTextRotaryEmbedding`: h at frequencies 1, 4, 7, ... below 3 * h, w at 2, 5, 8, ... below 3 * w, t
+    elsewhere). Qwen2.5-VL's layout is contiguous instead: t's frequencies, then h's, then w's.
+
+    >>> interleaved_axes((2, 1, 1))
+    [0, 1, 2, 0]
+    """
+    t, h, w = section
+    return [1 if j % 3 == 1 and j < 3 * h else 2 if j % 3 == 2 and j < 3 * w else 0 for j in range(t + h + w)]
+
+
+def interleaved_mrope_section(section: tuple[int, int, int]) -> list[int]:
+    """Interleaved M-RoPE as chunk sizes for megatron's contiguous `MultimodalRotaryEmbedding`, which gives chunk i
+    of the frequencies to axis i % 3 (zero-size chunks skip an axis): the same cos / sin table, no new module.
+
+    >>> interleaved_mrope_section((2, 1, 1))  # t h w t
+    [1, 1, 1, 1, 0, 0]
+    >>> sum(interleaved_mrope_section((24, 20, 20))), len(interleaved_mrope_section((24, 20, 20))) % 3
+    (64, 0)
+    """
+    chunks: list[int] = []
+    for axis in interleaved_axes(section):
+        if chunks and (len(chunks) - 1) % 3 == axis:
+            chunks[-1] += 1
+            continue
+        while len(chunks) % 3 != axis:
+            chunks.append(0)
+        chunks.append(1)
+    return chunks + [0] * (-len(chunks) % 3)

@@ -90,3 +90,28 @@ def test_unsupported_types_are_refused_and_missing_parameters_named():
         "c: rope_scaling.attention_factor=1.0 is not supported: only the one factor/mscale give "
         "(1.13863) is (megatron's YaRN hook). Use a model without it."]
     assert rope_errors({"rope_parameters": {"rope_type": "default", "rope_theta": 1e4}}, "c") == []
+
+
+def test_interleaved_mrope_through_megatrons_contiguous_table_is_qwen3_vls():
+    """Qwen3-VL's interleaved M-RoPE (transformers) equals megatron's MultimodalRotaryEmbedding fed
+    `interleaved_mrope_section`, on positions whose t, h and w differ (image tokens; text cannot tell the layouts
+    apart), and the contiguous section of the same sizes does not."""
+    from megatron.core.models.common.embeddings.rotary_pos_embedding import MultimodalRotaryEmbedding
+    from transformers.models.qwen3_vl.configuration_qwen3_vl import Qwen3VLTextConfig
+    from transformers.models.qwen3_vl.modeling_qwen3_vl import Qwen3VLTextRotaryEmbedding
+
+    from rlhf_mcore.cpu_compat import apply_cpu_patches
+    from rlhf_mcore.models.mrope import interleaved_mrope_section
+
+    apply_cpu_patches()  # megatron puts its frequencies on torch.cuda.current_device() (a no-op on a GPU)
+    section = [24, 20, 20]
+    config = Qwen3VLTextConfig(head_dim=128, hidden_size=256, num_attention_heads=2, rope_parameters={
+        "rope_type": "default", "rope_theta": 5e6, "mrope_section": section, "mrope_interleaved": True})
+    cos, sin = Qwen3VLTextRotaryEmbedding(config)(torch.zeros(1), pos := torch.randint(
+        0, 500, (3, 2, 9), generator=torch.Generator().manual_seed(0)))  # [B, S, head_dim]
+    rope = MultimodalRotaryEmbedding(kv_channels=128, rotary_percent=1.0, rotary_base=5e6)
+    emb = rope(pos, interleaved_mrope_section(section))[:, :, 0].transpose(0, 1)  # [B, S, head_dim]
+    torch.testing.assert_close(emb.cos(), cos, atol=1e-6, rtol=0)
+    torch.testing.assert_close(emb.sin(), sin, atol=1e-6, rtol=0)
+    contiguous = rope(pos, section)[:, :, 0].transpose(0, 1)
+    assert (contiguous.cos() - cos).abs().max() > 0.1
