@@ -10,5 +10,7 @@ sglang_part() {  # part1: megatron-core + SGLang part 1, then the call ends; par
     exit 0
   fi
   [[ -d /tmp/site/sglang ]] || { echo COLD_MACHINE; exit 9; }
+  # part 2 already in (an earlier call on this machine, e.g. gpu_verl.sh B): nothing to carry or install
+  [[ -d /tmp/site/flashinfer && -d /tmp/site/xgrammar ]] && return 0
   install "${SGL2:-.carry/part2}"/*.whl || exit 3
 }

@@ -10,7 +10,7 @@
 #                                  # the step job's random Qwen2.5-0.5B and prompts
 #   bash tools/gpu/gpu_verl.sh C   # carry .gpu-verl-w/ray: Ray 2.60 (stripped); verl's step job (STEPS, 1 warm-up)
 #   bash tools/gpu/gpu_verl.sh D   # carry gguf/smollm2.gguf.part1 and .gpu-trl: ours at the step shape (ENGINES:
-#                                  # native sglang), then TRL's (tools/bench/bench_trl_grpo.py) where .gpu-trl came
+#                                  # native; add sglang), then TRL's (tools/bench/bench_trl_grpo.py) where .gpu-trl came
 #   bash tools/gpu/gpu_verl.sh E   # carry gguf/smollm2.gguf.part2: SmolLM2 + GSM8K; verl's real job
 #   bash tools/gpu/gpu_verl.sh F   # ours on the real job (the preset unchanged); the start model, verl's export
 #                                  # and ours through one evaluator
@@ -47,11 +47,12 @@ verl.__version__, 'transformers', t.__version__)" 2>&1 | tail -1
 C) [[ -d /tmp/site/verl ]] || { echo COLD_MACHINE; exit 9; }
    [[ -d /tmp/site/ray ]] || install .gpu-verl-w/ray/*.whl || exit 3
    df -h /dev/shm /tmp | tail -2
+   [[ $STEPS -gt 0 ]] || exit 0  # STEPS=0: Ray only (a lease for the real job alone)
    log "verl: the step job, $STEPS steps"
    $PY -m tools.bench.bench_verl_grpo run --job step --dir $W/step --steps $STEPS --workdir $W/verl_step \
        --timeout ${VERL_TIMEOUT:-500} --out $OUT 2>&1 | tail -25 ;;
 D) [[ ! -f gguf/smollm2.gguf.part1 ]] || cp gguf/smollm2.gguf.part1 /tmp/ || exit 4
-   for engine in ${ENGINES:-native sglang}; do
+   for engine in ${ENGINES:-native}; do
      log "ours ($engine): the step job"
      timeout -k 10 ${OURS_TIMEOUT:-240} $PY -m tools.bench.bench_grpo_step --engine $engine --standalone 0 \
          --out $OUT > $OUT/ours_step_$engine.log 2>&1
