@@ -2,16 +2,24 @@
 verl's val_kwargs; its metrics are the training run's validation at that step, and every sample is dumped."""
 import json
 
+import pytest
+
 from tests.launch import cli, torchrun
 from tests.support.paths import CONFIGS
 
 VAL = ("rollout.val_n=2", "rollout.val_temperature=1.0", "rollout.val_do_sample=true")
 
 
-def test_evaluate_a_checkpoint_reproduces_the_runs_validation(tmp_path):
-    run = tmp_path / "run"
-    cli("rlhf_mcore.train", "--config", CONFIGS / "tiny_grpo.yaml", "trainer.total_steps=2", "trainer.save_freq=2",
+@pytest.fixture(scope="module")
+def run(tmp_path_factory):
+    """Two steps of the tiny preset, both saved, validated at step 2 with VAL (shared by the tests below)."""
+    run = tmp_path_factory.mktemp("evaluate") / "run"
+    cli("rlhf_mcore.train", "--config", CONFIGS / "tiny_grpo.yaml", "trainer.total_steps=2", "trainer.save_freq=1",
         "trainer.test_freq=2", "trainer.export_hf=false", f"trainer.output_dir={run}", *VAL)
+    return run
+
+
+def test_evaluate_a_checkpoint_reproduces_the_runs_validation(run, tmp_path):
     rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
     want = {k: v for k, v in rows[-1].items() if k.startswith(("val-core/", "val-aux/"))}
     assert any(k.endswith("/mean@2") for k in want) and any(k.endswith("/best@2/mean") for k in want)
@@ -36,12 +44,10 @@ def test_a_path_that_is_no_checkpoint_is_one_line_and_exit_2(tmp_path):
     assert "Traceback" not in out.stderr
 
 
-def test_generate_samples_what_evaluation_decodes(tmp_path):
+def test_generate_samples_what_evaluation_decodes(run, tmp_path):
     """`python -m rlhf_mcore.generate` on a run's checkpoint and its validation prompts (greedy): the same responses
     as the evaluation of that checkpoint dumped; prompts from the command line go through the chat template too."""
-    run, config = tmp_path / "run", CONFIGS / "tiny_grpo.yaml"
-    cli("rlhf_mcore.train", "--config", config, "trainer.total_steps=1", "trainer.save_freq=1",
-        "trainer.export_hf=false", f"trainer.output_dir={run}")
+    config = CONFIGS / "tiny_grpo.yaml"
     checkpoint = run / "global_step_1"
     cli("rlhf_mcore.evaluate", "--config", config, "--checkpoint", checkpoint, "--out", tmp_path / "eval")
     want = [json.loads(line)["output"] for line in (tmp_path / "eval" / "generations" / "0.jsonl").read_text()

@@ -2,8 +2,9 @@
 tower frozen, the colour task of tools/make_shapes_dataset.py) raises the greedy reward on the held-out split from 0
 to at least 0.6 within 40 steps with a fixed seed, past the 1/3 that no policy blind to the image can beat
 (balanced colours): the language model reads the image embeddings that the rollout prefills and the trainer
-scatters (measured on CPU: 0 -> 0.67 at step 20 -> 1.0 at step 40, about 20 s). A short run's checkpoint holds the
-tower (vision.safetensors) and its HF export loads in transformers with every tensor in place."""
+scatters (measured on CPU: 0 -> 0.67 at step 20 -> 1.0 at step 40, about 20 s). Its last checkpoint holds the frozen
+tower (vision.safetensors) and its HF export loads in transformers with every tensor in place; a one-step run with
+the tower trained exports the trained tower."""
 import json
 import os
 
@@ -13,10 +14,10 @@ from tests.support.paths import ROOT_STR as ROOT
 KEY = "val-core/synthetic/shapes/reward/mean@1"
 
 
-def test_tiny_vlm_grpo_learns_the_colour_of_the_shape(tmp_path):
+def test_tiny_vlm_grpo_learns_the_colour_of_the_shape_and_exports_its_tower(tmp_path):
     proc = cli("rlhf_mcore.train", "--config", os.path.join(ROOT, "configs", "tiny_vlm_grpo.yaml"),
-               f"trainer.output_dir={tmp_path}", "trainer.save_freq=0", "trainer.resume=disable",
-               "trainer.export_hf=false", "trainer.logger=jsonl", extra_env={"OMP_NUM_THREADS": "1"})
+               f"trainer.output_dir={tmp_path}", "trainer.save_freq=-1", "trainer.resume=disable",
+               "trainer.export_hf=true", "trainer.logger=jsonl", extra_env={"OMP_NUM_THREADS": "1"})
     out = proc.stderr + proc.stdout
     assert "actor: vision tower random (model.init=random)" in out and "frozen (model.freeze_vision_tower=true)" in out
     assert "prompts with their images" in out
@@ -27,34 +28,36 @@ def test_tiny_vlm_grpo_learns_the_colour_of_the_shape(tmp_path):
     assert sorted(val) == [0, 20, 40] and len(rewards) == 40
     assert val[0] < 0.2 and val[40] >= 0.6, val
     assert sum(rewards[-5:]) / 5 > sum(rewards[:5]) / 5 + 0.3, rewards
+    check_the_export(tmp_path, 40)  # the frozen tower: the export takes vision.safetensors
 
 
 ONE_STEP = ("trainer.total_steps=1", "trainer.val_before_train=false", "trainer.test_freq=0", "trainer.resume=disable",
             "trainer.export_hf=true", "trainer.logger=jsonl")
 
 
-def run_one_step_and_check_the_export(tmp_path, *overrides: str):
-    """One step of the tiny VLM preset with its HF export: transformers loads the export with every tensor in place,
-    its tower equals the checkpoint's vision.safetensors (returned, with the run's output), and the image
-    processor's config goes with it."""
+def check_the_export(run_dir, step: int):
+    """transformers loads the run's HF export at `step` with every tensor in place, its tower equals the
+    checkpoint's vision.safetensors (returned), and the image processor's config goes with it."""
     import torch
     from safetensors.torch import load_file
     from transformers import AutoModelForImageTextToText
 
-    proc = cli("rlhf_mcore.train", "--config", os.path.join(ROOT, "configs", "tiny_vlm_grpo.yaml"),
-               f"trainer.output_dir={tmp_path}", *ONE_STEP, *overrides, extra_env={"OMP_NUM_THREADS": "1"})
-    saved = load_file(str(tmp_path / "global_step_1" / "actor" / "vision.safetensors"))
-    export = tmp_path / "hf_export" / "global_step_1"
+    saved = load_file(str(run_dir / f"global_step_{step}" / "actor" / "vision.safetensors"))
+    export = run_dir / "hf_export" / f"global_step_{step}"
     model, info = AutoModelForImageTextToText.from_pretrained(str(export), output_loading_info=True)
     assert not info["missing_keys"] and not info["unexpected_keys"], info
     exported = {k.replace("model.visual.", "visual."): v for k, v in model.state_dict().items() if "visual." in k}
     assert sorted(exported) == sorted(saved) and all(torch.equal(exported[k], saved[k]) for k in saved)
     assert (export / "preprocessor_config.json").is_file()
-    return saved, proc.stderr + proc.stdout
+    return saved
 
 
-def test_tiny_vlm_checkpoint_and_hf_export_carry_the_tower(tmp_path):
-    run_one_step_and_check_the_export(tmp_path)  # the frozen tower: the export takes vision.safetensors
+def run_one_step_and_check_the_export(tmp_path, *overrides: str):
+    """One step of the tiny VLM preset with its HF export (`check_the_export`): the checkpoint's tower and the
+    run's output."""
+    proc = cli("rlhf_mcore.train", "--config", os.path.join(ROOT, "configs", "tiny_vlm_grpo.yaml"),
+               f"trainer.output_dir={tmp_path}", *ONE_STEP, *overrides, extra_env={"OMP_NUM_THREADS": "1"})
+    return check_the_export(tmp_path, 1), proc.stderr + proc.stdout
 
 
 def test_hf_export_writes_the_trained_tower(tmp_path):
