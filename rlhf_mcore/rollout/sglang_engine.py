@@ -47,6 +47,7 @@ from typing import Callable, Iterable, Optional
 import torch
 
 from rlhf_mcore.models.full_weights import FullWeights, hf_weights, unwrap_model
+from rlhf_mcore.models.vision import vision_side
 from rlhf_mcore.rollout import sglang_continuous, sglang_images
 from rlhf_mcore.rollout.base import ROLLOUT_ENGINES, EngineSetup
 from rlhf_mcore.rollout.replicas import generate_shared
@@ -248,7 +249,7 @@ class SGLangRolloutEngine:
         model = unwrap_model(setup.model)
         named = itertools.chain(hf_weights(weights, setup.hf_config), sglang_images.tower_tensors(model))
         model_dir = write_hf_dir(named, setup.hf_config, dtype)
-        if sglang_images.vision_side(model) is not None:
+        if vision_side(model) is not None:
             sglang_images.copy_processor_files(setup.hf_dir, model_dir)
             os.environ.update(sglang_images.vlm_cache_env(model))  # read when the scheduler starts
         set_compile_cache(options.compile_cache_dir)
