@@ -3,6 +3,7 @@
     python -m tools.bench.bench_verl_grpo prepare --dir /tmp/verl_step            # the step job's model and data
     python -m tools.bench.bench_verl_grpo run --job step --dir /tmp/verl_step --out results/
     python -m tools.bench.bench_verl_grpo run --job gsm8k --model HF --data GSM8K --minutes 5 --out results/
+    python -m tools.bench.bench_verl_grpo compare --out results/                  # the real job: verl vs ours
     python -m tools.bench.bench_verl_grpo --dry-run                               # CPU: no verl needed, seconds
 
 Jobs (a registry of verl overrides, `JOBS`):
@@ -270,6 +271,44 @@ def versions() -> dict:
     return found
 
 
+def job_summary(steps: list[dict], rows_per_step: int, warmup: int = 1) -> dict:
+    """One system's real-job figures from its per-step metrics (verl's console lines and our metrics.jsonl use the
+    same names): training steps and seconds, the median step after `warmup`, samples and tokens a second, and the
+    mean train score of the first and last five steps."""
+    train = [s for s in steps if "timing_s/step" in s]
+    if not train:
+        return {"steps": 0}
+    seconds = sum(s["timing_s/step"] for s in train)
+    scores = [s["critic/score/mean"] for s in train if "critic/score/mean" in s]
+    tokens = sum(s.get("perf/total_num_tokens", 0.0) for s in train)
+    return {"steps": len(train), "train_s": seconds,
+            "step_s": statistics.median(s["timing_s/step"] for s in (train[warmup:] or train)),
+            "samples_per_s": rows_per_step * len(train) / seconds, "tokens_per_s": tokens / seconds if tokens else None,
+            "score_first5": statistics.mean(scores[:5]) if scores else None,
+            "score_last5": statistics.mean(scores[-5:]) if scores else None}
+
+
+def compare_jobs(directory: str, rows_per_step: int = 64 * 8) -> dict:
+    """The real job, verl against ours, from gpu_verl.sh's files in `directory` (verl_gsm8k.json and _steps.json,
+    ours_gsm8k_metrics.jsonl, eval_gsm8k.json): each system's `job_summary`, start-up, greedy accuracy, and ours
+    over verl's samples a second; written to directory/vs_verl_gsm8k.json."""
+    d = Path(directory)
+    read = lambda name: json.loads((d / name).read_text()) if (d / name).exists() else {}  # noqa: E731
+    ours_steps = [json.loads(line) for line in open(d / "ours_gsm8k_metrics.jsonl")] \
+        if (d / "ours_gsm8k_metrics.jsonl").exists() else []
+    systems = {"verl": {**job_summary(read("verl_gsm8k_steps.json") or [], rows_per_step),
+                        "startup_s": read("verl_gsm8k.json").get("startup_s")},
+               "ours": job_summary(ours_steps, rows_per_step)}
+    evals = read("eval_gsm8k.json").get("models", {})
+    for name, row in systems.items():
+        row.update({k: evals.get(name, {}).get(k) for k in ("acc", "se", "format")})
+    out = {"systems": systems, "start_model": evals.get("start"),
+           "ratio_samples_per_s": (systems["ours"].get("samples_per_s") or 0) / systems["verl"]["samples_per_s"]
+           if systems["verl"].get("samples_per_s") else None}
+    (d / "vs_verl_gsm8k.json").write_text(json.dumps(out, indent=2))
+    return out
+
+
 def dry_run() -> None:
     """CPU: prepare the tiny step job, build both commands, parse a console line in verl's format."""
     work = Path(tempfile.mkdtemp(prefix="verl_dry_"))
@@ -285,7 +324,8 @@ def dry_run() -> None:
 
 def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("action", nargs="?", choices=["prepare", "run"])
+    p.add_argument("action", nargs="?", choices=["prepare", "run", "compare"],
+                   help="compare: the real job's files in --out, verl against ours (vs_verl_gsm8k.json)")
     p.add_argument("--dry-run", action="store_true", help="CPU check of everything but verl itself")
     p.add_argument("--job", default="step", choices=sorted(JOBS))
     p.add_argument("--dir", default="/tmp/verl_step", help="prepare's output (the step job's hf/ and data/)")
@@ -307,6 +347,8 @@ def main(argv=None) -> None:
         return dry_run()
     if args.action == "prepare":
         return prepare_step(args.dir, tiny=False, shape=STEP_SHAPE)
+    if args.action == "compare":
+        return print(json.dumps(compare_jobs(args.out), indent=2))
     if args.action == "run":
         return run(args)
     raise SystemExit("say prepare, run or --dry-run")

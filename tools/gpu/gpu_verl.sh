@@ -70,7 +70,7 @@ E) [[ -d /tmp/site/ray ]] || { echo COLD_MACHINE; exit 9; }
    log "verl: the real job, $MINUTES minutes of training"
    $PY -m tools.bench.bench_verl_grpo run --job gsm8k --model $W/hf --data $W/gsm8k --minutes $MINUTES \
        --workdir $W/verl_gsm8k --timeout ${VERL_TIMEOUT:-560} --out $OUT 2>&1 | tail -8
-   cp $OUT/verl_gsm8k.json $W/ ;;  # F evaluates its export
+   cp $OUT/verl_gsm8k.json $OUT/verl_gsm8k_steps.json $W/ ;;  # F evaluates its export and compares
 F) [[ -d $W/mcore ]] || { echo COLD_MACHINE; exit 9; }
    log "ours: the real job, $MINUTES minutes"
    timeout -k 10 ${OURS_TIMEOUT:-420} $PY -m rlhf_mcore.train --config configs/gsm8k_grpo_smollm2.yaml \
@@ -83,6 +83,8 @@ F) [[ -d $W/mcore ]] || { echo COLD_MACHINE; exit 9; }
    cp $W/ours/metrics.jsonl $OUT/ours_gsm8k_metrics.jsonl 2>/dev/null
    ours=$($PY -c "import json; print(json.load(open('$W/ours/summary.json'))['hf_export'] or '')" 2>/dev/null)
    verl=$($PY -c "import json; print(json.load(open('$W/verl_gsm8k.json'))['hf_export'] or '')" 2>/dev/null)
-   evaluate eval_gsm8k start=$W/hf ${verl:+verl=$verl} ${ours:+ours=$ours} ;;
+   evaluate eval_gsm8k start=$W/hf ${verl:+verl=$verl} ${ours:+ours=$ours}
+   cp $W/verl_gsm8k.json $W/verl_gsm8k_steps.json $OUT/ 2>/dev/null  # E's, for the comparison
+   $PY -m tools.bench.bench_verl_grpo compare --out $OUT | tail -30 ;;
 *) echo "part A..F (got $PART)"; exit 2 ;;
 esac
