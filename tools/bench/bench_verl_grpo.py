@@ -31,10 +31,12 @@ import argparse
 import json
 import os
 import re
+import signal
 import statistics
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 
@@ -194,16 +196,25 @@ def prepare_step(directory: str, tiny: bool, shape: dict, steps: int = 8) -> Non
     write_prompt_parquet(rows, out / "data" / "train.parquet")
 
 
+def kill_group(pid: int) -> None:
+    try:
+        os.killpg(pid, signal.SIGKILL)  # verl, Ray and SGLang's processes: one session
+    except ProcessLookupError:  # it ended just before
+        pass
+
+
 READY = "ready to fit"  # verl's TaskRunner, once Ray, the FSDP engines and SGLang are up
 
 
 def run_verl(cmd: list[str], log_path: Path, timeout_s: float, env: dict) -> tuple[int, float | None]:
-    """verl's main_ppo with its output in `log_path` (step lines echoed); the exit code (124: timed out) and the
-    seconds from launch to READY (None if never)."""
+    """verl's main_ppo with its output in `log_path` (step lines echoed); the exit code (-9: killed at `timeout_s`,
+    silent or not) and the seconds from launch to READY (None if never)."""
     ready = None
     with open(log_path, "w") as log:
         proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env,
                                 start_new_session=True)
+        watchdog = threading.Timer(timeout_s, kill_group, (proc.pid,))
+        watchdog.start()
         start = time.monotonic()
         for line in proc.stdout:
             log.write(line)
@@ -211,9 +222,7 @@ def run_verl(cmd: list[str], log_path: Path, timeout_s: float, env: dict) -> tup
                 ready = time.monotonic() - start
             if STEP_LINE.search(line) or READY in line or "Traceback" in line or "Error" in line[:200]:
                 print(f"[{time.monotonic() - start:6.0f}s] {line.rstrip()[:240]}", flush=True)
-            if time.monotonic() - start > timeout_s:
-                os.killpg(proc.pid, 9)
-                return 124, ready
+        watchdog.cancel()
         return proc.wait(), ready
 
 
@@ -237,8 +246,9 @@ def run(args) -> None:
     steps_seen = parse_console(open(out / f"verl_{args.job}.log", errors="replace"))
     (out / f"verl_{args.job}_steps.json").write_text(json.dumps(steps_seen, indent=1))
     print(f"verl {args.job}: rc {rc}, {len(steps_seen)} steps in {wall:.0f} s")
-    result = {"system": f"verl-{verl_version()}", "engine": "sglang", "rc": rc, "wall_s": wall, "startup_s": startup,
-              "steps": len(steps_seen), "versions": versions()}
+    found = versions()
+    result = {"system": f"verl-{found['verl']}", "engine": "sglang", "rc": rc, "wall_s": wall, "startup_s": startup,
+              "steps": len(steps_seen), "versions": found}
     if args.job == "step" and steps_seen:
         hf = json.loads(Path(model, "config.json").read_text())
         result.update(summarize_step(steps_seen, hf, STEP_SHAPE), shape=STEP_SHAPE)
@@ -249,14 +259,6 @@ def run(args) -> None:
         result["hf_export"] = str(ckpts[-1]) if ckpts else None
         (out / f"verl_{args.job}.json").write_text(json.dumps(result, indent=2))
     print(json.dumps({k: v for k, v in result.items() if k not in ("steps_s", "versions")}, default=str))
-
-
-def verl_version() -> str:
-    try:
-        from importlib.metadata import version
-        return version("verl")
-    except Exception:  # noqa: BLE001 - the dry run has no verl
-        return "absent"
 
 
 def versions() -> dict:

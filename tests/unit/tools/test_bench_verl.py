@@ -195,3 +195,14 @@ def test_real_job_comparison_by_hand(tmp_path):
     assert o["score_first5"] == pytest.approx(0.3) and o["score_last5"] == pytest.approx(0.8)
     assert out["ratio_samples_per_s"] == 4.0 / 0.4 and out["start_model"] == {"acc": 0.003}
     assert json.loads((tmp_path / "vs_verl_gsm8k.json").read_text()) == json.loads(json.dumps(out))
+
+
+def test_a_silent_hang_is_killed_at_the_timeout_and_ready_is_timed(tmp_path):
+    import os
+    import time
+
+    start = time.monotonic()
+    rc, ready = bench.run_verl(["bash", "-c", "echo 'x ready to fit'; sleep 60"], tmp_path / "v.log", 1.0,
+                               dict(os.environ))
+    assert rc == -9 and ready is not None and ready < 1.0 and time.monotonic() - start < 10
+    assert (tmp_path / "v.log").read_text() == "x ready to fit\n"
