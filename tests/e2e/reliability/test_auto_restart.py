@@ -6,6 +6,7 @@ torchrun (Slurm's preemption) reaches every rank, which save and stop without a 
 rank are printed with their seed (KILL_SEED=... replays them)."""
 import os
 import random
+import re
 import signal
 import subprocess
 import sys
@@ -96,7 +97,9 @@ def test_a_rank_killed_at_a_random_moment_restarts_and_ends_like_the_straight_ru
     print(f"KILL_SEED={seed}: rank {victim} killed -9 {delay:.2f}s after global_step_1 (at metrics line "
           f"{steps_before}); the job ended rc={rc} {time.monotonic() - killed_at:.1f}s later")
     assert rc == 0, out[-4000:]
-    assert "failed (exitcode: -9)" in out and "resumed from" in out, out[-4000:]  # killed, restarted, resumed
+    # killed, restarted, resumed: torchrun names the first rank it finds dead, the one killed -9 or its peer that
+    # the agent stopped with SIGTERM (-15) meanwhile (KILL_SEED=281557 on 2026-12-04)
+    assert re.search(r"failed \(exitcode: -(9|15)\)", out) and "resumed from" in out, out[-4000:]
     assert comparable(metrics(run_dir)) == straight  # every step once, every value bitwise
     assert all(checkpoint_problems(p) == [] for _, p in list_checkpoints(run_dir))
 
