@@ -193,13 +193,7 @@ class NativeRolloutEngine:
                 for _ in range(extra):
                     self._generate_chunk([[self.pad_id]], params, generator, bar, padding=True)
         batch = assemble_batch(rows, responses, self.pad_id, self.ctx.device)
-        if images is not None and any(im is not None for im in images):  # the trainer's passes need them too
-            from rlhf_mcore.models.vision_step import stack_row_images
-
-            dim = next(im[0].size(1) for im in images if im is not None)
-            fields = stack_row_images(per_row, dim, self.ctx.device)
-            batch.pixel_values, batch.image_grid_thw = fields["pixel_values"], fields["image_grid_thw"]
-        return batch
+        return vision_decode.attach_images(batch, images, per_row, self.ctx.device)
 
     @property
     def continuous(self) -> bool:

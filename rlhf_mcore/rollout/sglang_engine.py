@@ -56,7 +56,7 @@ from rlhf_mcore.rollout.sglang_routing import SGLangRouting
 from rlhf_mcore.rollout.sglang_weights import FLATTENED, flatten_bucket, sglang_payload, weight_buckets
 from rlhf_mcore.rollout.stopping import Decode, ends_with_stop_string
 from rlhf_mcore.rollout.types import RolloutBatch, SamplingParams
-from rlhf_mcore.rollout.vision_decode import row_images
+from rlhf_mcore.rollout.vision_decode import attach_images, row_images
 
 log = logging.getLogger(__name__)
 
@@ -254,6 +254,8 @@ class SGLangRolloutEngine:
             os.environ.update(sglang_images.vlm_cache_env(model))  # read when the scheduler starts
         set_compile_cache(options.compile_cache_dir)
         kwargs = engine_kwargs(options, setup, dtype, torch.cuda.current_device())
+        if vision_side(model) is not None:
+            kwargs |= sglang_images.vision_engine_kwargs()
         server = sglang.Engine(model_path=model_dir, **kwargs)
         engine = cls(setup, options.weight_bucket_mb * 2**20, server, weights, encode=sglang_payload)
         log.info("rollout engine: embedded SGLang %s on GPU %d (%s attention, decode CUDA graphs up to batch %d, "
@@ -272,7 +274,8 @@ class SGLangRolloutEngine:
             return assemble_batch([], [], self.pad_id, self.ctx.device)
         sampling = sglang_sampling(params)
         routed = {"return_routed_experts": True} if self.routing is not None else {}
-        per_row = sglang_images.image_data(row_images(images, params.n, len(prompts)))
+        row_pictures = row_images(images, params.n, len(prompts))
+        per_row = sglang_images.image_data(row_pictures)
 
         def generate_rows(mine: list[tuple]) -> list[Response]:
             ids = [r for r, _ in mine]
@@ -292,7 +295,8 @@ class SGLangRolloutEngine:
         if self.routing is not None:
             for r in responses:
                 r.routing = self.routing.this_rank(r.routing)
-        return assemble_batch(rows, responses, self.pad_id, self.ctx.device)
+        batch = assemble_batch(rows, responses, self.pad_id, self.ctx.device)
+        return attach_images(batch, images, row_pictures, self.ctx.device)
 
     @property
     def continuous(self) -> bool:

@@ -94,6 +94,13 @@ def copy_processor_files(src: str, dst: str) -> list[str]:
     return copied
 
 
+def vision_engine_kwargs() -> dict[str, str]:
+    """sglang.Engine arguments of a vision LM: the tower's attention through torch's SDPA. SGLang's default on
+    Hopper is FA3 from sgl_kernel, which not every sgl_kernel build ships (the H200 box's raises "Can not import
+    FA3 in sgl_kernel" at the first image); SDPA runs everywhere, as the trainer's tower does."""
+    return {"mm_attention_backend": "sdpa"}
+
+
 def vlm_cache_env(model) -> dict[str, str]:
     """The environment SGLang must start with: its tower-output cache off when the tower is trained."""
     return {VLM_CACHE_ENV: "0"} if tower_trained(model) else {}

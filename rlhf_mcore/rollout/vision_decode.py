@@ -75,3 +75,15 @@ def row_images(images: Sequence[Images] | None, n: int, num_prompts: int) -> lis
     if len(images) != num_prompts:
         raise ValueError(f"rollout: {len(images)} image entries for {num_prompts} prompts. Give one per prompt.")
     return [im for im in images for _ in range(n)]
+
+
+def attach_images(batch, images: Sequence[Images] | None, per_row: Sequence[Images], device):
+    """Give a rollout batch its rows' images (pixel_values [B, P_max, D], image_grid_thw [B, I_max, 3]), which the
+    trainer's log-prob and update passes need; a batch without images is left as it is. Every engine calls it."""
+    if images is None or all(im is None for im in images):
+        return batch
+    from rlhf_mcore.models.vision_step import stack_row_images
+
+    fields = stack_row_images(per_row, next(im[0].size(1) for im in images if im is not None), device)
+    batch.pixel_values, batch.image_grid_thw = fields["pixel_values"], fields["image_grid_thw"]
+    return batch

@@ -74,12 +74,23 @@ def _vocab_errors(cfg) -> list[str]:
     return []
 
 
+def engine_model_size(hf_config: dict, bytes_per_value: int) -> tuple[int, int]:
+    """(parameters, KV-cache bytes per token) of the model a rollout engine holds: the whole config.json's model,
+    a vision LM's tower included; the KV cache is its language model's."""
+    from rlhf_mcore.models.full_weights import kv_bytes_per_token, num_params
+    from rlhf_mcore.models.registry import language_config
+    from rlhf_mcore.plan.params import tower_params
+
+    lm = language_config(hf_config)  # a vision LM nests the LM's fields under text_config
+    tower = tower_params(hf_config["vision_config"]) if "vision_config" in hf_config else 0
+    return num_params(lm) + tower, kv_bytes_per_token(lm, bytes_per_value)
+
+
 def _engine_memory_errors(cfg) -> list[str]:
     """The rollout engine's own copy of the model must fit one GPU (asked of the engine), and an engine that
     declared needs_cuda needs one."""
     import torch
 
-    from rlhf_mcore.models.full_weights import kv_bytes_per_token, num_params
     from rlhf_mcore.models.transformer_config import load_hf_config
     from rlhf_mcore.rollout.base import ROLLOUT_ENGINES, engine_options
 
@@ -87,12 +98,12 @@ def _engine_memory_errors(cfg) -> list[str]:
     if not torch.cuda.is_available():
         return [f"rollout.engine: {engine} needs a CUDA GPU (got {engine} on a machine without CUDA). Use "
                 "rollout.engine=native."] if ROLLOUT_ENGINES.traits(engine).needs_cuda else []
-    hf = load_hf_config(cfg.model)
     nbytes = 2 if cfg.model.dtype == "bf16" else 4
+    params, kv_per_token = engine_model_size(load_hf_config(cfg.model), nbytes)
     seq = cfg.data.max_prompt_length + cfg.rollout.max_response_length
     device = torch.cuda.get_device_properties(torch.cuda.current_device()).total_memory
     return ROLLOUT_ENGINES.get(cfg.rollout.engine).memory_errors(
-        engine_options(cfg.rollout), num_params(hf), nbytes, device, kv_bytes_per_token(hf, nbytes) * seq)
+        engine_options(cfg.rollout), params, nbytes, device, kv_per_token * seq)
 
 
 def _rows(key: str, path: str) -> tuple[list, list[str]]:

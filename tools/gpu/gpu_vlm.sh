@@ -45,12 +45,14 @@ if [[ $TESTS_S -gt 0 ]]; then  # TESTS_S=0: skip (a), e.g. for ENGINE=sglang onc
   echo "tests: rc $?"; grep "passed\|failed\|error\|SKIP" "$OUT/tests.log" | tail -6
 fi
 
-log "(b) tiny VLM preset (at most ${PRESET_S}s)"
-PRESET=(trainer.output_dir="$OUT/tiny_vlm" rollout.engine=$ENGINE)
-[[ -n "${DRY:-}" ]] && PRESET+=(trainer.total_steps=2 trainer.val_before_train=false)
-timeout -k 5 "$PRESET_S" $PY -m rlhf_mcore.train --config configs/tiny_vlm_grpo.yaml "${PRESET[@]}" \
-    > "$OUT/tiny_vlm.log" 2>&1
-echo "preset: rc $?"; grep -i "val\|step 40\|step 20\|Error\|Traceback" "$OUT/tiny_vlm.log" | grep -v Warn | tail -8
+if [[ $PRESET_S -gt 0 ]]; then  # PRESET_S=0: skip (b)
+  log "(b) tiny VLM preset (at most ${PRESET_S}s)"
+  PRESET=(trainer.output_dir="$OUT/tiny_vlm" rollout.engine=$ENGINE)
+  [[ -n "${DRY:-}" ]] && PRESET+=(trainer.total_steps=2 trainer.val_before_train=false)
+  timeout -k 5 "$PRESET_S" $PY -m rlhf_mcore.train --config configs/tiny_vlm_grpo.yaml "${PRESET[@]}" \
+      > "$OUT/tiny_vlm.log" 2>&1
+  echo "preset: rc $?"; grep -i "val\|step 40\|step 20\|Error\|Traceback" "$OUT/tiny_vlm.log" | grep -v Warn | tail -8
+fi
 
 log "(c) GRPO step at the Qwen2.5-VL-3B shape (at most ${BENCH_S}s)"
 HF=/tmp/qwen2.5-vl-3b

@@ -128,3 +128,20 @@ def test_a_plan_over_the_device_stops_naming_the_phase_the_term_and_the_fix(tmp_
     assert memory_plan_errors(small, device_bytes=16 * 2**30) == []
     off = load_config(preset, [f"model.hf_path={tmp_path}", "trainer.check_memory_plan=false"], check=False)
     assert memory_plan_errors(off, device_bytes=16 * 2**30) == []
+
+
+def test_engine_model_size_of_a_vision_lm_counts_its_tower_as_transformers_does():
+    """A vision LM's config.json nests the LM under text_config (the GPU preset once failed on it): the engine's
+    copy is the whole model, as transformers builds it, and its KV cache is the LM's."""
+    import json
+
+    import transformers
+
+    from rlhf_mcore.trainer.preflight import engine_model_size
+
+    hf = json.loads((ROOT / "data/tiny_vlm/config.json").read_text())
+    cfg = transformers.Qwen2_5_VLConfig(**{k: v for k, v in hf.items() if k not in ("architectures", "model_type")})
+    model = transformers.Qwen2_5_VLForConditionalGeneration(cfg)
+    text = cfg.text_config
+    kv = 2 * text.num_hidden_layers * text.num_key_value_heads * (text.hidden_size // text.num_attention_heads) * 2
+    assert engine_model_size(hf, 2) == (sum(p.numel() for p in model.parameters()), kv)

@@ -59,7 +59,11 @@ def test_rows_carry_their_prompts_images_and_keep_their_ids(vl_dir, mcore_ctx):
     assert torch.equal(item["pixel_values"], pv) and torch.equal(item["image_grid_thw"], thw)
     assert item["hash"] == sglang_images.images_hash(pv, thw)
     assert batch.tokens.tolist()[0][-2:] == [8, 9]  # the stand-in answers prompt[-1] + 1, + 2
-    engine.generate([[5, 6], [7]], SamplingParams(n=2, max_new_tokens=2))  # text only: as before
+    # the trainer's passes get each row's images with the batch, as from the native engine
+    assert torch.equal(batch.pixel_values[1, :pv.size(0)], pv) and not batch.pixel_values[2].any()
+    assert batch.image_grid_thw[:, 0].tolist() == [thw[0].tolist()] * 2 + [[0, 0, 0]] * 2
+    text = engine.generate([[5, 6], [7]], SamplingParams(n=2, max_new_tokens=2))  # text only: as before
+    assert getattr(text, "pixel_values", None) is None
     assert engine.engine.image_data[-1] is None and engine.engine.prefills == [[[5, 6], [7]]]
 
 
