@@ -64,12 +64,28 @@ def timer(name: str, timings: dict):
         with torch.profiler.record_function(f"phase/{name}"):  # trainer.profile_steps sums per phase
             yield
     finally:
-        if cuda:
+        if cuda and name not in ENDED_PEAKS:
             torch.cuda.synchronize()
             peak = torch.cuda.max_memory_allocated()
             PHASE_PEAKS[name] = max(PHASE_PEAKS.get(name, 0), peak)
             RUN_PEAK[0] = max(RUN_PEAK[0], peak)
+        ENDED_PEAKS.discard(name)
         timings[name] = timings.get(name, 0.0) + time.perf_counter() - start
+
+
+ENDED_PEAKS: set[str] = set()  # running phases whose peak `end_phase_peak` has already taken
+
+
+def end_phase_peak(name: str) -> None:
+    """Take the running phase's peak now (CUDA): what its timer still runs after this is not the phase's own memory.
+    The rollout's: trainer.offload_during_rollout reloads the training state inside the "gen" timer, and the
+    generation's peak (the memory plan's rollout) must not include it. The run's peak still sees the reload."""
+    if torch.cuda.is_available():
+        torch.cuda.synchronize()
+        peak = torch.cuda.max_memory_allocated()
+        PHASE_PEAKS[name] = max(PHASE_PEAKS.get(name, 0), peak)
+        RUN_PEAK[0] = max(RUN_PEAK[0], peak)
+        ENDED_PEAKS.add(name)
 
 
 PHASE_PEAKS: dict[str, int] = {}  # bytes allocated at each phase's peak since the last `take_phase_peaks` (CUDA)

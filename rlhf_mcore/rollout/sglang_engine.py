@@ -364,6 +364,11 @@ class SGLangRolloutEngine:
         self.engine.release_memory_occupation()
 
     def resume_memory(self) -> None:
+        """The engine's memory back, after the trainer's free cached blocks go back to the device: the scheduler is
+        another process and cannot reuse them (on the H200, the update's ~30 GiB of cache stayed reserved through
+        the rollout, beside the engine's whole memory fraction)."""
+        if torch.cuda.is_available():
+            torch.cuda.empty_cache()
         self.engine.resume_memory_occupation()
 
     def shutdown(self) -> None:

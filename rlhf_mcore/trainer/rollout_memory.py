@@ -11,7 +11,7 @@ import contextlib
 
 import torch
 
-from rlhf_mcore.logs import note_device_used, restart_phase_peak
+from rlhf_mcore.logs import end_phase_peak, note_device_used, restart_phase_peak
 from rlhf_mcore.trainer.optim import offload_for_rollout, reload_after_rollout
 
 
@@ -32,6 +32,7 @@ def rollout_memory(run):
         yield run.engine
     finally:
         note_device_used("gen")  # perf/device_used_gb/gen: the engine's memory before it goes (timer "gen")
+        end_phase_peak("gen")  # perf/max_memory_gb/gen: the generation's, without the reload below
         run.engine.release_memory()
         offload_during(run, False)
 

@@ -158,6 +158,11 @@ def test_an_offload_restarts_the_phases_peak_and_the_device_use_is_noted(monkeyp
         logs.note_device_used("gen")
         device["free"] = 120 * 2**30
         logs.note_device_used("gen")
+        logs.end_phase_peak("gen")  # the H200's 7B run measured the reload below as its generation's peak
+        allocated.update(now=125 * 2**30, peak=125 * 2**30)  # the state reloaded, still inside the timer
     assert logs.take_phase_peaks() == {"gen": 45 * 2**30} and logs.RUN_PEAK[0] == 120 * 2**30
     assert logs.take_device_used() == {"gen": 50 * 2**30} and logs.take_device_used() == {}
+    with logs.timer("gen", {}):  # the next phase counts again, and the run's peak has the reload
+        allocated.update(peak=130 * 2**30)
+    assert logs.take_phase_peaks() == {"gen": 130 * 2**30} and logs.RUN_PEAK[0] == 130 * 2**30
     logs.RUN_PEAK[0] = saved

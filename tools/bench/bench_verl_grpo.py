@@ -16,8 +16,8 @@ Jobs (a registry of verl overrides, `JOBS`):
   apart: `startup_s`); verl saves an HF export at the end for the evaluator (tools/bench/eval_gsm8k_hf.py).
 
 verl runs its FSDP backend with SGLang rollout, colocated (`rollout.mode=async`, the hybrid engine's sleep and wake),
-tuned as its performance docs advise: token-budget micro-batches (`use_dynamic_bsz`, 65536 tokens), no parameter or
-optimizer offload, `gpu_memory_utilization=0.5` (ours uses the same). Without a flash-attn wheel for the box, verl
+tuned as its performance docs advise: token-budget micro-batches (`use_dynamic_bsz`; the step job at verl's default
+16384 tokens per GPU, the real job at our preset's 65536), no parameter or optimizer offload, `gpu_memory_utilization=0.5` (ours uses the same). Without a flash-attn wheel for the box, verl
 runs `attn_implementation=sdpa` with `use_remove_padding=False`: its remove-padding packs a micro-batch into one row,
 which sdpa does not isolate (tools/gpu/verl_research.md section 1). Ours packs; say so next to trainer figures.
 
@@ -64,7 +64,7 @@ def common_overrides(model: str, workdir: str, tokenizer: str = "", gpus: int = 
         "actor_rollout_ref.model.enable_gradient_checkpointing=False",
         "actor_rollout_ref.actor.strategy=fsdp", "actor_rollout_ref.actor.entropy_coeff=0",
         "actor_rollout_ref.actor.loss_agg_mode=token-mean",
-        "actor_rollout_ref.actor.use_dynamic_bsz=True", "actor_rollout_ref.actor.ppo_max_token_len_per_gpu=65536",
+        "actor_rollout_ref.actor.use_dynamic_bsz=True",
         "actor_rollout_ref.actor.fsdp_config.param_offload=False",
         "actor_rollout_ref.actor.fsdp_config.optimizer_offload=False",
         "actor_rollout_ref.ref.fsdp_config.param_offload=False",
@@ -89,9 +89,19 @@ def sglang_graphs(rows: int) -> str:
     return f"+actor_rollout_ref.rollout.engine_kwargs.sglang.cuda_graph_max_bs_decode={rows}"
 
 
-def step_overrides(data: str, steps: int, shape: dict) -> list[str]:
+STEP_MAX_TOKENS = 16384  # verl's default ppo_max_token_len_per_gpu. At 65536 (2026-12-04) the 152k-vocab logits
+# of a micro-batch took verl's actor to 126.5 GiB allocated (136 reserved) of the H200's 140, and a step to 69 s
+GSM8K_MAX_TOKENS = 65536  # our preset's actor.max_tokens_per_gpu (SmolLM2's vocabulary is 49k)
+
+
+def token_budget(max_tokens: int) -> list[str]:
+    """verl's token budget per micro-batch (`use_dynamic_bsz`), for the training and the log-prob passes."""
+    return [f"actor_rollout_ref.actor.ppo_max_token_len_per_gpu={max_tokens}"]
+
+
+def step_overrides(data: str, steps: int, shape: dict, max_tokens: int = 0) -> list[str]:
     """bench_grpo_step's shape: one optimizer step per step (mini-batch = all prompts), no KL, random rewards."""
-    return [
+    return [*token_budget(max_tokens or STEP_MAX_TOKENS),
         f"data.train_files={data}/train.parquet", f"data.val_files={data}/train.parquet",
         f"data.train_batch_size={shape['prompts']}", f"data.max_prompt_length={shape['prompt_len']}",
         f"data.max_response_length={shape['new_tokens']}", f"actor_rollout_ref.rollout.n={shape['n']}",
@@ -102,10 +112,10 @@ def step_overrides(data: str, steps: int, shape: dict) -> list[str]:
     ]
 
 
-def gsm8k_overrides(data: str, steps: int, shape: dict) -> list[str]:
+def gsm8k_overrides(data: str, steps: int, shape: dict, max_tokens: int = 0) -> list[str]:
     """configs/gsm8k_grpo_smollm2.yaml in verl's keys (k3 is verl's low_var_kl), our reward; an HF export at the
     end (`hf_model`) for the evaluator."""
-    return [
+    return [*token_budget(max_tokens or GSM8K_MAX_TOKENS),
         f"data.train_files={data}/train.parquet", f"data.val_files={data}/test.parquet",
         "data.train_batch_size=64", "data.max_prompt_length=256", "data.max_response_length=256",
         "actor_rollout_ref.rollout.n=8", "actor_rollout_ref.actor.optim.lr=1e-5",
@@ -123,9 +133,10 @@ JOBS = {"step": step_overrides, "gsm8k": gsm8k_overrides}
 
 
 def verl_command(job: str, model: str, data: str, workdir: str, steps: int, shape: dict | None = None,
-                 tokenizer: str = "", python: str = sys.executable) -> list[str]:
+                 tokenizer: str = "", python: str = sys.executable, max_tokens: int = 0) -> list[str]:
+    """verl's command line for `job` (`max_tokens`: its token budget per micro-batch; 0: the job's)."""
     return [python, "-m", "verl.trainer.main_ppo", *common_overrides(model, workdir, tokenizer),
-            *JOBS[job](data, steps, shape or STEP_SHAPE)]
+            *JOBS[job](data, steps, shape or STEP_SHAPE, max_tokens)]
 
 
 STEP_LINE = re.compile(r"(?:^|\s)step:(\d+) - ")
@@ -234,7 +245,7 @@ def run(args) -> None:
     workdir = args.workdir or tempfile.mkdtemp(prefix=f"verl_{args.job}_")
     steps = args.steps if args.job == "step" else 100000
     tokenizer = args.tokenizer or (f"{args.dir}/tokenizer" if args.job == "step" else "")
-    cmd = verl_command(args.job, model, data, workdir, steps, tokenizer=tokenizer)
+    cmd = verl_command(args.job, model, data, workdir, steps, tokenizer=tokenizer, max_tokens=args.max_tokens)
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(REPO), os.environ.get(
         "PYTHONPATH", "")])), RAY_USAGE_STATS_ENABLED="0", RAY_memory_monitor_refresh_ms="0")
     if args.minutes:
@@ -337,6 +348,8 @@ def parse_args(argv=None):
                    "else the model's)")
     p.add_argument("--workdir", default="", help="verl's checkpoints and Hydra output (default: a temp dir)")
     p.add_argument("--steps", type=int, default=4, help="step job: verl steps (the first warms up)")
+    p.add_argument("--max-tokens", type=int, default=0, help="verl's token budget per micro-batch (default: "
+                   f"the job's: step {STEP_MAX_TOKENS}, gsm8k {GSM8K_MAX_TOKENS})")
     p.add_argument("--minutes", type=float, default=0.0, help="gsm8k job: minutes of training from the first step")
     p.add_argument("--timeout", type=float, default=540.0, help="kill verl after this many seconds")
     p.add_argument("--out", default="results")

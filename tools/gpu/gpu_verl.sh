@@ -14,6 +14,9 @@
 #   bash tools/gpu/gpu_verl.sh E   # carry gguf/smollm2.gguf.part2: SmolLM2 + GSM8K; verl's real job
 #   bash tools/gpu/gpu_verl.sh F   # ours on the real job (the preset unchanged); the start model, verl's export
 #                                  # and ours through one evaluator
+# Each call must start within 30 s of the previous one's end: run nothing heavy locally meanwhile (a 43 MB carry
+# uploading beside a local test suite missed it once). Lease 3 (the step job re-run, then the real job): A, B,
+# STEPS=2 C, ENGINES= D, E, F.
 # Results in $OUT: verl_<job>.log/_steps.json/.json, grpo_step_part_*.json, ours_gsm8k.log/_metrics.jsonl,
 # eval_gsm8k.json (+ _samples.jsonl). tools/bench/bench_grpo_step.py --combine puts the step parts
 # in one table. CPU dry run of what runs without verl: python -m tools.bench.bench_verl_grpo --dry-run

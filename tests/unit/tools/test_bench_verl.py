@@ -38,6 +38,10 @@ def test_step_job_is_bench_grpo_steps_shape():
     assert keys["reward.custom_reward_function.name"] == "random_score"
     assert keys["actor_rollout_ref.model.tokenizer_path"] == "/t"
     assert keys["trainer.total_training_steps"] == "4"
+    # verl's default token budget: 4x it thrashed the H200's memory with the 152k-vocab logits (69 s a step)
+    assert keys["actor_rollout_ref.actor.ppo_max_token_len_per_gpu"] == "16384"
+    again = overrides(bench.verl_command("step", "/m", "/d", "/w", 4, max_tokens=24576))
+    assert again["actor_rollout_ref.actor.ppo_max_token_len_per_gpu"] == "24576"
     # SGLang as our engine sets it: decode graphs cover the 512-row batch
     assert keys["actor_rollout_ref.rollout.engine_kwargs.sglang.cuda_graph_max_bs_decode"] == "512"
     # no flash-attn wheel: sdpa, and no remove-padding (it would mix packed sequences under sdpa)
