@@ -147,6 +147,8 @@ class ModelSpec:
     run_errors: Callable[[object], list[str]] = no_run_errors
     checkpoint_aliases: tuple[tuple[str, str], ...] = ()  # (prefix some checkpoints use, the table's prefix)
     vision_prefix: str | None = None  # HF tensors under it belong to the vision tower, not the table
+    vision_tower: Callable[[], type] | None = None  # the tower's transformers class (built from vision_config)
+    export_prefixes: tuple[tuple[str, str], ...] = ()  # (the table's prefix, what an HF export writes instead)
 
 
 # The GPT structure every family shares (RMSNorm, RoPE, SwiGLU, GQA), in Llama's HF names.

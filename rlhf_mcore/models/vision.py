@@ -15,6 +15,7 @@ parallelism for now (`families.qwen2_5_vl.run_errors`); videos are refused.
 from __future__ import annotations
 
 import dataclasses
+import functools
 
 import torch
 
@@ -24,15 +25,16 @@ VISION_FILE = "vision.safetensors"  # a converted checkpoint's tower, beside its
 DEFAULT_TOKENS = {"image_token_id": 151655, "video_token_id": 151656}  # transformers' Qwen2_5_VLConfig defaults
 
 
-def tower_class():
-    from transformers.models.qwen2_5_vl.modeling_qwen2_5_vl import Qwen2_5_VisionTransformerPretrainedModel
+def tower_class(hf: dict) -> type:
+    """transformers' tower class of config.json's family (`ModelSpec.vision_tower`)."""
+    from rlhf_mcore.models.registry import spec_for_hf_config
 
-    return Qwen2_5_VisionTransformerPretrainedModel
+    return spec_for_hf_config(hf).vision_tower()
 
 
 def build_vision_tower(hf: dict, dtype: torch.dtype, device, attention: str = "sdpa") -> torch.nn.Module:
     """transformers' vision tower + merger of config.json's `vision_config` (random weights until loaded)."""
-    cls = tower_class()
+    cls = tower_class(hf)
     config = cls.config_class(**hf["vision_config"])  # the modeling code's own config of that dict
     config._attn_implementation = attention
     return cls(config).to(device=device, dtype=dtype).eval()
@@ -84,6 +86,10 @@ class VisionSide:
     image_token_id: int
     video_token_id: int
     merge: int
+    # DeepStack (Qwen3-VL): the features the hooks add after LM layers 0 .. levels - 1, staged by `merge_images`
+    # for the next forward of the first stage: (sequence index, batch index, features [levels, N, h]), or None
+    pending: tuple | None = dataclasses.field(default=None, repr=False)
+    hooks: list = dataclasses.field(default_factory=list, repr=False)
 
 
 TOWER_NAME = "vision_tower"  # the submodule name of a trained tower (its parameters' prefix in the LM)
@@ -93,9 +99,34 @@ def attach_tower(lm: torch.nn.Module, tower: torch.nn.Module, hf: dict, trainabl
     """Give `lm` (this rank's GPTModel, its weights loaded) the tower: frozen unless `trainable`."""
     tokens = {k: hf.get(k, v) for k, v in DEFAULT_TOKENS.items()}
     tower.requires_grad_(trainable)
-    lm.vision = VisionSide(tower, merge=hf["vision_config"].get("spatial_merge_size", 2), **tokens)
+    old = getattr(lm, "vision", None)
+    for handle in old.hooks if old is not None else ():
+        handle.remove()
+    lm.vision = side = VisionSide(tower, merge=hf["vision_config"].get("spatial_merge_size", 2), **tokens)
+    levels = deepstack_levels(tower)
+    for layer in getattr(getattr(lm, "decoder", None), "layers", ()) if levels else ():
+        if layer.layer_number - 1 < levels:  # global, 1-based: the first stage holds layers 0 .. levels - 1
+            side.hooks.append(layer.register_forward_hook(functools.partial(add_deepstack, side,
+                                                                           layer.layer_number - 1)))
     if trainable:
         lm.add_module(TOWER_NAME, tower)
+
+
+def deepstack_levels(tower) -> int:
+    """How many DeepStack levels the tower returns (Qwen3-VL's `deepstack_visual_indexes`; 0 for Qwen2.5-VL)."""
+    return len(getattr(tower, "deepstack_visual_indexes", None) or ())
+
+
+def add_deepstack(side: VisionSide, level: int, layer, args, output):
+    """Forward hook of LM layer `level`: its output hidden states [s, b, h] plus DeepStack level `level` at the
+    image tokens (transformers' `_deepstack_process` after decoder layer k), out of place; unchanged without
+    staged features (text, decode steps)."""
+    if side.pending is None:
+        return output
+    hidden, context = output
+    s_idx, b_idx, features = side.pending
+    added = hidden.index_put((s_idx, b_idx), hidden[s_idx, b_idx] + features[level].to(hidden.dtype))
+    return added, context
 
 
 def save_tower(directory, model, prefix: str = "visual.") -> bool:
@@ -189,17 +220,35 @@ def build_vision_lm(hf_dir: str, role: str, model_cfg, parallel_cfg, ctx, train_
     tower = build_vision_tower(hf, next(lm.parameters()).dtype, ctx.device)
     files = weight_files(hf_dir)
     load_vision_weights(tower, LazyStateDict(files, spec.checkpoint_aliases), spec.vision_prefix, str(files[0]))
-    tower.requires_grad_(train_vision)
+    attach_tower(lm, tower, hf, trainable=train_vision)  # DeepStack's hooks too (Qwen3-VL)
     return VisionLM.from_parts(lm, tower, hf)
 
 
 def image_embeddings(tower: torch.nn.Module, pixel_values: torch.Tensor, image_grid_thw: torch.Tensor) -> torch.Tensor:
-    """[num_image_tokens, out_hidden] from pixel_values [num_patches, C*T*P*P] and grids [num_images, 3] (no graph
-    when the tower is frozen)."""
+    """[num_image_tokens, out_hidden x (1 + DeepStack levels)] from pixel_values [num_patches, C*T*P*P] and grids
+    [num_images, 3] (no graph when the tower is frozen): the merged embeddings, then each DeepStack level (Qwen3-VL)
+    along the last dim, so that splitting and reordering image tokens (per row, per prompt) carries them all."""
     frozen = not any(p.requires_grad for p in tower.parameters())
     with torch.set_grad_enabled(torch.is_grad_enabled() and not frozen):
         out = tower(pixel_values.to(next(tower.parameters()).dtype), grid_thw=image_grid_thw)
-    return out.pooler_output
+    levels = getattr(out, "deepstack_features", None) or []
+    return torch.cat([out.pooler_output, *levels], dim=-1) if levels else out.pooler_output
+
+
+def merge_images(side: VisionSide, embeddings: torch.Tensor, input_ids: torch.Tensor,
+                 images: torch.Tensor | None) -> torch.Tensor:
+    """`merge_image_embeddings` of `image_embeddings`' main part, and its DeepStack levels staged on `side` for this
+    forward's hooks (cleared when `images` is None: a text batch or a decode step)."""
+    if images is None:
+        side.pending = None
+        return embeddings
+    hidden = embeddings.size(-1)
+    merged = merge_image_embeddings(embeddings, input_ids, images[:, :hidden], side.image_token_id)
+    side.pending = None
+    if images.size(1) > hidden:
+        b_idx, s_idx = (input_ids == side.image_token_id).nonzero(as_tuple=True)  # row-major, as the features
+        side.pending = (s_idx, b_idx, images[:, hidden:].unflatten(1, (-1, hidden)).transpose(0, 1))
+    return merged
 
 
 def merge_image_embeddings(embeddings: torch.Tensor, input_ids: torch.Tensor, images: torch.Tensor,
@@ -233,14 +282,13 @@ def vision_lm_forward(vlm: VisionLM, input_ids: torch.Tensor, pixel_values: torc
     """The LM's output (hidden states [B, S, h] for an actor / ref's `HiddenStatesHead`) of a right-padded batch
     input_ids [B, S] (attention_mask [B, S], 1 = token) with its images (pixel_values, image_grid_thw)."""
     if (input_ids == vlm.video_token_id).any():
-        raise ValueError("input_ids: video tokens are not supported yet (Qwen2.5-VL images only). Use images.")
+        raise ValueError("input_ids: video tokens are not supported yet (images only). Use images.")
     if attention_mask is not None:
         check_right_padded(attention_mask)
     embeddings = vlm.lm.embedding(input_ids=input_ids, position_ids=None)  # [S, B, h], whole over TP
-    if pixel_values is not None:
-        images = image_embeddings(vlm.tower, pixel_values, image_grid_thw)
-        embeddings = merge_image_embeddings(embeddings, input_ids, images, vlm.image_token_id)
-    elif (input_ids == vlm.image_token_id).any():
+    if pixel_values is None and (input_ids == vlm.image_token_id).any():
         raise ValueError("input_ids: image tokens without pixel_values. Pass the images with their tokens.")
+    images = None if pixel_values is None else image_embeddings(vlm.tower, pixel_values, image_grid_thw)
+    embeddings = merge_images(vision_side(vlm.lm), embeddings, input_ids, images)
     positions, _ = mrope_position_ids(input_ids, image_grid_thw, vlm.image_token_id, vlm.merge, attention_mask)
     return vlm.lm(input_ids, positions, None, decoder_input=embeddings)

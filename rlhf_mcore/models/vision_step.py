@@ -20,7 +20,7 @@ from typing import Sequence
 import torch
 
 from rlhf_mcore.models.mrope import mrope_position_ids, row_positions
-from rlhf_mcore.models.vision import VisionSide, image_embeddings, merge_image_embeddings
+from rlhf_mcore.models.vision import VisionSide, image_embeddings, merge_images
 
 
 def stack_row_images(per_row: Sequence[tuple[torch.Tensor, torch.Tensor] | None], patch_dim: int,
@@ -149,17 +149,15 @@ def vision_inputs(lm, side: VisionSide, mb: dict, packed: bool) -> tuple[torch.T
     every stage's rotary table needs; the tower runs on the first stage."""
     tokens, layout = mb["tokens"], prompt_ids(mb, packed)
     if bool((layout == side.video_token_id).any()):
-        raise ValueError("input_ids: video tokens are not supported yet (Qwen2.5-VL images only). Use images.")
+        raise ValueError("input_ids: video tokens are not supported yet (images only). Use images.")
     grids = micro_batch_grids(mb)
     if grids is None and bool((layout == side.image_token_id).any()):
         raise ValueError("input_ids: image tokens without pixel_values. Pass the images with their tokens.")
     embeddings = None
     if getattr(lm, "pre_process", True):
         embeddings = lm.embedding(input_ids=tokens, position_ids=None)  # [s, b, h]
-        if grids is not None:
-            embeddings = merge_image_embeddings(embeddings, layout, shared_image_embeddings(side.tower, mb,
-                                                                                            side.merge),
-                                                side.image_token_id)
+        images = None if grids is None else shared_image_embeddings(side.tower, mb, side.merge)
+        embeddings = merge_images(side, embeddings, layout, images)  # DeepStack (Qwen3-VL): staged for the hooks
     if packed:
         positions = packed_mrope_positions(layout, mb["cu_seqlens"], mb["row_index"].numel(), grids,
                                            side.image_token_id, side.merge)

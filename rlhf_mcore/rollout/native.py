@@ -395,6 +395,9 @@ class NativeRolloutEngine:
             cfg = self.model.config
             self.model.set_input_tensor(comm.recv_from_prev_stage((s, b, cfg.hidden_size), cfg.params_dtype, self.ctx))
         extra = {} if decoder_input is None else {"decoder_input": decoder_input}
+        side = vision_side(self.model)
+        if side is not None and decoder_input is None:
+            side.pending = None  # a decode step: the prefill's DeepStack features (Qwen3-VL) are spent
         output = self.model(input_ids, position_ids, mask, inference_context=kv, runtime_gather_output=True, **extra)
         kv.increment_sequence_len_offset(s)
         if not self.ctx.is_first_stage:

@@ -15,7 +15,7 @@ from typing import Sequence
 import torch
 
 from rlhf_mcore.models.mrope import decode_position_ids, mrope_position_ids
-from rlhf_mcore.models.vision import VisionSide, image_embeddings, merge_image_embeddings
+from rlhf_mcore.models.vision import VisionSide, image_embeddings, merge_images
 
 Images = tuple[torch.Tensor, torch.Tensor] | None  # (pixel_values [p, D], image_grid_thw [i, 3]) of one row
 
@@ -58,14 +58,14 @@ def prefill_input(model, side: VisionSide, prompt: torch.Tensor, images: Sequenc
     """decoder_input [P, b, h] of the prefill: the word embeddings, image tokens' rows from the tower (once per
     prompt, `chunk_image_embeddings`)."""
     if bool((prompt == side.video_token_id).any()):
-        raise ValueError("rollout prompts: video tokens are not supported yet (Qwen2.5-VL images only). Use images.")
+        raise ValueError("rollout prompts: video tokens are not supported yet (images only). Use images.")
     embeddings = model.embedding(input_ids=prompt, position_ids=None)
     if all(im is None for im in images):
         if bool((prompt == side.image_token_id).any()):
             raise ValueError("rollout prompts: image tokens without images. Pass each prompt's images with it.")
-        return embeddings
+        return merge_images(side, embeddings, prompt, None)
     images = chunk_image_embeddings(side.tower, images, side.merge, prompt.device)
-    return merge_image_embeddings(embeddings, prompt, images, side.image_token_id)
+    return merge_images(side, embeddings, prompt, images)  # DeepStack (Qwen3-VL): staged for the prefill's hooks
 
 
 def row_images(images: Sequence[Images] | None, n: int, num_prompts: int) -> list[Images]:

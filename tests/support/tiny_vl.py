@@ -39,9 +39,40 @@ def save_tiny_vl(out_dir: Path) -> Path:
     return Path(out_dir)
 
 
-def image_batch(seed: int = 0) -> dict:
+PATCH_DIM3 = 3 * 2 * 16 * 16  # Qwen3-VL's patch: 16 x 16
+
+
+def tiny_vl3_model(seed: int = 0):
+    """A tiny random Qwen3-VL (transformers' `Qwen3VLForConditionalGeneration`): LM 4 layers, hidden 64, 4 heads /
+    2 KV heads, head_dim 16, interleaved M-RoPE sections 3 + 3 + 2 (unequal, so a contiguous layout would differ on
+    image tokens), untied; tower depth 3, hidden 32, patch 16, merge 2, an 8 x 8 position table (4 x 4 and 4 x 6
+    grids interpolate), DeepStack from blocks 0 and 2 into LM layers 0 and 1."""
+    from transformers import Qwen3VLConfig, Qwen3VLForConditionalGeneration
+
+    config = Qwen3VLConfig(
+        text_config=dict(hidden_size=64, intermediate_size=96, num_hidden_layers=4, num_attention_heads=4,
+                         num_key_value_heads=2, head_dim=16, vocab_size=VOCAB, max_position_embeddings=512,
+                         rms_norm_eps=1e-6, tie_word_embeddings=False, bos_token_id=1, eos_token_id=2,
+                         pad_token_id=0, rope_parameters={"rope_type": "default", "rope_theta": 5000000.0,
+                                                          "mrope_section": [3, 3, 2], "mrope_interleaved": True}),
+        vision_config=dict(depth=3, hidden_size=32, intermediate_size=48, num_heads=2, patch_size=16,
+                           spatial_merge_size=2, temporal_patch_size=2, out_hidden_size=64,
+                           num_position_embeddings=64, deepstack_visual_indexes=[0, 2]),
+        image_token_id=IMAGE, video_token_id=VIDEO, vision_start_token_id=START, vision_end_token_id=END,
+        tie_word_embeddings=False)
+    model = Qwen3VLForConditionalGeneration(config)
+    randomize_(model, seed)
+    return model.eval()
+
+
+def save_tiny_vl3(out_dir: Path) -> Path:
+    tiny_vl3_model().save_pretrained(str(out_dir))
+    return Path(out_dir)
+
+
+def image_batch(seed: int = 0, patch_dim: int = PATCH_DIM) -> dict:
     """Three right-padded rows: one image each in rows 0 and 1 (4 and 6 tokens), row 2 text only and shorter.
-    input_ids / attention_mask [3, 16], pixel_values [40, 1176], image_grid_thw [2, 3], mm_token_type_ids."""
+    input_ids / attention_mask [3, 16], pixel_values [40, patch_dim], image_grid_thw [2, 3], mm_token_type_ids."""
     gen = torch.Generator().manual_seed(seed)
     text = lambda n: torch.randint(3, START, (n,), generator=gen).tolist()  # noqa: E731
     rows = [text(3) + [START] + [IMAGE] * 4 + [END] + text(5),
@@ -52,7 +83,7 @@ def image_batch(seed: int = 0) -> dict:
     mask = torch.tensor([[1] * len(r) + [0] * (width - len(r)) for r in rows])
     patches = sum(t * h * w for t, h, w in GRIDS)
     return {"input_ids": input_ids, "attention_mask": mask, "image_grid_thw": torch.tensor(GRIDS),
-            "pixel_values": torch.randn(patches, PATCH_DIM, generator=gen),
+            "pixel_values": torch.randn(patches, patch_dim, generator=gen),
             "mm_token_type_ids": (input_ids == IMAGE).int()}
 
 

@@ -8,7 +8,7 @@ writes) or `model.language_model.*` (transformers 4.5x); the vision tower as `vi
 from rlhf_mcore.models.spec import BASE_WEIGHTS, QKV_BIAS, ModelSpec
 
 
-def _rope_fields(hf: dict) -> list[tuple[str, dict]]:
+def rope_fields(hf: dict) -> list[tuple[str, dict]]:
     return [(f, hf[f]) for f in ("rope_parameters", "rope_scaling") if isinstance(hf.get(f), dict)]
 
 
@@ -23,7 +23,7 @@ def text_config(hf: dict) -> dict:
     """
     text = {k: v for k, v in (hf.get("text_config") or {}).items() if k != "model_type"}
     flat = {**text, **{k: v for k, v in hf.items() if k != "text_config"}}
-    for field, params in _rope_fields(flat):
+    for field, params in rope_fields(flat):
         if params.get("rope_type", params.get("type")) == "mrope":
             flat[field] = {**{k: v for k, v in params.items() if k != "type"}, "rope_type": "default"}
     return flat
@@ -31,7 +31,7 @@ def text_config(hf: dict) -> dict:
 
 def mrope_section(hf: dict) -> list[int] | None:
     """The rotary frequencies per axis (temporal, height, width) of a flat config."""
-    for _, params in _rope_fields(hf):
+    for _, params in rope_fields(hf):
         if params.get("mrope_section"):
             return list(params["mrope_section"])
     return None
@@ -45,7 +45,7 @@ def check(hf: dict, source: str) -> None:
     if not section or len(section) != 3 or sum(section) != half:
         errs.append(f"{source}: rope_parameters.mrope_section must be three counts summing to head_dim / 2 = {half} "
                     f"(got {section}). Use the model's own config.json.")
-    kind = next((p.get("rope_type", p.get("type")) for _, p in _rope_fields(hf)), "default")
+    kind = next((p.get("rope_type", p.get("type")) for _, p in rope_fields(hf)), "default")
     if kind not in (None, "default"):
         errs.append(f"{source}: rope type {kind!r} with M-RoPE is not supported for Qwen2.5-VL (got {kind}). "
                     "Use a model with default M-RoPE.")
@@ -62,25 +62,25 @@ def config_fields(hf: dict) -> dict:
     return {"mrope_section": mrope_section(hf)}
 
 
-def layout_errors(parallel) -> list[str]:
+def layout_errors(parallel, name: str = "Qwen2.5-VL") -> list[str]:
     """No sequence parallelism for now: the image embeddings replace token rows before the decoder, whole along the
     sequence (`models.vision`). Pipeline stages: the first runs the tower, every stage the M-RoPE positions."""
     errs = []
     if parallel.sequence_parallel:
-        errs.append("parallel.sequence_parallel: not yet with Qwen2.5-VL (got true). Set it to false.")
+        errs.append(f"parallel.sequence_parallel: not yet with {name} (got true). Set it to false.")
     return errs
 
 
-# what a run with Qwen2.5-VL cannot take yet: (setting is on, error line)
+# what a run with a vision LM cannot take yet: (setting is on, error line; {name}: the family's name)
 RUN_LIMITS = (
-    (lambda c: not c.model.hf_path, "model.hf_path: Qwen2.5-VL is built from its HF directory (its vision_config "
+    (lambda c: not c.model.hf_path, "model.hf_path: {name} is built from its HF directory (its vision_config "
      "and preprocessor_config.json) (got ''). Set model.hf_path (model.init=random for random weights)."),
     (lambda c: c.parallel.pp > 1 and not c.model.freeze_vision_tower, "model.freeze_vision_tower: a trained tower "
      "runs at parallel.pp=1 only for now (got false at parallel.pp={c.parallel.pp}): its copies on later stages would "
      "drift. Set model.freeze_vision_tower=true, or parallel.pp=1."),
     (lambda c: c.rollout.mode != "single_turn", "rollout.mode: multi-turn rollouts with images are not supported yet "
      "(got {c.rollout.mode}). Set rollout.mode=single_turn."),
-    (lambda c: c.async_training.partial_rollout, "async_training.partial_rollout: not yet with Qwen2.5-VL (got "
+    (lambda c: c.async_training.partial_rollout, "async_training.partial_rollout: not yet with {name} (got "
      "true). Set it to false."),
     (lambda c: c.algorithm.filter_groups.enable, "algorithm.filter_groups.enable: dynamic sampling does not carry "
      "images yet (got true). Set it to false."),
@@ -89,13 +89,23 @@ RUN_LIMITS = (
 )
 
 
-def run_errors(cfg) -> list[str]:
+def vision_run_errors(cfg, name: str) -> list[str]:
     """The layout's errors and the run settings not supported yet with images (`RUN_LIMITS`)."""
-    return layout_errors(cfg.parallel) + [line.format(c=cfg) for on, line in RUN_LIMITS if on(cfg)]
+    return layout_errors(cfg.parallel, name) + [line.format(c=cfg, name=name) for on, line in RUN_LIMITS if on(cfg)]
+
+
+def run_errors(cfg) -> list[str]:
+    return vision_run_errors(cfg, "Qwen2.5-VL")
+
+
+def tower_class():
+    from transformers.models.qwen2_5_vl.modeling_qwen2_5_vl import Qwen2_5_VisionTransformerPretrainedModel
+
+    return Qwen2_5_VisionTransformerPretrainedModel
 
 
 SPEC = ModelSpec("qwen2_5_vl", ("qwen2_5_vl",), ("Qwen2_5_VLForConditionalGeneration",),
                  BASE_WEIGHTS + (QKV_BIAS,), qkv_bias=True, check=check, config_fields=config_fields,
                  decode_paths=("eager",),  # M-RoPE positions per slot: the eager engine (not the static decoder)
-                 text_config=text_config, run_errors=run_errors, vision_prefix="visual.",
+                 text_config=text_config, run_errors=run_errors, vision_prefix="visual.", vision_tower=tower_class,
                  checkpoint_aliases=(("model.language_model.", "model."), ("model.visual.", "visual.")))
