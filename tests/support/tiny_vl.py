@@ -70,6 +70,15 @@ def save_tiny_vl3(out_dir: Path) -> Path:
     return Path(out_dir)
 
 
+# the tiny model of each vision family and its patch size (a row of pixel_values)
+FAMILIES = {"qwen2_5_vl": (tiny_vl_model, PATCH_DIM), "qwen3_vl": (tiny_vl3_model, PATCH_DIM3)}
+
+
+def save_tiny_family(family: str, out_dir: Path) -> Path:
+    FAMILIES[family][0]().save_pretrained(str(out_dir))
+    return Path(out_dir)
+
+
 def image_batch(seed: int = 0, patch_dim: int = PATCH_DIM) -> dict:
     """Three right-padded rows: one image each in rows 0 and 1 (4 and 6 tokens), row 2 text only and shorter.
     input_ids / attention_mask [3, 16], pixel_values [40, patch_dim], image_grid_thw [2, 3], mm_token_type_ids."""
@@ -109,11 +118,11 @@ def vl_actor(vl_dir, mcore_ctx, freeze: bool = True):
     return cfg, build_train_state(model, cfg.actor.optim, cfg.parallel)
 
 
-def vl_step_batch(seed: int = 0) -> dict:
+def vl_step_batch(seed: int = 0, patch_dim: int = PATCH_DIM) -> dict:
     """tests/support/tiny_vl.py's image batch as a step batch: rows 0 and 1 have an image each, row 2 none."""
     from rlhf_mcore.models.vision_step import stack_row_images
 
-    b = image_batch(seed)
+    b = image_batch(seed, patch_dim)
     lengths = b["attention_mask"].sum(1)
     pos = torch.arange(b["input_ids"].size(1))[None]
     patches = [t * h * w for t, h, w in GRIDS]

@@ -1,4 +1,5 @@
-"""The native engine rolls out a vision LM (rollout/vision_decode.py): prompts with images (left-padded, prefilled
+"""The native engine rolls out a vision LM (rollout/vision_decode.py; Qwen2.5-VL, and Qwen3-VL with DeepStack in the
+prefill only): prompts with images (left-padded, prefilled
 with the tower's embeddings, decoded at M-RoPE positions) give the log-probs the trainer's old-log-prob pass
 computes on the same rows (fp32, <= 1e-5) with the tower run once per prompt (its samples share the embeddings),
 and the batch carries each row's images on to the trainer."""
@@ -12,19 +13,19 @@ from rlhf_mcore.rollout.native import NativeRolloutEngine
 from rlhf_mcore.rollout.types import SamplingParams
 from rlhf_mcore.trainer.losses import actor_loss
 from rlhf_mcore.trainer.schedule import forward_collect, split_micro_batches
-from tests.support.tiny_vl import GRIDS, image_batch, save_tiny_vl, vl_actor
+from tests.support.tiny_vl import FAMILIES, GRIDS, image_batch, save_tiny_family, vl_actor
 
 TOL = 1e-5
 
 
-@pytest.fixture(scope="module")
-def vl_dir(tmp_path_factory):
-    return save_tiny_vl(tmp_path_factory.mktemp("vl_rollout") / "hf")
+@pytest.fixture(scope="module", params=sorted(FAMILIES))
+def vl_dir(tmp_path_factory, request):
+    return save_tiny_family(request.param, tmp_path_factory.mktemp(f"vl_rollout_{request.param}") / "hf")
 
 
-def prompts_and_images():
+def prompts_and_images(vl_dir):
     """Three prompts of different lengths: an image each in the first two (4 and 6 tokens), text only in the third."""
-    b = image_batch()
+    b = image_batch(0, next(dim for f, (_, dim) in FAMILIES.items() if f"vl_rollout_{f}" in str(vl_dir)))
     ids = [row[:int(n)].tolist() for row, n in zip(b["input_ids"], b["attention_mask"].sum(1))]
     ids = [ids[0][:-2], ids[1], ids[2][:-4]]  # ragged: the chunk is left-padded
     first = GRIDS[0][0] * GRIDS[0][1] * GRIDS[0][2]
@@ -38,7 +39,7 @@ def test_rollout_log_probs_are_the_trainers(vl_dir, mcore_ctx, micro_batch_size)
     cfg, state = vl_actor(vl_dir, mcore_ctx)
     engine = NativeRolloutEngine(state.model[0], mcore_ctx, pad_id=0, cuda_graphs=False,
                                  micro_batch_size=micro_batch_size)
-    ids, images = prompts_and_images()
+    ids, images = prompts_and_images(vl_dir)
     params = SamplingParams(n=2, max_new_tokens=7, temperature=1.0, seed=3)
     seen = []  # the patches the tower embeds: each prompt's image once per chunk, not once per sample
     hook = vision_side(state.module).tower.register_forward_pre_hook(lambda m, a: seen.append(a[0].size(0)))
@@ -57,7 +58,7 @@ def test_rollout_log_probs_are_the_trainers(vl_dir, mcore_ctx, micro_batch_size)
                            out.tokens.size(1), mcore_ctx.pgs.pp)["logp"]
     mask = out.response_mask
     err = float((logp - out.rollout_logprobs).abs()[mask].max())
-    print(f"qwen2.5-vl rollout vs trainer log-probs (micro_batch_size={micro_batch_size}): max |diff| = {err:.2e}")
+    print(f"{vl_dir.parent.name} rollout vs trainer log-probs (micro_batch_size={micro_batch_size}): max |diff| = {err:.2e}")
     assert err <= TOL  # the trainer's batch has no group_index: its tower runs on every row
     again = engine.generate(ids, params, images=images)  # same seed, same samples
     assert torch.equal(again.tokens, out.tokens)
@@ -66,6 +67,6 @@ def test_rollout_log_probs_are_the_trainers(vl_dir, mcore_ctx, micro_batch_size)
 def test_image_tokens_without_their_images_are_refused(vl_dir, mcore_ctx):
     _, state = vl_actor(vl_dir, mcore_ctx)
     engine = NativeRolloutEngine(state.model[0], mcore_ctx, pad_id=0, cuda_graphs=False)
-    ids, _ = prompts_and_images()
+    ids, _ = prompts_and_images(vl_dir)
     with pytest.raises(ValueError, match="image tokens without images"):
         engine.generate(ids, SamplingParams(n=1, max_new_tokens=2))

@@ -1,5 +1,5 @@
 """Training passes through a vision LM (models/vision_step.py via trainer/schedule.py): the old-log-prob pass of a
-tiny random Qwen2.5-VL with images in the step batch's per-row form gives transformers' log-probs (fp32, <= 1e-5)
+tiny random Qwen2.5-VL, and of a Qwen3-VL (DeepStack), with images in the step batch's per-row form gives transformers' log-probs (fp32, <= 1e-5)
 in padded and in packed micro-batches; the update's gradients reach the language model, the vision tower only when
 model.freeze_vision_tower=false, and are the same padded or packed."""
 from functools import partial
@@ -9,29 +9,35 @@ import torch
 
 from rlhf_mcore.trainer.losses import actor_loss
 from rlhf_mcore.trainer.schedule import forward_collect, run_schedule, split_micro_batches
-from tests.support.tiny_vl import image_batch, save_tiny_vl, tiny_vl_model, vl_actor, vl_step_batch
+from tests.support.tiny_vl import FAMILIES, image_batch, save_tiny_family, vl_actor, vl_step_batch
 
 TOL = 1e-5
 
 
-@pytest.fixture(scope="module")
-def vl_dir(tmp_path_factory):
-    return save_tiny_vl(tmp_path_factory.mktemp("vl_train") / "hf")
+@pytest.fixture(scope="module", params=sorted(FAMILIES))
+def vl_dir(tmp_path_factory, request):
+    return save_tiny_family(request.param, tmp_path_factory.mktemp(f"vl_train_{request.param}") / "hf")
 
 
-def transformers_logp(batch_seed: int = 0) -> torch.Tensor:
-    b = image_batch(batch_seed)
+def family_of(vl_dir) -> tuple:
+    """(tiny model builder, patch size) of the family saved in `vl_dir`."""
+    return FAMILIES[next(f for f in FAMILIES if f"vl_train_{f}" in str(vl_dir))]
+
+
+def transformers_logp(vl_dir, batch_seed: int = 0) -> torch.Tensor:
+    build, patch_dim = family_of(vl_dir)
+    b = image_batch(batch_seed, patch_dim)
     with torch.no_grad():
-        logits = tiny_vl_model()(**b).logits.float()
+        logits = build()(**b).logits.float()
     logp = torch.log_softmax(logits[:, :-1], -1).gather(-1, b["input_ids"][:, 1:, None])[..., 0]
     return torch.nn.functional.pad(logp, (1, 0))  # column t: log p(token t | tokens < t)
 
 
-def passes(cfg, state, mcore_ctx, split: dict):
+def passes(cfg, state, mcore_ctx, split: dict, patch_dim: int):
     """(old log-probs [B, S], {param: grad}) of one forward-only pass and one update's backward."""
     from rlhf_mcore.trainer.optim import zero_grads
 
-    batch = vl_step_batch()
+    batch = vl_step_batch(0, patch_dim)
     fn = partial(actor_loss, model=state.module, tp_group=mcore_ctx.pgs.tp, actor_cfg=cfg.actor, temperature=1.0,
                  norm_length=16.0)
     logp = forward_collect(state.model, split_micro_batches(batch, **split), fn, ("logp",), batch["tokens"].size(1),
@@ -47,12 +53,14 @@ def passes(cfg, state, mcore_ctx, split: dict):
 @pytest.mark.parametrize("freeze", [True, False])
 def test_log_probs_are_transformers_and_gradients_reach_the_right_parts(vl_dir, mcore_ctx, freeze):
     cfg, state = vl_actor(vl_dir, mcore_ctx, freeze)
-    want, mask = transformers_logp(), vl_step_batch()["response_mask"].bool()
-    padded, grads = passes(cfg, state, mcore_ctx, {"micro_batch_size": 2})
-    packed, packed_grads = passes(cfg, state, mcore_ctx, {"micro_batch_size": 2, "max_tokens": 20, "pack": True})
+    patch_dim = family_of(vl_dir)[1]
+    want, mask = transformers_logp(vl_dir), vl_step_batch(0, patch_dim)["response_mask"].bool()
+    padded, grads = passes(cfg, state, mcore_ctx, {"micro_batch_size": 2}, patch_dim)
+    packed, packed_grads = passes(cfg, state, mcore_ctx, {"micro_batch_size": 2, "max_tokens": 20, "pack": True},
+                                  patch_dim)
     for name, got in (("padded", padded), ("packed", packed)):
         err = float((got - want).abs()[mask].max())
-        print(f"qwen2.5-vl {name} old log-probs vs transformers: max |diff| = {err:.2e}")
+        print(f"{vl_dir.parent.name} {name} old log-probs vs transformers: max |diff| = {err:.2e}")
         assert err <= TOL
     tower = {n for n in grads if n.startswith("vision_tower.")}
     assert bool(tower) == (not freeze)  # a frozen tower has no trainable parameter in the actor
@@ -71,7 +79,7 @@ def test_the_tower_runs_once_per_prompt_and_log_probs_and_gradients_are_unchange
     from rlhf_mcore.trainer.optim import zero_grads
 
     cfg, state = vl_actor(vl_dir, mcore_ctx, freeze=False)
-    grouped = {k: v.repeat_interleave(3, 0) for k, v in vl_step_batch().items()}
+    grouped = {k: v.repeat_interleave(3, 0) for k, v in vl_step_batch(0, family_of(vl_dir)[1]).items()}
     grouped["group_index"] = torch.arange(3).repeat_interleave(3)
     seen = []
     hook = vision_side(state.module).tower.register_forward_pre_hook(lambda m, a, k: seen.append(a[0].size(0)),
