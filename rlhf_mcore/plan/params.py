@@ -45,7 +45,7 @@ class Shape:
         from rlhf_mcore.models.registry import spec_for_hf_config
 
         spec = spec_for_hf_config(hf)
-        tower = tower_params(hf["vision_config"]) if spec.vision_prefix and "vision_config" in hf else 0
+        tower = vision_params(hf)
         hf = spec.text_config(hf)  # a vision-language config.json nests the LM's fields; the tower: `tower`
         fields = spec.config_fields(hf)
         heads = hf["num_attention_heads"]
@@ -78,6 +78,41 @@ def tower_params(vision: dict) -> int:
     wide = d * vision["spatial_merge_size"] ** 2
     merger = d + (wide * wide + wide) + (wide * out + out)
     return embed + vision["depth"] * block + merger
+
+
+def qwen3_vl_tower_params(vision: dict) -> int:
+    """Parameters of transformers' Qwen3-VL vision tower (`Qwen3VLVisionModel`, config.json's `vision_config`): the
+    patch embedding (a convolution with bias), the learned position table, per block two LayerNorms, q/k/v and
+    output projections and a plain GELU MLP (all with biases), the merger (a LayerNorm over a patch, two linears
+    over merge^2 patches) and one DeepStack merger per level (its LayerNorm over the merge^2 patches).
+
+    >>> qwen3_vl_tower_params({"depth": 1, "hidden_size": 4, "intermediate_size": 8, "in_channels": 1,
+    ...     "patch_size": 2, "temporal_patch_size": 1, "spatial_merge_size": 2, "out_hidden_size": 3,
+    ...     "num_position_embeddings": 4, "deepstack_visual_indexes": [0]})
+    894
+
+    (embedding 16 + 4, positions 16; block: norms 16, q/k/v 48 + 12, output 16 + 4, fc1 32 + 8, fc2 32 + 4 = 172;
+    merger: norm 8, 256 + 16, 48 + 3 = 331; DeepStack: norm 32, 256 + 16, 48 + 3 = 355 a level.)
+    """
+    d, inter, out = vision["hidden_size"], vision["intermediate_size"], vision["out_hidden_size"]
+    embed = vision.get("in_channels", 3) * vision["temporal_patch_size"] * vision["patch_size"] ** 2 * d + d
+    block = 4 * d + (3 * d * d + 3 * d) + (d * d + d) + (d * inter + inter) + (inter * d + d)
+    wide = d * vision["spatial_merge_size"] ** 2
+    linears = (wide * wide + wide) + (wide * out + out)
+    levels = len(vision.get("deepstack_visual_indexes") or ())
+    return (embed + vision["num_position_embeddings"] * d + vision["depth"] * block + 2 * d + linears
+            + levels * (2 * wide + linears))
+
+
+TOWER_PARAMS = {"qwen2_5_vl": tower_params, "qwen3_vl": qwen3_vl_tower_params}  # per vision family
+
+
+def vision_params(hf: dict) -> int:
+    """A vision LM's tower parameters from its whole config.json (its family's count); 0 for a text model."""
+    from rlhf_mcore.models.registry import spec_for_hf_config
+
+    spec = spec_for_hf_config(hf)
+    return TOWER_PARAMS[spec.name](hf["vision_config"]) if spec.vision_prefix and "vision_config" in hf else 0
 
 
 def layer_params(s: Shape, tp: int, ep: int) -> int:

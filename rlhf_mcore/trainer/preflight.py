@@ -79,11 +79,10 @@ def engine_model_size(hf_config: dict, bytes_per_value: int) -> tuple[int, int]:
     a vision LM's tower included; the KV cache is its language model's."""
     from rlhf_mcore.models.full_weights import kv_bytes_per_token, num_params
     from rlhf_mcore.models.registry import language_config
-    from rlhf_mcore.plan.params import tower_params
+    from rlhf_mcore.plan.params import vision_params
 
     lm = language_config(hf_config)  # a vision LM nests the LM's fields under text_config
-    tower = tower_params(hf_config["vision_config"]) if "vision_config" in hf_config else 0
-    return num_params(lm) + tower, kv_bytes_per_token(lm, bytes_per_value)
+    return num_params(lm) + vision_params(hf_config), kv_bytes_per_token(lm, bytes_per_value)
 
 
 def _engine_memory_errors(cfg) -> list[str]:

@@ -136,9 +136,13 @@ def vl_step_batch(seed: int = 0, patch_dim: int = PATCH_DIM) -> dict:
 
 
 def hf_param_count(hf: dict) -> int:
-    """The parameters of transformers' whole Qwen2.5-VL of config.json dict `hf` (built on the meta device)."""
-    from transformers import Qwen2_5_VLConfig, Qwen2_5_VLForConditionalGeneration
+    """The parameters of transformers' whole vision LM (Qwen2.5-VL or Qwen3-VL) of config.json dict `hf` (built on
+    the meta device)."""
+    import transformers
 
-    config = Qwen2_5_VLConfig(**{k: v for k, v in hf.items() if k != "architectures"})
+    config_cls, model_cls = {"qwen2_5_vl": ("Qwen2_5_VLConfig", "Qwen2_5_VLForConditionalGeneration"),
+                             "qwen3_vl": ("Qwen3VLConfig", "Qwen3VLForConditionalGeneration")}[hf["model_type"]]
+    config = getattr(transformers, config_cls)(**{k: v for k, v in hf.items() if k not in ("architectures",
+                                                                                            "model_type")})
     with torch.device("meta"):
-        return sum(p.numel() for p in Qwen2_5_VLForConditionalGeneration(config).parameters())
+        return sum(p.numel() for p in getattr(transformers, model_cls)(config).parameters())
