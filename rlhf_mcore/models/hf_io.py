@@ -240,6 +240,27 @@ def atomic_dir(out_dir: str | os.PathLike, overwrite: bool = False) -> Iterator[
     publish_dir(tmp, out_dir)
 
 
+def export_names(state_dict: dict, hf_config: dict) -> dict:
+    """The family's export prefixes applied (`ModelSpec.export_prefixes`): Qwen3-VL's transformers class loads its
+    LM only as `model.language_model.*` and its tower as `model.visual.*` (no legacy-name conversion, unlike
+    Qwen2.5-VL's), where the weight table reads `model.*` and `visual.*`. Other families: unchanged.
+
+    >>> export_names({"model.norm.weight": 1, "visual.pos_embed.weight": 2, "lm_head.weight": 3},
+    ...              {"architectures": ["Qwen3VLForConditionalGeneration"]})
+    {'model.language_model.norm.weight': 1, 'model.visual.pos_embed.weight': 2, 'lm_head.weight': 3}
+    """
+    from rlhf_mcore.models.registry import spec_for_hf_config
+
+    prefixes = spec_for_hf_config(hf_config).export_prefixes
+    if not prefixes:
+        return state_dict
+    renamed = {}
+    for name, tensor in state_dict.items():
+        new = next((to + name[len(old):] for old, to in prefixes if name.startswith(old)), name)
+        renamed[new] = tensor
+    return renamed
+
+
 def save_hf_checkpoint(
     out_dir: str | os.PathLike,
     state_dict: dict[str, torch.Tensor],
@@ -250,10 +271,11 @@ def save_hf_checkpoint(
     overwrite: bool = False,
     generation: dict | None = None,
 ) -> Path:
-    """Write a complete HF checkpoint directory atomically: config, weights, and aux files copied over (from each
-    of `aux_src_dir`'s directories in turn: a later one's files win). `generation`: fields set in
-    generation_config.json (written when missing)."""
+    """Write a complete HF checkpoint directory atomically: config, weights (under the names the family's
+    transformers class loads, `export_names`), and aux files copied over (from each of `aux_src_dir`'s directories
+    in turn: a later one's files win). `generation`: fields set in generation_config.json (written when missing)."""
     sources = aux_src_dir if isinstance(aux_src_dir, list) else [aux_src_dir] if aux_src_dir is not None else []
+    state_dict = export_names(state_dict, hf_config)
     with atomic_dir(out_dir, overwrite=overwrite) as tmp:
         for src in sources:
             copy_aux_files(src, tmp)
