@@ -43,7 +43,7 @@ CASES = {
     "signal_fault": "tests.cases.signal_fault",  # the trainer, with SIGTERM at exact points
     "train_run": "tests.cases.train_run",  # the trainer's loop, reporting metrics and changed parameters
     "writer_fault": "tests.cases.writer_fault",  # the trainer, with a fault in the checkpoint writer
-    "vl_logits": "tests.cases.vl_logits",  # Qwen2.5-VL logits with images against transformers at TP
+    "vl_logits": "tests.cases.vl_logits",  # vision LM logits with images against transformers at TP / PP
 }
 
 

@@ -1,10 +1,10 @@
-"""torchrun worker of tests/dist/models/test_hf_layouts.py: a tiny HF Qwen2.5-VL directory loaded straight into our
+"""torchrun worker of tests/dist/models/test_hf_layouts.py: a tiny HF Qwen2.5-VL or Qwen3-VL directory loaded straight into our
 model at tensor parallelism --tp (the LM split, the vision tower whole on every rank), fp32 logits of the image batch
 of tests/support/tiny_vl.py against transformers'; then the trainer's old-log-prob pass (the actor, DDP-wrapped,
 through trainer/schedule.py, padded and packed micro-batches) against transformers' log-probs, at --tp or at
 pipeline parallelism --pp (the tower on the first stage, M-RoPE positions on every stage; the direct logits check is
-TP only). Prints `vl tp=N rank=R logits_max=X` and `vl train tp=N pp=M rank=R logp_max=X` per rank; exits 1 past
-1e-5."""
+TP only). Prints `vl FAMILY tp=N rank=R logits_max=X` and `vl FAMILY train tp=N pp=M rank=R logp_max=X` per rank
+(FAMILY: config.json's model_type); exits 1 past 1e-5."""
 from __future__ import annotations
 
 import argparse
@@ -16,7 +16,7 @@ from rlhf_mcore.logs import init_logger
 from rlhf_mcore.models.logprobs import full_logits
 from rlhf_mcore.models.vision import build_vision_lm, vision_lm_forward
 from rlhf_mcore.parallel import destroy_distributed, init_distributed, torchrun_env
-from tests.support.tiny_vl import image_batch
+from tests.support.tiny_vl import FAMILIES, image_batch
 
 
 def main(argv: list[str]) -> int:
@@ -30,7 +30,9 @@ def main(argv: list[str]) -> int:
     from transformers import AutoModelForImageTextToText
 
     hf = AutoModelForImageTextToText.from_pretrained(args.hf_dir, dtype=torch.float32).eval()
-    batch = image_batch()
+    family = hf.config.model_type
+    patch_dim = FAMILIES[family][1]
+    batch = image_batch(0, patch_dim)
     with torch.no_grad():
         want = hf(**batch).logits
     err = 0.0
@@ -42,14 +44,14 @@ def main(argv: list[str]) -> int:
                                        batch["attention_mask"])
             got = full_logits(vlm.lm, hidden, ctx.pgs.tp)
         err = (want - got).abs()[batch["attention_mask"].bool()].max().item()
-        print(f"vl tp={args.tp} rank={ctx.rank} logits_max={err:.3e}", flush=True)
-    train_err = trainer_logp_error(args.hf_dir, ctx, want, batch)
-    print(f"vl train tp={args.tp} pp={args.pp} rank={ctx.rank} logp_max={train_err:.3e}", flush=True)
+        print(f"vl {family} tp={args.tp} rank={ctx.rank} logits_max={err:.3e}", flush=True)
+    train_err = trainer_logp_error(args.hf_dir, ctx, want, batch, patch_dim)
+    print(f"vl {family} train tp={args.tp} pp={args.pp} rank={ctx.rank} logp_max={train_err:.3e}", flush=True)
     destroy_distributed()
     return int(max(err, train_err) > 1e-5)
 
 
-def trainer_logp_error(hf_dir: str, ctx, logits: torch.Tensor, batch: dict) -> float:
+def trainer_logp_error(hf_dir: str, ctx, logits: torch.Tensor, batch: dict, patch_dim: int) -> float:
     """Max |trainer old log-probs - transformers'| over padded and packed micro-batches."""
     from functools import partial
     from pathlib import Path
@@ -61,7 +63,7 @@ def trainer_logp_error(hf_dir: str, ctx, logits: torch.Tensor, batch: dict) -> f
     want = torch.nn.functional.pad(torch.log_softmax(logits[:, :-1].float(), -1).gather(
         -1, batch["input_ids"][:, 1:, None])[..., 0], (1, 0))
     cfg, state = vl_actor(Path(hf_dir), ctx)
-    sb = vl_step_batch()
+    sb = vl_step_batch(0, patch_dim)
     fn = partial(actor_loss, model=state.module, tp_group=ctx.pgs.tp, actor_cfg=cfg.actor, temperature=1.0,
                  norm_length=16.0)
     errs = []

@@ -23,13 +23,14 @@ from tests.conftest import HF_LOAD_CASES
 from tests.launch import worker
 from tests.support.tiny_hf import DIST_CASES, diff_state_dicts, load_tensors, parse_verify_lines, save_tiny
 from tests.support.tiny_moe import tiny_mixtral, tiny_moe
-from tests.support.tiny_vl import save_tiny_vl
+from tests.support.tiny_vl import save_tiny_family
 from tools.convert_checkpoint import run
 
 pytestmark = pytest.mark.dist
 ONE_THREAD = {"OMP_NUM_THREADS": "1"}
 DENSE = {2: ("2x1", "1x2"), 4: ("2x2",)}
 # work dir -> (ranks, layouts, cases) of convert_layouts
+VL_FAMILIES = ("qwen2_5_vl", "qwen3_vl")  # tests/support/tiny_vl.py FAMILIES
 CONVERT = {"moe2": (2, "1x1,1x1x2,2x1,1x2", "qwen3_moe,mixtral"), "moe4": (4, "1x1,2x1x2,1x2x2", "qwen3_moe"),
            "qwen3": (2, "2x1,1x2", "qwen3,qwen3_window")}
 
@@ -39,14 +40,15 @@ def converted(tiny_work, hf_load_work, hf_load_moe_work, tmp_path_factory) -> di
     """{"work": {name: dir}, "rows": {ranks: the verify rows of that launch}, "out": {ranks: its stdout}}."""
     root = tmp_path_factory.mktemp("hf_layouts")
     works = {"dense": tiny_work, "moe2": root / "moe2", "moe4": root / "moe4", "qwen3": root / "qwen3",
-             "ep_logits": root / "ep_logits", "vl": root / "vl"}
+             "ep_logits": root / "ep_logits", "qwen2_5_vl": root / "qwen2_5_vl", "qwen3_vl": root / "qwen3_vl"}
     tiny_moe(False).save_pretrained(str(works["moe2"] / "hf" / "qwen3_moe"))
     tiny_mixtral().save_pretrained(str(works["moe2"] / "hf" / "mixtral"))
     tiny_moe(True).save_pretrained(str(works["moe4"] / "hf" / "qwen3_moe"))
     save_tiny(works["qwen3"] / "hf" / "qwen3", "qwen3")
     save_tiny(works["qwen3"] / "hf" / "qwen3_window", "qwen3_window")
     tiny_moe(False).save_pretrained(str(works["ep_logits"]))
-    save_tiny_vl(works["vl"])
+    for family in VL_FAMILIES:
+        save_tiny_family(family, works[family])
     rows, out = {}, {}
     for nproc in (2, 4):
         runs = [("convert_layouts", "--work", tiny_work, "--layouts", ",".join(DENSE[nproc]), "--cases",
@@ -55,8 +57,8 @@ def converted(tiny_work, hf_load_work, hf_load_moe_work, tmp_path_factory) -> di
                  for name, (n, layouts, cases) in CONVERT.items() if n == nproc]
         if nproc == 2:
             runs += [("moe_logits", "--hf-dir", works["ep_logits"], "--ep", 2),
-                     ("vl_logits", "--hf-dir", works["vl"], "--tp", 2),
-                     ("vl_logits", "--hf-dir", works["vl"], "--tp", 1, "--pp", 2),
+                     *[("vl_logits", "--hf-dir", works[family], "--tp", tp, "--pp", pp)
+                       for family in VL_FAMILIES for tp, pp in ((2, 1), (1, 2))],
                      ("hf_load", "--work", hf_load_work, "--layouts", "1x1,2x1,1x2", "--cases", ",".join(HF_LOAD_CASES)),
                      ("hf_load", "--work", hf_load_moe_work, "--layouts", "1x1,1x1x2,2x1", "--cases",
                       "qwen3_moe,mixtral")]
@@ -165,16 +167,19 @@ def test_moe_direct_load_equals_converter_then_load_at_ep2_and_tp2(converted):
     assert len(lines) == 6 and all("mismatched=0" in line for line in lines)
 
 
-def test_qwen2_5_vl_logits_match_transformers_with_images_at_tp2(converted):
-    rows = re.findall(r"vl tp=2 rank=(\d) logits_max=(\d\.\d+e[-+]\d+)", converted["out"][2])
+@pytest.mark.parametrize("family", VL_FAMILIES)
+def test_vision_lm_logits_match_transformers_with_images_at_tp2(converted, family):
+    rows = re.findall(rf"vl {family} tp=2 rank=(\d) logits_max=(\d\.\d+e[-+]\d+)", converted["out"][2])
     print(rows)
     assert sorted(r[0] for r in rows) == ["0", "1"] and all(float(r[1]) <= 1e-5 for r in rows)
 
 
+@pytest.mark.parametrize("family", VL_FAMILIES)
 @pytest.mark.parametrize("layout", ["tp=2 pp=1", "tp=1 pp=2"])
-def test_qwen2_5_vl_trainer_log_probs_match_transformers_with_images_at_tp2_and_pp2(converted, layout):
-    """The old-log-prob pass (tower, image scatter, M-RoPE; padded and packed) at TP2, and at PP2: the tower and the
-    image rows on the first stage, the M-RoPE positions on both (tests/cases/vl_logits.py)."""
-    rows = re.findall(rf"vl train {layout} rank=(\d) logp_max=(\d\.\d+e[-+]\d+)", converted["out"][2])
+def test_vision_lm_trainer_log_probs_match_transformers_with_images_at_tp2_and_pp2(converted, layout, family):
+    """The old-log-prob pass (tower, image scatter, M-RoPE, Qwen3-VL's DeepStack; padded and packed) at TP2, and at
+    PP2: the tower, the image rows and the DeepStack layers on the first stage, the M-RoPE positions on both
+    (tests/cases/vl_logits.py)."""
+    rows = re.findall(rf"vl {family} train {layout} rank=(\d) logp_max=(\d\.\d+e[-+]\d+)", converted["out"][2])
     print(rows)
     assert sorted(r[0] for r in rows) == ["0", "1"] and all(float(r[1]) <= 1e-5 for r in rows)
