@@ -1,7 +1,8 @@
-"""Write a tiny Qwen2.5-VL directory, as transformers saves one, for CPU tests and the tiny VLM preset.
+"""Write a tiny Qwen2.5-VL (or Qwen3-VL) directory, as transformers saves one, for CPU tests and the tiny VLM presets.
 
     python -m tools.make_tiny_vlm --out data/tiny_vlm            # config, tokenizer, image processor (init: random)
     python -m tools.make_tiny_vlm --out /tmp/vlm --weights       # + random weights (model.safetensors)
+    python -m tools.make_tiny_vlm --family qwen3_vl --out data/tiny_vlm3   # Qwen3-VL: patch 16, DeepStack
 
 - config.json: Qwen2_5_VLConfig, LM 2 layers, hidden 64, 4 heads / 2 KV heads (head_dim 16, M-RoPE 2 + 3 + 3);
   vision tower depth 2, hidden 32, patch 14, merge 2 (a 56 x 56 image is a 4 x 4 patch grid: 4 LM tokens).
@@ -9,6 +10,8 @@
   (`SPECIALS`), with a Qwen-style chat template that renders `{"type": "image"}` parts (a processor's) and plain
   strings alike.
 - preprocessor_config.json: transformers' Qwen2-VL image processor, every image resized to 56 x 56 pixels.
+- `--family qwen3_vl`: Qwen3VLConfig, the same LM shape with interleaved M-RoPE 2 + 3 + 3; tower depth 2, hidden 32,
+  patch 16, merge 2, DeepStack from both blocks into LM layers 0 and 1; images resized to 64 x 64 (4 LM tokens).
 """
 from __future__ import annotations
 
@@ -51,6 +54,36 @@ def tiny_vlm_config(**text_overrides):
         tie_word_embeddings=False)
 
 
+SIDE3 = 64  # Qwen3-VL: patch 16 x merge 2 = 32 pixels a token side
+PROCESSOR3 = {**PROCESSOR, "patch_size": 16, "min_pixels": SIDE3 * SIDE3, "max_pixels": SIDE3 * SIDE3,
+              "size": {"shortest_edge": SIDE3 * SIDE3, "longest_edge": SIDE3 * SIDE3},
+              "image_mean": [0.5, 0.5, 0.5], "image_std": [0.5, 0.5, 0.5]}
+
+
+def tiny_vlm3_config():
+    from transformers import Qwen3VLConfig
+
+    text = dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+                num_key_value_heads=2, head_dim=16, vocab_size=VOCAB, max_position_embeddings=512,
+                rms_norm_eps=1e-6, bos_token_id=None, eos_token_id=IDS["<|im_end|>"],
+                pad_token_id=IDS["<|endoftext|>"], tie_word_embeddings=False,
+                rope_parameters={"rope_type": "default", "mrope_section": [2, 3, 3], "rope_theta": 10000.0,
+                                 "mrope_interleaved": True})
+    return Qwen3VLConfig(
+        text_config=text,
+        vision_config=dict(depth=2, hidden_size=32, intermediate_size=64, num_heads=2, patch_size=16,
+                           spatial_merge_size=2, temporal_patch_size=2, out_hidden_size=64,
+                           num_position_embeddings=16, deepstack_visual_indexes=[0, 1]),
+        image_token_id=IDS["<|image_pad|>"], video_token_id=IDS["<|video_pad|>"],
+        vision_start_token_id=IDS["<|vision_start|>"], vision_end_token_id=IDS["<|vision_end|>"],
+        tie_word_embeddings=False)
+
+
+# family -> (config builder, transformers model class, preprocessor_config.json)
+FAMILIES = {"qwen2_5_vl": (tiny_vlm_config, "Qwen2_5_VLForConditionalGeneration", PROCESSOR),
+            "qwen3_vl": (tiny_vlm3_config, "Qwen3VLForConditionalGeneration", PROCESSOR3)}
+
+
 def byte_chars() -> dict[int, str]:
     """GPT-2's byte-level alphabet: each byte as one printable character (what tokenizers' ByteLevel maps to)."""
     keep = [*range(ord("!"), ord("~") + 1), *range(ord("\xa1"), ord("\xac") + 1), *range(ord("\xae"), 256)]
@@ -73,21 +106,22 @@ def tiny_tokenizer():
     return tok
 
 
-def write_tiny_vlm(out: str | Path, weights: bool = False, seed: int = 0) -> Path:
+def write_tiny_vlm(out: str | Path, weights: bool = False, seed: int = 0, family: str = "qwen2_5_vl") -> Path:
     """The directory `out` with config.json, the tokenizer, preprocessor_config.json (+ random weights)."""
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
-    config = tiny_vlm_config()
+    build, model_class, processor = FAMILIES[family]
+    config = build()
     if weights:
         import torch
-        from transformers import Qwen2_5_VLForConditionalGeneration
+        import transformers
 
         torch.manual_seed(seed)
-        Qwen2_5_VLForConditionalGeneration(config).save_pretrained(str(out))
+        getattr(transformers, model_class)(config).save_pretrained(str(out))
     else:
         config.save_pretrained(str(out))
     tiny_tokenizer().save_pretrained(str(out))
-    (out / "preprocessor_config.json").write_text(json.dumps(PROCESSOR, indent=2) + "\n")
+    (out / "preprocessor_config.json").write_text(json.dumps(processor, indent=2) + "\n")
     return out
 
 
@@ -95,8 +129,9 @@ def main(argv=None) -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--out", default="data/tiny_vlm")
     parser.add_argument("--weights", action="store_true", help="also write random weights")
+    parser.add_argument("--family", default="qwen2_5_vl", choices=sorted(FAMILIES))
     args = parser.parse_args(argv)
-    print(f"wrote {write_tiny_vlm(args.out, args.weights)}")
+    print(f"wrote {write_tiny_vlm(args.out, args.weights, family=args.family)}")
 
 
 if __name__ == "__main__":

@@ -31,6 +31,20 @@ def test_tiny_vlm_grpo_learns_the_colour_of_the_shape_and_exports_its_tower(tmp_
     check_the_export(tmp_path, 40)  # the frozen tower: the export takes vision.safetensors
 
 
+def test_tiny_qwen3_vl_grpo_learns_the_colour_and_exports(tmp_path):
+    """configs/tiny_vlm3_grpo.yaml (a random Qwen3-VL: interleaved M-RoPE, DeepStack into LM layers 0 and 1) learns
+    the same task past the 1/3 a blind policy gets (measured on CPU: 0 -> 0.5 at step 20 -> 0.67 at step 40), and its
+    HF export (model.language_model.*, model.visual.*) loads in transformers with every tensor in place."""
+    cli("rlhf_mcore.train", "--config", os.path.join(ROOT, "configs", "tiny_vlm3_grpo.yaml"),
+        f"trainer.output_dir={tmp_path}", "trainer.save_freq=-1", "trainer.resume=disable", "trainer.export_hf=true",
+        "trainer.logger=jsonl", extra_env={"OMP_NUM_THREADS": "1"})
+    records = [json.loads(line) for line in open(tmp_path / "metrics.jsonl")]
+    val = {r["step"]: r[KEY] for r in records if KEY in r}
+    print(f"tiny Qwen3-VL GRPO: held-out reward {val}")
+    assert sorted(val) == [0, 20, 40] and val[0] < 0.2 and val[40] >= 0.6, val
+    check_the_export(tmp_path, 40)
+
+
 ONE_STEP = ("trainer.total_steps=1", "trainer.val_before_train=false", "trainer.test_freq=0", "trainer.resume=disable",
             "trainer.export_hf=true", "trainer.logger=jsonl")
 

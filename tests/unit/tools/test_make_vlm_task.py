@@ -4,6 +4,7 @@ and data/tiny_vlm are what the tools write for the tiny VLM preset."""
 import io
 
 import numpy as np
+import pytest
 from PIL import Image
 
 from rlhf_mcore.data import read_parquet_rows
@@ -47,13 +48,14 @@ def test_shipped_data_is_the_tools_output(tmp_path):
         assert ours == shipped
 
 
-def test_shipped_tiny_vlm_is_the_tools_output(tmp_path):
+@pytest.mark.parametrize("family, shipped_dir", [("qwen2_5_vl", "tiny_vlm"), ("qwen3_vl", "tiny_vlm3")])
+def test_shipped_tiny_vlm_is_the_tools_output(tmp_path, family, shipped_dir):
     import json
 
     from tools.make_tiny_vlm import write_tiny_vlm
 
-    write_tiny_vlm(tmp_path)
+    write_tiny_vlm(tmp_path, family=family)
     for name in ("config.json", "tokenizer.json", "preprocessor_config.json", "tokenizer_config.json"):
-        ours, shipped = (json.loads((d / name).read_text()) for d in (tmp_path, ROOT / "data" / "tiny_vlm"))
+        ours, shipped = (json.loads((d / name).read_text()) for d in (tmp_path, ROOT / "data" / shipped_dir))
         ours.pop("transformers_version", None), shipped.pop("transformers_version", None)
         assert ours == shipped, name
