@@ -94,6 +94,25 @@ def copy_processor_files(src: str, dst: str) -> list[str]:
     return copied
 
 
+def engine_config(hf_cfg: dict) -> dict:
+    """The config.json SGLang starts from. Its own Qwen3-VL config class reads the Hub's text `rope_scaling` and
+    `rope_theta` (transformers 4.57's names; its model asks `"mrope_section" in config.rope_scaling` and interleaves
+    only with `mrope_interleaved`), where transformers 5 writes `rope_parameters`: those are added from it. Other
+    configs, and a Qwen3-VL one that has them, are unchanged.
+
+    >>> engine_config({"model_type": "qwen3_vl", "text_config": {"rope_parameters": {"rope_type": "default",
+    ...     "rope_theta": 5e6, "mrope_section": [24, 20, 20]}}})["text_config"]["rope_scaling"]
+    {'rope_type': 'default', 'mrope_section': [24, 20, 20], 'mrope_interleaved': True}
+    """
+    text = hf_cfg.get("text_config") or {}
+    params = text.get("rope_parameters")
+    if hf_cfg.get("model_type") != "qwen3_vl" or text.get("rope_scaling") or not isinstance(params, dict):
+        return hf_cfg
+    scaling = {k: v for k, v in params.items() if k != "rope_theta"} | {"mrope_interleaved": True}
+    theta = {"rope_theta": params["rope_theta"]} if "rope_theta" in params else {}
+    return {**hf_cfg, "text_config": {**text, "rope_scaling": scaling, **theta}}
+
+
 def vision_engine_kwargs() -> dict[str, str]:
     """sglang.Engine arguments of a vision LM: the tower's attention through torch's SDPA. SGLang's default on
     Hopper is FA3 from sgl_kernel, which not every sgl_kernel build ships (the H200 box's raises "Can not import

@@ -96,6 +96,35 @@ def test_start_directory_is_the_actor_with_its_tower_as_transformers_reads_it(vl
         sglang_images.copy_processor_files(str(bare), str(tmp_path))
 
 
+def test_a_qwen3_vl_start_directory_loads_in_transformers_with_sglangs_rope_fields(mcore_ctx, tmp_path):
+    """Qwen3-VL: the start directory has transformers' nested names (its class loads no other), the DeepStack
+    mergers, the same logits with images, and the text config's `rope_scaling` / `rope_theta` with
+    `mrope_interleaved` that SGLang's own config class reads (transformers 5 writes only `rope_parameters`)."""
+    import json
+
+    from transformers import AutoModelForImageTextToText
+
+    from tests.support.tiny_vl import PATCH_DIM3, save_tiny_family
+
+    vl3 = save_tiny_family("qwen3_vl", tmp_path / "hf")
+    _, state = vl_actor(vl3, mcore_ctx)
+    actor, hf = state.model[0], cfg_hf(vl3)
+    named = itertools.chain(hf_weights(FullWeights(actor, mcore_ctx), hf), sglang_images.tower_tensors(actor))
+    path = write_hf_dir(named, hf, torch.float32)
+    text = json.load(open(f"{path}/config.json"))["text_config"]
+    params = hf["text_config"]["rope_parameters"]
+    assert text["rope_scaling"] == {"rope_type": "default", "mrope_section": params["mrope_section"],
+                                    "mrope_interleaved": True} and text["rope_theta"] == params["rope_theta"]
+    started, info = AutoModelForImageTextToText.from_pretrained(path, output_loading_info=True)
+    assert not info["missing_keys"] and not info["unexpected_keys"], info
+    assert any("deepstack_merger_list" in k for k in started.state_dict())
+    b = image_batch(0, PATCH_DIM3)
+    with torch.no_grad():
+        want = AutoModelForImageTextToText.from_pretrained(str(vl3)).eval()(**b).logits
+        got = started.eval()(**b).logits
+    torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
+
+
 @pytest.mark.parametrize("freeze", [True, False])
 def test_a_trained_tower_is_refreshed_and_its_cache_is_off(vl_dir, mcore_ctx, freeze):
     _, state = vl_actor(vl_dir, mcore_ctx, freeze=freeze)
