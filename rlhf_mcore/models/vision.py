@@ -203,7 +203,7 @@ def build_vision_lm(hf_dir: str, role: str, model_cfg, parallel_cfg, ctx, train_
     """Build and load a Qwen2.5-VL checkpoint directory at this rank's layout: the LM through `models.build` and
     `models.hf_load` (this rank's TP slice), the tower whole; the tower frozen unless `train_vision`."""
     from rlhf_mcore.models.build import build_model
-    from rlhf_mcore.models.families.qwen2_5_vl import layout_errors
+    from rlhf_mcore.models.families.vision_family import layout_errors
     from rlhf_mcore.models.hf_io import LazyStateDict, read_hf_config, weight_files
     from rlhf_mcore.models.hf_load import load_hf_weights
     from rlhf_mcore.models.registry import spec_for_hf_config

@@ -5,36 +5,8 @@ counts) becomes megatron's `mrope_section`: the build then picks megatron's `Mul
 [3, B, S] positions (`models.mrope`). Checkpoints store the LM as `model.*` (the Hub's, and what transformers 5
 writes) or `model.language_model.*` (transformers 4.5x); the vision tower as `visual.*` or `model.visual.*`.
 """
+from rlhf_mcore.models.families.vision_family import mrope_section, rope_fields, text_config, vision_run_errors
 from rlhf_mcore.models.spec import BASE_WEIGHTS, QKV_BIAS, ModelSpec
-
-
-def rope_fields(hf: dict) -> list[tuple[str, dict]]:
-    return [(f, hf[f]) for f in ("rope_parameters", "rope_scaling") if isinstance(hf.get(f), dict)]
-
-
-def text_config(hf: dict) -> dict:
-    """The LM's fields flat (the top level wins over `text_config`); HF's rope type "mrope" is the default
-    frequencies (transformers maps it so too). Idempotent.
-
-    >>> flat = text_config({"model_type": "qwen2_5_vl", "text_config": {"model_type": "qwen2_5_vl_text",
-    ...     "hidden_size": 64, "rope_scaling": {"type": "mrope", "mrope_section": [2, 3, 3]}}})
-    >>> flat["model_type"], flat["hidden_size"], flat["rope_scaling"]
-    ('qwen2_5_vl', 64, {'mrope_section': [2, 3, 3], 'rope_type': 'default'})
-    """
-    text = {k: v for k, v in (hf.get("text_config") or {}).items() if k != "model_type"}
-    flat = {**text, **{k: v for k, v in hf.items() if k != "text_config"}}
-    for field, params in rope_fields(flat):
-        if params.get("rope_type", params.get("type")) == "mrope":
-            flat[field] = {**{k: v for k, v in params.items() if k != "type"}, "rope_type": "default"}
-    return flat
-
-
-def mrope_section(hf: dict) -> list[int] | None:
-    """The rotary frequencies per axis (temporal, height, width) of a flat config."""
-    for _, params in rope_fields(hf):
-        if params.get("mrope_section"):
-            return list(params["mrope_section"])
-    return None
 
 
 def check(hf: dict, source: str) -> None:
@@ -60,38 +32,6 @@ def check(hf: dict, source: str) -> None:
 
 def config_fields(hf: dict) -> dict:
     return {"mrope_section": mrope_section(hf)}
-
-
-def layout_errors(parallel, name: str = "Qwen2.5-VL") -> list[str]:
-    """No sequence parallelism for now: the image embeddings replace token rows before the decoder, whole along the
-    sequence (`models.vision`). Pipeline stages: the first runs the tower, every stage the M-RoPE positions."""
-    errs = []
-    if parallel.sequence_parallel:
-        errs.append(f"parallel.sequence_parallel: not yet with {name} (got true). Set it to false.")
-    return errs
-
-
-# what a run with a vision LM cannot take yet: (setting is on, error line; {name}: the family's name)
-RUN_LIMITS = (
-    (lambda c: not c.model.hf_path, "model.hf_path: {name} is built from its HF directory (its vision_config "
-     "and preprocessor_config.json) (got ''). Set model.hf_path (model.init=random for random weights)."),
-    (lambda c: c.parallel.pp > 1 and not c.model.freeze_vision_tower, "model.freeze_vision_tower: a trained tower "
-     "runs at parallel.pp=1 only for now (got false at parallel.pp={c.parallel.pp}): its copies on later stages would "
-     "drift. Set model.freeze_vision_tower=true, or parallel.pp=1."),
-    (lambda c: c.rollout.mode != "single_turn", "rollout.mode: multi-turn rollouts with images are not supported yet "
-     "(got {c.rollout.mode}). Set rollout.mode=single_turn."),
-    (lambda c: c.async_training.partial_rollout, "async_training.partial_rollout: not yet with {name} (got "
-     "true). Set it to false."),
-    (lambda c: c.algorithm.filter_groups.enable, "algorithm.filter_groups.enable: dynamic sampling does not carry "
-     "images yet (got true). Set it to false."),
-    (lambda c: bool(c.reward.model_path), "reward.model_path: a text reward model cannot score image prompts (got "
-     "{c.reward.model_path}). Use rule rewards (reward.custom_fn or a data_source)."),
-)
-
-
-def vision_run_errors(cfg, name: str) -> list[str]:
-    """The layout's errors and the run settings not supported yet with images (`RUN_LIMITS`)."""
-    return layout_errors(cfg.parallel, name) + [line.format(c=cfg, name=name) for on, line in RUN_LIMITS if on(cfg)]
 
 
 def run_errors(cfg) -> list[str]:

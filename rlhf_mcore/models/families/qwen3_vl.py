@@ -14,7 +14,7 @@ config.json) with *interleaved* M-RoPE, the vision tower transformers' `Qwen3VLV
   the LM `model.language_model.*` and the tower `model.visual.*` (aliased to the table's `model.*` and `visual.*`).
 Docs: docs/qwen3_vl_research.md.
 """
-from rlhf_mcore.models.families.qwen2_5_vl import mrope_section, rope_fields, text_config, vision_run_errors
+from rlhf_mcore.models.families.vision_family import mrope_section, rope_fields, text_config, vision_run_errors
 from rlhf_mcore.models.mrope import interleaved_mrope_section
 from rlhf_mcore.models.spec import BASE_WEIGHTS, QK_NORMS, ModelSpec
 
@@ -66,7 +66,7 @@ def deepstack_levels(hf: dict) -> int:
 
 
 def run_errors(cfg) -> list[str]:
-    """Qwen2.5-VL's limits (`qwen2_5_vl.RUN_LIMITS`), and a full recompute at pp > 1, which would re-run a DeepStack
+    """Every vision LM's limits (`vision_family.RUN_LIMITS`), and a full recompute at pp > 1, which would re-run a DeepStack
     layer with a later micro-batch's features (1F1B runs several forwards on the first stage before a backward)."""
     errs = vision_run_errors(cfg, "Qwen3-VL")
     if cfg.parallel.pp > 1 and cfg.model.recompute == "full":
