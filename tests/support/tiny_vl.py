@@ -146,3 +146,35 @@ def hf_param_count(hf: dict) -> int:
                                                                                             "model_type")})
     with torch.device("meta"):
         return sum(p.numel() for p in getattr(transformers, model_cls)(config).parameters())
+
+
+def our_logits(vlm, batch, tp_group) -> torch.Tensor:
+    """Logits [B, S, V] of a `models.vision.VisionLM` on an image batch (`image_batch`), gathered over TP."""
+    from rlhf_mcore.models.logprobs import full_logits
+    from rlhf_mcore.models.vision import vision_lm_forward
+
+    with torch.no_grad():
+        hidden = vision_lm_forward(vlm, batch["input_ids"], batch["pixel_values"], batch["image_grid_thw"],
+                                   batch["attention_mask"])
+        return full_logits(vlm.lm, hidden, tp_group)
+
+
+def logits_error(vl_dir, vlm, batch, tp_group) -> tuple[float, torch.Tensor, torch.Tensor]:
+    """(max |ours - transformers| over the batch's tokens, ours, transformers') for the model saved in `vl_dir`."""
+    from transformers import AutoModelForImageTextToText
+
+    hf = AutoModelForImageTextToText.from_pretrained(str(vl_dir), dtype=torch.float32).eval()
+    with torch.no_grad():
+        want = hf(**batch).logits
+    got = our_logits(vlm, batch, tp_group)
+    assert got.shape == want.shape
+    return (want - got).abs()[batch["attention_mask"].bool()].max().item(), got, want
+
+
+def vision_lm_tp1(vl_dir, mcore_ctx):
+    """The `models.vision.VisionLM` of a tiny directory at TP1 / PP1, fp32, SDPA."""
+    from rlhf_mcore.config.schema import ModelConfig, ParallelConfig
+    from rlhf_mcore.models.vision import build_vision_lm
+
+    return build_vision_lm(str(vl_dir), "actor", ModelConfig(dtype="fp32", attention_backend="sdpa"),
+                           ParallelConfig(tp=1, pp=1), mcore_ctx)

@@ -5,25 +5,13 @@ counts) becomes megatron's `mrope_section`: the build then picks megatron's `Mul
 [3, B, S] positions (`models.mrope`). Checkpoints store the LM as `model.*` (the Hub's, and what transformers 5
 writes) or `model.language_model.*` (transformers 4.5x); the vision tower as `visual.*` or `model.visual.*`.
 """
-from rlhf_mcore.models.families.vision_family import mrope_section, rope_fields, text_config, vision_run_errors
+from rlhf_mcore.models.families.vision_family import mrope_errors, mrope_section, text_config, vision_run_errors
 from rlhf_mcore.models.spec import BASE_WEIGHTS, QKV_BIAS, ModelSpec
 
 
 def check(hf: dict, source: str) -> None:
     """What this converter cannot honour, one line each (config.json fields of the flat config)."""
-    heads = hf.get("num_attention_heads") or 1
-    half = (hf.get("head_dim") or (hf.get("hidden_size") or 0) // heads) // 2
-    section, errs = mrope_section(hf), []
-    if not section or len(section) != 3 or sum(section) != half:
-        errs.append(f"{source}: rope_parameters.mrope_section must be three counts summing to head_dim / 2 = {half} "
-                    f"(got {section}). Use the model's own config.json.")
-    kind = next((p.get("rope_type", p.get("type")) for _, p in rope_fields(hf)), "default")
-    if kind not in (None, "default"):
-        errs.append(f"{source}: rope type {kind!r} with M-RoPE is not supported for Qwen2.5-VL (got {kind}). "
-                    "Use a model with default M-RoPE.")
-    if not isinstance(hf.get("vision_config"), dict):
-        errs.append(f"{source}: vision_config is missing (got {hf.get('vision_config')!r}). Point model.hf_path at a "
-                    "Qwen2.5-VL directory.")
+    errs = mrope_errors(hf, source, mrope_section(hf), "Qwen2.5-VL")
     if hf.get("use_sliding_window"):
         errs.append(f"{source}: use_sliding_window=true is not supported for Qwen2.5-VL (got true). Set it false.")
     if errs:

@@ -14,7 +14,13 @@ config.json) with *interleaved* M-RoPE, the vision tower transformers' `Qwen3VLV
   the LM `model.language_model.*` and the tower `model.visual.*` (aliased to the table's `model.*` and `visual.*`).
 Docs: docs/qwen3_vl_research.md.
 """
-from rlhf_mcore.models.families.vision_family import mrope_section, rope_fields, text_config, vision_run_errors
+from rlhf_mcore.models.families.vision_family import (
+    mrope_errors,
+    mrope_section,
+    rope_fields,
+    text_config,
+    vision_run_errors,
+)
 from rlhf_mcore.models.mrope import interleaved_mrope_section
 from rlhf_mcore.models.spec import BASE_WEIGHTS, QK_NORMS, ModelSpec
 
@@ -27,23 +33,10 @@ def section(hf: dict) -> list[int]:
 
 def check(hf: dict, source: str) -> None:
     """What this converter cannot honour, one line each (config.json fields of the flat config)."""
-    heads = hf.get("num_attention_heads") or 1
-    half = (hf.get("head_dim") or (hf.get("hidden_size") or 0) // heads) // 2
-    errs, sec = [], section(hf)
-    if len(sec) != 3 or sum(sec) != half:
-        errs.append(f"{source}: rope_parameters.mrope_section must be three counts summing to head_dim / 2 = {half} "
-                    f"(got {sec}). Use the model's own config.json.")
-    params = [p for _, p in rope_fields(hf)]
-    if any(p.get("mrope_interleaved") is False for p in params):
-        errs.append(f"{source}: rope mrope_interleaved=false is not Qwen3-VL's layout (got false): transformers "
+    errs = mrope_errors(hf, source, section(hf), "Qwen3-VL")
+    if any(p.get("mrope_interleaved") is False for _, p in rope_fields(hf)):
+        errs.insert(1, f"{source}: rope mrope_interleaved=false is not Qwen3-VL's layout (got false): transformers "
                     "always interleaves, SGLang would not. Remove the field or set it true.")
-    kind = next((p.get("rope_type", p.get("type")) for p in params), "default")
-    if kind not in (None, "default"):
-        errs.append(f"{source}: rope type {kind!r} with M-RoPE is not supported for Qwen3-VL (got {kind}). Use a "
-                    "model with default M-RoPE.")
-    if not isinstance(hf.get("vision_config"), dict):
-        errs.append(f"{source}: vision_config is missing (got {hf.get('vision_config')!r}). Point model.hf_path at a "
-                    "Qwen3-VL directory.")
     for field in ("attention_bias", "mlp_bias"):
         if hf.get(field):
             errs.append(f"{source}: config field '{field}'=true is not supported for Qwen3-VL (got true). Use the "
@@ -66,8 +59,8 @@ def deepstack_levels(hf: dict) -> int:
 
 
 def run_errors(cfg) -> list[str]:
-    """Every vision LM's limits (`vision_family.RUN_LIMITS`), and a full recompute at pp > 1, which would re-run a DeepStack
-    layer with a later micro-batch's features (1F1B runs several forwards on the first stage before a backward)."""
+    """Every vision LM's limits (`vision_family.RUN_LIMITS`), and a full recompute at pp > 1, which would re-run a
+    DeepStack layer with a later micro-batch's features (1F1B runs several forwards on the first stage first)."""
     errs = vision_run_errors(cfg, "Qwen3-VL")
     if cfg.parallel.pp > 1 and cfg.model.recompute == "full":
         errs.append(f"model.recompute: full recompute with Qwen3-VL's DeepStack runs at parallel.pp=1 only for now "

@@ -35,6 +35,25 @@ def mrope_section(hf: dict) -> list[int] | None:
     return None
 
 
+def mrope_errors(hf: dict, source: str, section: list[int] | None, name: str) -> list[str]:
+    """A vision LM's config.json checks, one line each: three M-RoPE counts summing to head_dim / 2, default rope
+    frequencies, and a `vision_config`."""
+    heads = hf.get("num_attention_heads") or 1
+    half = (hf.get("head_dim") or (hf.get("hidden_size") or 0) // heads) // 2
+    errs = []
+    if not section or len(section) != 3 or sum(section) != half:
+        errs.append(f"{source}: rope_parameters.mrope_section must be three counts summing to head_dim / 2 = {half} "
+                    f"(got {section}). Use the model's own config.json.")
+    kind = next((p.get("rope_type", p.get("type")) for _, p in rope_fields(hf)), "default")
+    if kind not in (None, "default"):
+        errs.append(f"{source}: rope type {kind!r} with M-RoPE is not supported for {name} (got {kind}). "
+                    "Use a model with default M-RoPE.")
+    if not isinstance(hf.get("vision_config"), dict):
+        errs.append(f"{source}: vision_config is missing (got {hf.get('vision_config')!r}). Point model.hf_path at a "
+                    f"{name} directory.")
+    return errs
+
+
 def layout_errors(parallel, name: str = "Qwen2.5-VL") -> list[str]:
     """No sequence parallelism for now: the image embeddings replace token rows before the decoder, whole along the
     sequence (`models.vision`). Pipeline stages: the first runs the tower, every stage the M-RoPE positions."""

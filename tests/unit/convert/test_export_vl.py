@@ -76,7 +76,7 @@ def test_training_export_writes_the_whole_vision_model(vl_dir, mcore_ctx, tmp_pa
     from rlhf_mcore.models.vision import build_vision_lm
     from rlhf_mcore.trainer.optim import build_train_state
     from tests.support.checkpoint import perturb
-    from tests.unit.models.test_qwen2_5_vl import our_logits
+    from tests.support.tiny_vl import our_logits
 
     cfg = Config(model=ModelConfig(hf_path=str(vl_dir), dtype="fp32", attention_backend="sdpa"))
     vlm = build_vision_lm(str(vl_dir), "actor", cfg.model, cfg.parallel, mcore_ctx)

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from rlhf_mcore.models.mrope import mrope_position_ids
-from tests.support.tiny_vl import IMAGE, VIDEO, image_batch, save_tiny_vl, tiny_vl_model
+from tests.support.tiny_vl import IMAGE, VIDEO, image_batch, logits_error, save_tiny_vl, tiny_vl_model, vision_lm_tp1
 
 
 @pytest.fixture(scope="module")
@@ -18,35 +18,15 @@ def vl_dir(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def ours(vl_dir, mcore_ctx):
-    from rlhf_mcore.config.schema import ModelConfig, ParallelConfig
-    from rlhf_mcore.models.vision import build_vision_lm
-
-    return build_vision_lm(str(vl_dir), "actor", ModelConfig(dtype="fp32", attention_backend="sdpa"),
-                           ParallelConfig(tp=1, pp=1), mcore_ctx)
-
-
-def our_logits(vlm, batch, tp_group):
-    from rlhf_mcore.models.logprobs import full_logits
-    from rlhf_mcore.models.vision import vision_lm_forward
-
-    with torch.no_grad():
-        hidden = vision_lm_forward(vlm, batch["input_ids"], batch["pixel_values"], batch["image_grid_thw"],
-                                   batch["attention_mask"])
-        return full_logits(vlm.lm, hidden, tp_group)
+    return vision_lm_tp1(vl_dir, mcore_ctx)
 
 
 def test_logits_match_transformers_with_images_at_tp1(vl_dir, ours, mcore_ctx):
-    from transformers import AutoModelForImageTextToText
-
-    hf = AutoModelForImageTextToText.from_pretrained(str(vl_dir), dtype=torch.float32).eval()
     batch = image_batch()
-    with torch.no_grad():
-        want = hf(**batch).logits
-    got = our_logits(ours, batch, mcore_ctx.pgs.tp)
-    valid = batch["attention_mask"].bool()
-    err = (want - got).abs()[valid].max().item()
-    print(f"qwen2.5-vl tp1 logits max |ours - transformers| = {err:.2e} over {int(valid.sum())} tokens")
-    assert got.shape == want.shape and err <= 1e-5
+    err, _, _ = logits_error(vl_dir, ours, batch, mcore_ctx.pgs.tp)
+    print(f"qwen2.5-vl tp1 logits max |ours - transformers| = {err:.2e} over {int(batch['attention_mask'].sum())} "
+          "tokens")
+    assert err <= 1e-5
     assert not ours.tower.training and not any(p.requires_grad for p in ours.tower.parameters())  # frozen
 
 

@@ -7,7 +7,16 @@ import json
 import pytest
 import torch
 
-from tests.support.tiny_vl import IMAGE, PATCH_DIM3, image_batch, save_tiny_vl3, tiny_vl3_model
+from tests.support.tiny_vl import (
+    IMAGE,
+    PATCH_DIM3,
+    image_batch,
+    logits_error,
+    our_logits,
+    save_tiny_vl3,
+    tiny_vl3_model,
+    vision_lm_tp1,
+)
 
 
 @pytest.fixture(scope="module")
@@ -17,39 +26,19 @@ def vl3_dir(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def ours(vl3_dir, mcore_ctx):
-    from rlhf_mcore.config.schema import ModelConfig, ParallelConfig
-    from rlhf_mcore.models.vision import build_vision_lm
-
-    return build_vision_lm(str(vl3_dir), "actor", ModelConfig(dtype="fp32", attention_backend="sdpa"),
-                           ParallelConfig(tp=1, pp=1), mcore_ctx)
+    return vision_lm_tp1(vl3_dir, mcore_ctx)
 
 
 def batch3():
     return image_batch(patch_dim=PATCH_DIM3)
 
 
-def our_logits(vlm, batch, tp_group):
-    from rlhf_mcore.models.logprobs import full_logits
-    from rlhf_mcore.models.vision import vision_lm_forward
-
-    with torch.no_grad():
-        hidden = vision_lm_forward(vlm, batch["input_ids"], batch["pixel_values"], batch["image_grid_thw"],
-                                   batch["attention_mask"])
-        return full_logits(vlm.lm, hidden, tp_group)
-
-
 def test_logits_match_transformers_with_images_at_tp1(vl3_dir, ours, mcore_ctx):
-    from transformers import AutoModelForImageTextToText
-
-    hf = AutoModelForImageTextToText.from_pretrained(str(vl3_dir), dtype=torch.float32).eval()
     batch = batch3()
-    with torch.no_grad():
-        want = hf(**batch).logits
-    got = our_logits(ours, batch, mcore_ctx.pgs.tp)
+    err, got, want = logits_error(vl3_dir, ours, batch, mcore_ctx.pgs.tp)
     valid = batch["attention_mask"].bool()
-    err = (want - got).abs()[valid].max().item()
     print(f"qwen3-vl tp1 logits max |ours - transformers| = {err:.2e} over {int(valid.sum())} tokens")
-    assert got.shape == want.shape and err <= 1e-5
+    assert err <= 1e-5
     assert len(ours.lm.vision.hooks) == 2  # DeepStack levels from blocks 0 and 2 into LM layers 0 and 1
     # the negative control: without DeepStack's additions the image tokens' logits (and what follows) move
     hooks = ours.lm.vision.hooks
