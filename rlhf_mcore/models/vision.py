@@ -105,9 +105,13 @@ def attach_tower(lm: torch.nn.Module, tower: torch.nn.Module, hf: dict, trainabl
     lm.vision = side = VisionSide(tower, merge=hf["vision_config"].get("spatial_merge_size", 2), **tokens)
     levels = deepstack_levels(tower)
     for layer in getattr(getattr(lm, "decoder", None), "layers", ()) if levels else ():
-        if layer.layer_number - 1 < levels:  # global, 1-based: the first stage holds layers 0 .. levels - 1
-            side.hooks.append(layer.register_forward_hook(functools.partial(add_deepstack, side,
-                                                                           layer.layer_number - 1)))
+        if layer.layer_number - 1 >= levels:  # global, 1-based
+            continue
+        if not getattr(lm, "pre_process", True):  # the features exist on the first stage only, with the tower
+            raise ValueError(f"parallel.pp: DeepStack adds the tower's features after LM layers 0..{levels - 1}, "
+                             f"which must all sit on the first pipeline stage (got layer {layer.layer_number - 1} on a "
+                             "later stage). Use fewer pipeline stages.")
+        side.hooks.append(layer.register_forward_hook(functools.partial(add_deepstack, side, layer.layer_number - 1)))
     if trainable:
         lm.add_module(TOWER_NAME, tower)
 

@@ -53,11 +53,6 @@ def qk_layernorm(hf: dict) -> dict:
     return {"qk_layernorm": True}
 
 
-def deepstack_levels(hf: dict) -> int:
-    """How many DeepStack levels the tower adds (LM layers 0 .. n-1 take one each)."""
-    return len((hf.get("vision_config") or {}).get("deepstack_visual_indexes") or ())
-
-
 def run_errors(cfg) -> list[str]:
     """Every vision LM's limits (`vision_family.RUN_LIMITS`), and a full recompute at pp > 1, which would re-run a
     DeepStack layer with a later micro-batch's features (1F1B runs several forwards on the first stage first)."""

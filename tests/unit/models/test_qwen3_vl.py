@@ -88,3 +88,19 @@ def test_unsupported_settings_are_refused_one_line_each(vl3_dir):
     errs = qwen3_vl.run_errors(cfg)
     assert any(e.startswith("model.recompute: full recompute with Qwen3-VL") for e in errs)
     assert any(e.startswith("parallel.sequence_parallel: not yet with Qwen3-VL") for e in errs)
+
+
+def test_deepstack_layers_off_the_first_pipeline_stage_are_refused(vl3_dir, ours):
+    """A later stage holding LM layer 0 or 1 (the tiny model's DeepStack layers) would never see the features: one
+    line, before any forward."""
+    from rlhf_mcore.models.hf_io import read_hf_config
+    from rlhf_mcore.models.vision import attach_tower
+
+    layers = torch.nn.ModuleList(torch.nn.Identity() for _ in range(2))  # a second stage's layers 0 and 1 (pp = 2
+    for number, layer in enumerate(layers, start=1):                       # of a model whose first stage is empty)
+        layer.layer_number = number
+    later = torch.nn.Module()
+    later.decoder, later.pre_process = torch.nn.Module(), False
+    later.decoder.layers = layers
+    with pytest.raises(ValueError, match=r"^parallel.pp: DeepStack adds .* layers 0..1, .*got layer 0 on a later"):
+        attach_tower(later, ours.tower, read_hf_config(vl3_dir), trainable=False)
