@@ -1,6 +1,6 @@
-"""The vision-language side of tools/bench/bench_grpo_step.py (`--images N`, issue 43): a Qwen2.5-VL directory
-(config.json + preprocessor_config.json, no weights: model.init=random), prompts carrying N synthetic images of
-a fixed size, the tower's FLOPs for MFU, and the tower drawn on the GPU under --gpu-init.
+"""The vision-language side of tools/bench/bench_grpo_step.py (`--images N`, issue 43): a Qwen2.5-VL or Qwen3-VL
+directory (config.json + preprocessor_config.json, no weights: model.init=random), prompts carrying N synthetic
+images of a fixed size, the tower's FLOPs for MFU, and the tower drawn on the GPU under --gpu-init.
 
     python -m tools.bench.bench_grpo_step --hf-path DIR --images 1 --image-side 448 ...   # DIR: write_vlm_dir
 
@@ -38,13 +38,32 @@ QWEN25_VL_3B = {
                       "patch_size": 14, "spatial_merge_size": 2, "temporal_patch_size": 2, "window_size": 112,
                       "fullatt_block_indexes": [7, 15, 23, 31], "hidden_act": "silu", "tokens_per_second": 2},
 }
+# Qwen3-VL-4B-Instruct's architecture as docs/qwen3_vl_research.md records it (LM 36 x 2560, tower 24 x 1024 with
+# DeepStack from blocks 5, 11, 17, patch 16; tied embeddings)
+QWEN3_VL_4B = {
+    "architectures": ["Qwen3VLForConditionalGeneration"], "model_type": "qwen3_vl",
+    "image_token_id": 151655, "video_token_id": 151656, "vision_start_token_id": 151652,
+    "vision_end_token_id": 151653, "tie_word_embeddings": True,
+    "text_config": {"model_type": "qwen3_vl_text", "num_hidden_layers": 36, "hidden_size": 2560,
+                    "intermediate_size": 9728, "num_attention_heads": 32, "num_key_value_heads": 8, "head_dim": 128,
+                    "vocab_size": 151936, "max_position_embeddings": 262144, "rms_norm_eps": 1e-6,
+                    "hidden_act": "silu", "tie_word_embeddings": True, "bos_token_id": 151643,
+                    "eos_token_id": 151645,
+                    "rope_parameters": {"rope_type": "default", "mrope_section": [24, 20, 20],
+                                        "mrope_interleaved": True, "rope_theta": 5000000.0}},
+    "vision_config": {"model_type": "qwen3_vl_vision", "depth": 24, "hidden_size": 1024, "intermediate_size": 4096,
+                      "num_heads": 16, "in_channels": 3, "out_hidden_size": 2560, "patch_size": 16,
+                      "spatial_merge_size": 2, "temporal_patch_size": 2, "num_position_embeddings": 2304,
+                      "deepstack_visual_indexes": [5, 11, 17], "hidden_act": "gelu_pytorch_tanh"},
+}
+SHAPES = {"qwen2.5-vl-3b": QWEN25_VL_3B, "qwen3-vl-4b": QWEN3_VL_4B}  # tools/gpu/gpu_vlm.sh SHAPE=
 MEAN, STD = [0.48145466, 0.4578275, 0.40821073], [0.26862954, 0.26130258, 0.27577711]
 TEXT_IDS_BELOW = 151643  # random text ids stay under Qwen's special tokens (no stray image or vision id)
 
 
-def processor_settings(side: int) -> dict:
+def processor_settings(side: int, patch: int = 14) -> dict:
     """preprocessor_config.json of transformers' Qwen2-VL image processor resizing every image to side x side."""
-    return {"image_processor_type": "Qwen2VLImageProcessor", "patch_size": 14, "merge_size": 2,
+    return {"image_processor_type": "Qwen2VLImageProcessor", "patch_size": patch, "merge_size": 2,
             "temporal_patch_size": 2, "min_pixels": side * side, "max_pixels": side * side,
             "size": {"shortest_edge": side * side, "longest_edge": side * side}, "image_mean": MEAN,
             "image_std": STD}
@@ -55,7 +74,8 @@ def write_vlm_dir(out: str | Path, hf: dict, side: int) -> Path:
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     (out / "config.json").write_text(json.dumps(hf, indent=1))
-    (out / PROCESSOR_FILE).write_text(json.dumps(processor_settings(side), indent=1))
+    settings = processor_settings(side, hf["vision_config"]["patch_size"])
+    (out / PROCESSOR_FILE).write_text(json.dumps(settings, indent=1))
     return out
 
 
@@ -86,7 +106,8 @@ class ImagePrompts:
         self.num, self.length, self.images, self.side, self.dp_rank, self.step = num, length, images, side, dp_rank, 0
         self.tokens = t = VisionTokens.from_hf_config(hf)
         self.below = min(TEXT_IDS_BELOW, t.start, t.image, t.end, hf["text_config"]["vocab_size"])
-        self.per_image = image_tokens(side)
+        self.patch = hf["vision_config"]["patch_size"]
+        self.per_image = image_tokens(side, self.patch)
         self.text = length - images * (self.per_image + 2)
         if self.text < 1:
             raise ValueError(f"--prompt-len: {length} tokens do not hold {images} image(s) of {self.per_image + 2} "
@@ -99,20 +120,21 @@ class ImagePrompts:
         self.step += 1
         t = self.tokens
         image = [t.start] + [t.image] * self.per_image + [t.end]
-        rows = []
+        rows, grid = [], (1, self.side // self.patch, self.side // self.patch)
         for slot in range(self.num):
             text = torch.randint(10, self.below, (self.text,), generator=g).tolist()
             rows.append(types.SimpleNamespace(prompt_ids=image * self.images + text, images=self.pngs[slot],
-                                              index=slot, image_grid_thw=((1, self.side // 14, self.side // 14),)))
+                                              index=slot, image_grid_thw=(grid,)))
         return rows
 
 
 def tower_flops_per_image(vision: dict, grid: tuple[int, int, int]) -> float:
-    """Forward FLOPs of transformers' Qwen2.5-VL tower + merger on one image of patch grid (t, h, w): the patch
-    embedding, per block q/k/v/o (4 d^2) and the gated MLP (3 d i), 2 FLOPs a weight and patch, attention's QK^T
-    and AV over the block's context (a window of (window / patch)^2 patches, the whole image in
-    `fullatt_block_indexes`), and the merger's two layers per merged token. Exact (torch's FlopCounterMode on
-    the eager tower) where the windows tile the grid; the norms and softmax are not counted.
+    """Forward FLOPs of transformers' tower + merger on one image of patch grid (t, h, w): the patch embedding, per
+    block q/k/v/o (4 d^2) and the MLP (Qwen2.5-VL's gated: 3 d i; Qwen3-VL's plain: 2 d i), 2 FLOPs a weight and
+    patch, attention's QK^T and AV over the block's context (Qwen2.5-VL: a window of (window / patch)^2 patches,
+    the whole image in `fullatt_block_indexes`; Qwen3-VL: the whole image), and the merger's two layers per merged
+    token (Qwen3-VL: once more per DeepStack level). Exact (torch's FlopCounterMode on the eager tower) where the
+    windows tile the grid; the norms, softmax and Qwen3-VL's position interpolation are not counted.
 
     >>> v = {"depth": 2, "hidden_size": 4, "intermediate_size": 8, "patch_size": 2, "temporal_patch_size": 1,
     ...      "in_channels": 1, "spatial_merge_size": 2, "window_size": 2, "out_hidden_size": 3,
@@ -123,14 +145,17 @@ def tower_flops_per_image(vision: dict, grid: tuple[int, int, int]) -> float:
     d, inter, merge = vision["hidden_size"], vision["intermediate_size"], vision["spatial_merge_size"]
     patches = grid[0] * grid[1] * grid[2]
     patch_in = vision["in_channels"] * vision["temporal_patch_size"] * vision["patch_size"] ** 2
-    window = min(patches, (vision["window_size"] // vision["patch_size"]) ** 2)
+    windowed = "window_size" in vision  # Qwen2.5-VL; Qwen3-VL attends over the whole image in every block
+    window = min(patches, (vision["window_size"] // vision["patch_size"]) ** 2) if windowed else patches
     full = set(vision.get("fullatt_block_indexes", ()))
+    mlp = 3 if windowed else 2  # gated SiLU, or fc1 -> GELU -> fc2
     flops = 2 * patches * patch_in * d
     for block in range(vision["depth"]):
         context = patches if block in full else window
-        flops += 2 * patches * (4 * d * d + 3 * d * inter) + 2 * 2 * patches * context * d
+        flops += 2 * patches * (4 * d * d + mlp * d * inter) + 2 * 2 * patches * context * d
     wide = d * merge * merge
-    flops += 2 * (patches // (merge * merge)) * (wide * wide + wide * vision["out_hidden_size"])
+    mergers = 1 + len(vision.get("deepstack_visual_indexes") or ())
+    flops += mergers * 2 * (patches // (merge * merge)) * (wide * wide + wide * vision["out_hidden_size"])
     return float(flops)
 
 

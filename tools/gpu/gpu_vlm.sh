@@ -16,7 +16,10 @@
 # ENGINE=sglang: (b) and (c) roll out through the embedded SGLang engine (rollout/sglang_images.py) instead; SGLang
 # first, on the same warm machine: MCORE=.gpu-speed-w1/mcore SGL1=.gpu-speed-w1 bash -c 'source tools/gpu/gpu_env.sh;
 # sglang_part part1' (carry .gpu-speed-w1), then this script with SGL2=.gpu-speed-w2 (carry .gpu-speed-w2).
-# $OUT: tests.log, tiny_vlm/ (the preset's run: metrics.jsonl), vlm3b/grpo_step_part_native_vlm3b.json, vlm.json.
+# FAMILY=qwen3_vl: (b) is configs/tiny_vlm3_grpo.yaml and (c) the Qwen3-VL-4B shape (LM 36 x 2560, tower 24 x 1024 with
+# DeepStack, patch 16: a 448 x 448 image is 196 LM tokens).
+# $OUT: tests.log, tiny_vlm/ (the preset's run: metrics.jsonl), LABEL/grpo_step_part_<engine>_LABEL.json and
+# vlm_LABEL.json (LABEL: qwen25vl3b or qwen3vl4b).
 # CPU dry run (the tiny VLM's shape, fp32, 56 x 56 images; seconds):
 #   DRY=1 OUT=/tmp/dry_vlm PY=.venv/bin/python bash tools/gpu/gpu_vlm.sh
 set -uo pipefail
@@ -33,6 +36,12 @@ else
   export PYTHONPATH=$PWD
 fi
 ENGINE=${ENGINE:-native}
+FAMILY=${FAMILY:-qwen2_5_vl}  # qwen3_vl: the tiny Qwen3-VL preset and the Qwen3-VL-4B shape (patch 16: 196 tokens)
+declare -A PRESETS=([qwen2_5_vl]=tiny_vlm_grpo [qwen3_vl]=tiny_vlm3_grpo)
+declare -A SHAPES=([qwen2_5_vl]=qwen2.5-vl-3b [qwen3_vl]=qwen3-vl-4b)
+declare -A TINY_DIRS=([qwen2_5_vl]="tiny_vlm 56" [qwen3_vl]="tiny_vlm3 64")
+SHAPE_NAME=${SHAPES[$FAMILY]:?FAMILY: qwen2_5_vl or qwen3_vl}
+LABEL=${SHAPE_NAME//[.-]/}  # qwen25vl3b, qwen3vl4b
 if [[ $ENGINE == sglang && -z "${DRY:-}" ]]; then
   source tools/gpu/gpu_env.sh && sglang_part part2  # SGLang's second half (the first: see the header)
 fi
@@ -49,46 +58,47 @@ if [[ $PRESET_S -gt 0 ]]; then  # PRESET_S=0: skip (b)
   log "(b) tiny VLM preset (at most ${PRESET_S}s)"
   PRESET=(trainer.output_dir="$OUT/tiny_vlm" rollout.engine=$ENGINE)
   [[ -n "${DRY:-}" ]] && PRESET+=(trainer.total_steps=2 trainer.val_before_train=false)
-  timeout -k 5 "$PRESET_S" $PY -m rlhf_mcore.train --config configs/tiny_vlm_grpo.yaml "${PRESET[@]}" \
+  timeout -k 5 "$PRESET_S" $PY -m rlhf_mcore.train --config configs/${PRESETS[$FAMILY]}.yaml "${PRESET[@]}" \
       > "$OUT/tiny_vlm.log" 2>&1
   echo "preset: rc $?"; grep -i "val\|step 40\|step 20\|Error\|Traceback" "$OUT/tiny_vlm.log" | grep -v Warn | tail -8
 fi
 
-log "(c) GRPO step at the Qwen2.5-VL-3B shape (at most ${BENCH_S}s)"
-HF=/tmp/qwen2.5-vl-3b
-$PY - "$HF" "${DRY:+tiny}" <<'EOF'
+log "(c) GRPO step at the $SHAPE_NAME shape (at most ${BENCH_S}s)"
+HF=/tmp/$SHAPE_NAME
+read -r TINY_DIR TINY_SIDE <<< "${TINY_DIRS[$FAMILY]}"
+$PY - "$HF" "$SHAPE_NAME" "${DRY:+$TINY_DIR}" "$TINY_SIDE" <<'EOF'
 import json, sys
-from tools.bench.vision_bench import QWEN25_VL_3B, write_vlm_dir
-if sys.argv[2]:  # the tiny VLM's shape, 56 x 56 images
-    write_vlm_dir(sys.argv[1], json.load(open("data/tiny_vlm/config.json")), 56)
+from tools.bench.vision_bench import SHAPES, write_vlm_dir
+if sys.argv[3]:  # the tiny VLM's shape and image side
+    write_vlm_dir(sys.argv[1], json.load(open(f"data/{sys.argv[3]}/config.json")), int(sys.argv[4]))
 else:
-    write_vlm_dir(sys.argv[1], QWEN25_VL_3B, 448)
+    write_vlm_dir(sys.argv[1], SHAPES[sys.argv[2]], 448)
 EOF
 if [[ -n "${DRY:-}" ]]; then
-  SHAPE=(--tiny --image-side 56)
+  SHAPE=(--tiny --image-side $TINY_SIDE)
 else
   SHAPE=(--prompts 32 --n 8 --prompt-len 384 --new-tokens 256 --micro-batch 16 --image-side 448 --gpu-init 1)
 fi
 [[ $ENGINE == sglang ]] && cp data/tiny_vlm/{tokenizer.json,tokenizer_config.json,chat_template.jinja} "$HF"/  # its
 # multimodal processor loads a tokenizer even without tokenizer init; the ids are ours
 timeout -k 5 "$BENCH_S" $PY -m tools.bench.bench_grpo_step --engine $ENGINE --hf-path "$HF" --images 1 \
-    --cuda-graphs 0 --mini-batches 2 --steps 2 --warmup 1 --standalone 0 --label vlm3b --out "$OUT/vlm3b" \
-    "${SHAPE[@]}" > "$OUT/vlm3b.log" 2>&1
+    --cuda-graphs 0 --mini-batches 2 --steps 2 --warmup 1 --standalone 0 --label $LABEL --out "$OUT/$LABEL" \
+    "${SHAPE[@]}" > "$OUT/$LABEL.log" 2>&1
 echo "bench: rc $?"
-grep -v "Warning\|warnings.warn" "$OUT/vlm3b.log" | grep -A6 "step [0-9]:\|phase  predicted\|Error\|Traceback" | tail -16
+grep -v "Warning\|warnings.warn" "$OUT/$LABEL.log" | grep -A6 "step [0-9]:\|phase  predicted\|Error\|Traceback" | tail -16
 
 log "summary"
-$PY - "$OUT" <<'EOF'
+$PY - "$OUT" "$LABEL" <<'EOF'
 import json, pathlib, sys
 out = pathlib.Path(sys.argv[1])
-found = sorted((out / "vlm3b").glob("grpo_step_part_*.json"))
+found = sorted((out / sys.argv[2]).glob("grpo_step_part_*.json"))
 if not found:
     sys.exit("no bench result")
 r = json.loads(found[0].read_text())
 ph = r["phases_s"]
 keys = ("step_s", "rollout_tok_s_in_step", "logprob_update_mfu", "logprob_update_mfu_lm_only", "update_mfu",
         "tower_tflop_per_step", "peak_mem_gib", "mismatch", "memory_plan", "device")
-(out / "vlm.json").write_text(json.dumps({k: r.get(k) for k in keys} | {"phases_s": ph}, indent=2))
+(out / f"vlm_{sys.argv[2]}.json").write_text(json.dumps({k: r.get(k) for k in keys} | {"phases_s": ph}, indent=2))
 fmt = lambda v, f: "-" if v is None else format(v, f)  # noqa: E731
 print(f"step {r['step_s']:.2f} s (gen {ph['gen']:.2f}, old log-prob {ph['old_log_prob']:.2f}, update "
       f"{ph['update_actor']:.2f}, sync {ph['sync_weights']:.2f}); rollout {r['rollout_tok_s_in_step']:.0f} tok/s; "
@@ -97,6 +107,6 @@ print(f"step {r['step_s']:.2f} s (gen {ph['gen']:.2f}, old log-prob {ph['old_log
       f"mismatch {fmt(r['mismatch']['rollout/mismatch_logp_abs_diff'], '.5f')}")
 for m in r["memory_plan"]:
     print(f"  plan {m['phase']:<10} predicted {m['predicted_gib']:6.2f} GiB, measured {fmt(m['measured_gib'], '6.2f')}")
-print(f"wrote {out / 'vlm.json'}")
+print(f"wrote {out / f'vlm_{sys.argv[2]}.json'}")
 EOF
 log "done"

@@ -15,19 +15,23 @@ from tools.bench import vision_bench
 from tools.bench.bench_grpo_step import main
 
 TINY = json.loads((ROOT / "data" / "tiny_vlm" / "config.json").read_text())
+TINY3 = json.loads((ROOT / "data" / "tiny_vlm3" / "config.json").read_text())  # Qwen3-VL: patch 16, DeepStack
 
 
+@pytest.mark.parametrize("hf", [TINY, TINY3], ids=["qwen2.5-vl", "qwen3-vl"])
 @pytest.mark.parametrize("grid", [(1, 4, 4), (1, 8, 8), (1, 12, 8)])
-def test_tower_flops_are_torchs_count_of_the_eager_tower(grid):
-    tower = build_vision_tower(TINY, torch.float32, "cpu", attention="eager")
-    patches = torch.randn(grid[0] * grid[1] * grid[2], 3 * 2 * 14 * 14)
+def test_tower_flops_are_torchs_count_of_the_eager_tower(grid, hf):
+    tower = build_vision_tower(hf, torch.float32, "cpu", attention="eager")
+    patch = hf["vision_config"]["patch_size"]
+    patches = torch.randn(grid[0] * grid[1] * grid[2], 3 * 2 * patch * patch)
     with FlopCounterMode(display=False) as counter:
         tower(patches, grid_thw=torch.tensor([grid]))
-    assert vision_bench.tower_flops_per_image(TINY["vision_config"], grid) == counter.get_total_flops()
+    assert vision_bench.tower_flops_per_image(hf["vision_config"], grid) == counter.get_total_flops()
 
 
-def test_prompts_carry_the_image_tokens_the_processor_makes(tmp_path):
-    hf = vision_bench.QWEN25_VL_3B
+@pytest.mark.parametrize("name, tokens", [("qwen2.5-vl-3b", 256), ("qwen3-vl-4b", 196)])
+def test_prompts_carry_the_image_tokens_the_processor_makes(tmp_path, name, tokens):
+    hf = vision_bench.SHAPES[name]
     processor = VisionProcessor.from_hf_dir(vision_bench.write_vlm_dir(tmp_path, hf, 448), hf)
     rows = vision_bench.ImagePrompts(3, 600, hf, images=2, side=448).next_batch()
     t = processor.tokens
@@ -35,13 +39,14 @@ def test_prompts_carry_the_image_tokens_the_processor_makes(tmp_path):
         images = open_images(row.images, "bench")
         grids = [processor.grid(*im.size) for im in images]
         assert len(row.prompt_ids) == 600
-        assert row.prompt_ids.count(t.image) == sum(processor.token_count(g) for g in grids) == 2 * 256
+        assert row.prompt_ids.count(t.image) == sum(processor.token_count(g) for g in grids) == 2 * tokens
         assert row.prompt_ids.count(t.start) == row.prompt_ids.count(t.end) == 2
         assert max(i for i in row.prompt_ids if i not in (t.image, t.start, t.end)) < vision_bench.TEXT_IDS_BELOW
     pixels, grid_thw = PromptPixels(processor)(rows[:1])[0]
-    assert grid_thw.tolist() == [[1, 32, 32]] * 2 and pixels.shape[0] == 2 * 32 * 32
+    side = 448 // hf["vision_config"]["patch_size"]  # 32 patches of 14, 28 of 16
+    assert grid_thw.tolist() == [[1, side, side]] * 2 and pixels.shape[0] == 2 * side * side
     with pytest.raises(ValueError, match="--prompt-len"):
-        vision_bench.ImagePrompts(1, 200, hf, images=1, side=448)
+        vision_bench.ImagePrompts(1, tokens + 2, hf, images=1, side=448)  # no room left for text
 
 
 def test_tiny_bench_with_images_counts_the_tower(tmp_path, mcore_ctx):
