@@ -1,16 +1,21 @@
-"""A vision-language model (Qwen2.5-VL): megatron's GPTModel with M-RoPE for the language model (`models.build`,
-family `qwen2_5_vl`) and transformers' own vision tower and merger as a plain torch module on every rank.
+"""A vision-language model (Qwen2.5-VL, Qwen3-VL): megatron's GPTModel with M-RoPE for the language model
+(`models.build`, families `qwen2_5_vl`, `qwen3_vl`) and transformers' own vision tower and merger as a plain torch
+module on every rank.
 
-The tower is `Qwen2_5_VisionTransformerPretrainedModel` built from config.json's `vision_config` and loaded from
-the checkpoint's `visual.*` tensors (or `model.visual.*`), frozen by default. A forward (`vision_lm_forward`):
+The tower is the family's transformers class (`ModelSpec.vision_tower`) built from config.json's `vision_config`
+and loaded from the checkpoint's `visual.*` tensors (or `model.visual.*`), frozen by default. A forward
+(`vision_lm_forward`; the trainer's `models.vision_step`, the native engine's `rollout.vision_decode`):
 1. the tower turns pixel_values [num_patches, C * T * P * P] of the batch's images (grids `image_grid_thw`) into
-   one embedding per merged patch [num_image_tokens, hidden];
+   one embedding per merged patch [num_image_tokens, hidden] (Qwen3-VL: and one per DeepStack level, carried along
+   the last dim);
 2. the LM's word embeddings of input_ids [B, S], with the `<|image_pad|>` tokens' rows replaced by those, in order
-   (transformers' `masked_scatter`), go to the decoder as `decoder_input`;
+   (transformers' `masked_scatter`), go to the decoder as `decoder_input` (`merge_images`, which also stages the
+   DeepStack levels that forward hooks add after LM layers 0 .. n-1);
 3. positions are M-RoPE's [3, B, S] (`models.mrope`), which megatron's `MultimodalRotaryEmbedding` turns into the
-   rotary table its attention applies (sections interleaved as transformers' `apply_multimodal_rotary_pos_emb`).
-Rows are right-padded (the attention is causal; padding sees only what precedes it). pp=1 and no sequence
-parallelism for now (`families.qwen2_5_vl.run_errors`); videos are refused.
+   rotary table its attention applies (sections as transformers' tables: contiguous for Qwen2.5-VL, interleaved
+   chunks for Qwen3-VL).
+Rows are right-padded (the attention is causal; padding sees only what precedes it). No sequence parallelism for
+now (`families.vision_family.RUN_LIMITS`); videos are refused.
 """
 from __future__ import annotations
 
