@@ -83,10 +83,13 @@ def common_overrides(model: str, workdir: str, tokenizer: str = "", gpus: int = 
     ]
 
 
-def sglang_graphs(rows: int) -> str:
-    """SGLang decode CUDA graphs up to the rollout batch, the setting our SGLang engine makes
-    (`rollout.sglang_engine.engine_kwargs`): SGLang 0.5.17's default stops at 256 rows and decodes 512 eagerly."""
-    return f"+actor_rollout_ref.rollout.engine_kwargs.sglang.cuda_graph_max_bs_decode={rows}"
+def whole_batch(rows: int) -> list[str]:
+    """The rollout batch decodes at once, as ours does: verl's `rollout.max_num_seqs` (SGLang's max_running_requests;
+    verl's default 256 ran the 512-row step batch in two waves on 2026-12-04), and SGLang's decode CUDA graphs up to
+    it, the setting our SGLang engine makes (`rollout.sglang_engine.engine_kwargs`; SGLang 0.5.17's default stops at
+    256 rows and decodes more eagerly)."""
+    return [f"actor_rollout_ref.rollout.max_num_seqs={rows}",
+            f"+actor_rollout_ref.rollout.engine_kwargs.sglang.cuda_graph_max_bs_decode={rows}"]
 
 
 STEP_MAX_TOKENS = 16384  # verl's default ppo_max_token_len_per_gpu. At 65536 (2026-12-04) the 152k-vocab logits
@@ -106,7 +109,7 @@ def step_overrides(data: str, steps: int, shape: dict, max_tokens: int = 0) -> l
         f"data.train_batch_size={shape['prompts']}", f"data.max_prompt_length={shape['prompt_len']}",
         f"data.max_response_length={shape['new_tokens']}", f"actor_rollout_ref.rollout.n={shape['n']}",
         f"actor_rollout_ref.actor.ppo_mini_batch_size={shape['prompts']}", "actor_rollout_ref.actor.optim.lr=1e-6",
-        "actor_rollout_ref.actor.use_kl_loss=False", sglang_graphs(shape["prompts"] * shape["n"]),
+        "actor_rollout_ref.actor.use_kl_loss=False", *whole_batch(shape["prompts"] * shape["n"]),
         f"reward.custom_reward_function.path={HOOKS}", "reward.custom_reward_function.name=random_score",
         "trainer.save_freq=-1", f"trainer.total_training_steps={steps}",
     ]
@@ -121,7 +124,7 @@ def gsm8k_overrides(data: str, steps: int, shape: dict, max_tokens: int = 0) -> 
         "actor_rollout_ref.rollout.n=8", "actor_rollout_ref.actor.optim.lr=1e-5",
         "actor_rollout_ref.actor.ppo_mini_batch_size=16",
         "actor_rollout_ref.actor.use_kl_loss=True", "actor_rollout_ref.actor.kl_loss_coef=0.001",
-        "actor_rollout_ref.actor.kl_loss_type=low_var_kl", sglang_graphs(64 * 8),
+        "actor_rollout_ref.actor.kl_loss_type=low_var_kl", *whole_batch(64 * 8),
         f"reward.custom_reward_function.path={HOOKS}", "reward.custom_reward_function.name=preset_score",
         "+ray_kwargs.ray_init.runtime_env.worker_process_setup_hook=tools.bench.verl_hooks.install_deadline",
         "trainer.save_freq=100000", "actor_rollout_ref.actor.checkpoint.save_contents=[hf_model]",

@@ -44,6 +44,7 @@ def test_step_job_is_bench_grpo_steps_shape():
     assert again["actor_rollout_ref.actor.ppo_max_token_len_per_gpu"] == "24576"
     # SGLang as our engine sets it: decode graphs cover the 512-row batch
     assert keys["actor_rollout_ref.rollout.engine_kwargs.sglang.cuda_graph_max_bs_decode"] == "512"
+    assert keys["actor_rollout_ref.rollout.max_num_seqs"] == "512"  # one wave, as ours (verl's default: 256)
     # no flash-attn wheel: sdpa, and no remove-padding (it would mix packed sequences under sdpa)
     assert keys["actor_rollout_ref.model.override_config.attn_implementation"] == "sdpa"
     assert keys["actor_rollout_ref.model.use_remove_padding"] == "False"
@@ -210,3 +211,25 @@ def test_a_silent_hang_is_killed_at_the_timeout_and_ready_is_timed(tmp_path):
                                dict(os.environ))
     assert rc == -9 and ready is not None and ready < 1.0 and time.monotonic() - start < 10
     assert (tmp_path / "v.log").read_text() == "x ready to fit\n"
+
+
+@pytest.mark.parametrize("job", ["step", "gsm8k"])
+def test_overrides_compose_with_verls_own_config(job):
+    """Where verl and Hydra are importable (a dev machine with verl 0.9.1 on the path; not CI), every override
+    composes against verl's `ppo_trainer` config: no unknown key, and the values land where the job means them."""
+    import importlib.util
+    from pathlib import Path
+
+    pytest.importorskip("hydra")
+    spec = importlib.util.find_spec("verl")
+    if spec is None:
+        pytest.skip("verl is not importable here")
+    from hydra import compose, initialize_config_dir
+
+    cmd = bench.verl_command(job, "/m", "/d", "/w", 4, tokenizer="/t" if job == "step" else "")
+    config_dir = Path(spec.origin).parent / "trainer" / "config"
+    with initialize_config_dir(config_dir=str(config_dir), version_base=None):
+        cfg = compose(config_name="ppo_trainer", overrides=[o for o in cmd[3:] if not o.startswith("hydra.")])
+    rollout, actor = cfg.actor_rollout_ref.rollout, cfg.actor_rollout_ref.actor
+    assert rollout.max_num_seqs == rollout.engine_kwargs.sglang.cuda_graph_max_bs_decode == 512
+    assert actor.ppo_max_token_len_per_gpu == (bench.STEP_MAX_TOKENS if job == "step" else bench.GSM8K_MAX_TOKENS)
