@@ -61,7 +61,7 @@ def _model_shape(cfg: Config) -> tuple[dict | None, list[str]]:
         spec = spec_for_hf_config(hf, path)
         hf = spec.text_config(hf)  # a vision-language config.json nests the LM's fields
         window = sliding_window(hf, spec)
-        return {"run_errors": spec.run_errors(cfg),
+        return {"run_errors": spec.run_errors(cfg) + spec.stage_errors(hf, cfg.parallel),
                 "layers": hf.get("num_hidden_layers"), "heads": hf.get("num_attention_heads"),
                 "groups": hf.get("num_key_value_heads") or hf.get("num_attention_heads"),
                 "ffn": hf.get("intermediate_size"), "ffn_key": f"{path}: intermediate_size",

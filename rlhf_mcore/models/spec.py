@@ -14,7 +14,8 @@ A spec carries everything that differs between families:
   decoder of `rollout.static_decode`; "eager": megatron's modules);
 - `text_config(hf)`: the language model's fields as one flat dict (a vision-language config.json nests them under
   `text_config`); `registry.language_config` applies it where config.json is read;
-- `run_errors(cfg)`: run settings the family cannot take yet (one line each, asked by `config.validate`).
+- `run_errors(cfg)`: run settings the family cannot take yet (one line each, asked by `config.validate`);
+  `stage_errors(hf, parallel)`: the same for a layout that depends on config.json (Qwen3-VL's DeepStack layers).
 """
 from __future__ import annotations
 
@@ -119,6 +120,10 @@ def no_run_errors(cfg) -> list[str]:
     return []
 
 
+def no_stage_errors(hf: dict, parallel) -> list[str]:
+    return []
+
+
 def no_attention_bias(hf: dict, source: str) -> None:
     """o_proj and MLP biases (config.json attention_bias / mlp_bias) this family's converter does not map."""
     for field, what in (("attention_bias", "o_proj biases"), ("mlp_bias", "MLP biases")):
@@ -145,6 +150,7 @@ class ModelSpec:
     # other prefixes its checkpoints store the table's tensors under, and the vision tower's prefix (models.vision)
     text_config: Callable[[dict], dict] = same_config
     run_errors: Callable[[object], list[str]] = no_run_errors
+    stage_errors: Callable[[dict, object], list[str]] = no_stage_errors  # (flat config.json, cfg.parallel)
     checkpoint_aliases: tuple[tuple[str, str], ...] = ()  # (prefix some checkpoints use, the table's prefix)
     vision_prefix: str | None = None  # HF tensors under it belong to the vision tower, not the table
     vision_tower: Callable[[], type] | None = None  # the tower's transformers class (built from vision_config)

@@ -63,6 +63,18 @@ def run_errors(cfg) -> list[str]:
     return errs
 
 
+def stage_errors(hf: dict, parallel) -> list[str]:
+    """DeepStack adds to LM layers 0 .. n-1 on the first pipeline stage, where the tower runs (`models.vision`
+    refuses it again at build); stages hold layers / pp each (`config.validate`)."""
+    levels = len((hf.get("vision_config") or {}).get("deepstack_visual_indexes") or ())
+    layers = hf.get("num_hidden_layers") or 0
+    if parallel.pp > 1 and levels and layers // parallel.pp < levels:
+        return [f"parallel.pp: Qwen3-VL's DeepStack adds to LM layers 0..{levels - 1}, which must all sit on the first "
+                f"pipeline stage (got {layers // parallel.pp} layer(s) a stage at parallel.pp={parallel.pp}). Use "
+                f"parallel.pp <= {max(layers // levels, 1)}."]
+    return []
+
+
 def tower_class():
     from transformers.models.qwen3_vl.modeling_qwen3_vl import Qwen3VLVisionModel
 
@@ -72,6 +84,7 @@ def tower_class():
 SPEC = ModelSpec("qwen3_vl", ("qwen3_vl",), ("Qwen3VLForConditionalGeneration",), BASE_WEIGHTS + QK_NORMS,
                  check=check, config_fields=config_fields, layer_options=qk_layernorm,
                  decode_paths=("eager",),  # M-RoPE positions per slot and DeepStack: the eager engine
-                 text_config=text_config, run_errors=run_errors, vision_prefix="visual.", vision_tower=tower_class,
+                 text_config=text_config, run_errors=run_errors, stage_errors=stage_errors, vision_prefix="visual.",
+                 vision_tower=tower_class,
                  checkpoint_aliases=(("model.language_model.", "model."), ("model.visual.", "visual.")),
                  export_prefixes=(("model.", "model.language_model."), ("visual.", "model.visual.")))

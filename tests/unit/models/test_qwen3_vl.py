@@ -104,3 +104,18 @@ def test_deepstack_layers_off_the_first_pipeline_stage_are_refused(vl3_dir, ours
     later.decoder.layers = layers
     with pytest.raises(ValueError, match=r"^parallel.pp: DeepStack adds .* layers 0..1, .*got layer 0 on a later"):
         attach_tower(later, ours.tower, read_hf_config(vl3_dir), trainable=False)
+
+
+def test_a_pipeline_split_that_moves_a_deepstack_layer_is_refused_at_validation():
+    """The shipped tiny preset (2 LM layers, 2 DeepStack levels) cannot run at pp=2: one config error naming the
+    key, the value and the fix, before any process builds a model; pp=1 passes."""
+    from rlhf_mcore.config import load_config
+    from rlhf_mcore.config.validate import validate
+    from tests.support.paths import CONFIGS
+
+    errs = validate(load_config(str(CONFIGS / "tiny_vlm3_grpo.yaml"), ["parallel.pp=2"], check=False), 2)
+    lines = [e for e in errs if "DeepStack" in e]
+    assert lines == ["parallel.pp: Qwen3-VL's DeepStack adds to LM layers 0..1, which must all sit on the first "
+                     "pipeline stage (got 1 layer(s) a stage at parallel.pp=2). Use parallel.pp <= 1."], errs
+    assert not [e for e in validate(load_config(str(CONFIGS / "tiny_vlm3_grpo.yaml"), [], check=False), 1)
+                if "DeepStack" in e]
