@@ -221,7 +221,7 @@ def build_vision_lm(hf_dir: str, role: str, model_cfg, parallel_cfg, ctx, train_
     spec = spec_for_hf_config(hf, f"{hf_dir}/config.json")
     if spec.vision_prefix is None:
         raise ValueError(f"model.hf_path: {spec.name} has no vision tower (got {hf_dir}). Use a vision model.")
-    errs = layout_errors(parallel_cfg)
+    errs = layout_errors(parallel_cfg, spec.name)  # the family by its registry name
     if errs:
         raise ValueError(errs[0])
     lm = build_model(role, hf, model_cfg, parallel_cfg, ctx, source=f"{hf_dir}/config.json")

@@ -54,7 +54,7 @@ def mrope_errors(hf: dict, source: str, section: list[int] | None, name: str) ->
     return errs
 
 
-def layout_errors(parallel, name: str = "Qwen2.5-VL") -> list[str]:
+def layout_errors(parallel, name: str) -> list[str]:
     """No sequence parallelism for now: the image embeddings replace token rows before the decoder, whole along the
     sequence (`models.vision`). Pipeline stages: the first runs the tower, every stage the M-RoPE positions."""
     errs = []
