@@ -69,10 +69,11 @@ def read_metadata_file(path: Path):
         return MetadataUnpickler(f, str(path)).load()
 
 
-def load_byte_item(value: io.BytesIO, source: str):
-    """A byte item's object, through torch.load(weights_only=True): tensors, containers and plain values only."""
+def load_byte_item(value: io.BytesIO, source: str, map_location=None):
+    """A byte item's object, through torch.load(weights_only=True): tensors, containers and plain values only.
+    `map_location` as torch.load's: "cpu" reads a checkpoint written on a GPU where none is (e.g. the HF export)."""
     try:
-        return torch.load(value, weights_only=True)
+        return torch.load(value, weights_only=True, map_location=map_location)
     except pickle.UnpicklingError as e:
         asked = re.search(r"(?:Unsupported global: GLOBAL|unsupported GLOBAL) (\S+)", str(e))
         what = f"it asks for {asked[1]}" if asked else "it is more than tensors and plain values"
@@ -102,10 +103,10 @@ def check_loadable(ckpt_dir) -> None:
     if not (ckpt_dir / METADATA_FILE).is_file():
         return  # not a dist-checkpoint: the caller's own checks say so
     metadata = read_metadata_file(ckpt_dir / METADATA_FILE)
-    for source, value in _byte_items(ckpt_dir, metadata):
-        load_byte_item(value, source)
+    for source, value in _byte_items(ckpt_dir, metadata):  # read to check only: on the host
+        load_byte_item(value, source, "cpu")
     if (ckpt_dir / COMMON_FILE).is_file():  # megatron reads it weights_only too, but with a traceback
-        load_byte_item(io.BytesIO((ckpt_dir / COMMON_FILE).read_bytes()), str(ckpt_dir / COMMON_FILE))
+        load_byte_item(io.BytesIO((ckpt_dir / COMMON_FILE).read_bytes()), str(ckpt_dir / COMMON_FILE), "cpu")
 
 
 def _read_metadata(self, *args, **kwargs):
@@ -125,7 +126,7 @@ def _load_bytes(self, read_item, value: io.BytesIO) -> None:
     """DefaultLoadPlanner.load_bytes with torch.load(weights_only=True) (torch's body otherwise)."""
     from torch.distributed.checkpoint._traverse import set_element
 
-    obj = load_byte_item(value, read_item.dest_index.fqn)
+    obj = load_byte_item(value, read_item.dest_index.fqn, None if torch.cuda.is_available() else "cpu")
     if self.flatten_state_dict:
         set_element(self.original_state_dict, self.mappings[read_item.dest_index.fqn], obj)
     else:

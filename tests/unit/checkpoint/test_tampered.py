@@ -128,3 +128,36 @@ def test_the_checkpoints_we_write_load_and_torchs_readers_stay_restricted(mcore_
     torch.save({"kept": [torch.ones(2), 3, "plain"]}, buf)
     buf.seek(0)
     assert load_byte_item(buf, "ok")["kept"][1:] == [3, "plain"]
+
+
+def saved_as_on_a_gpu(obj, file, monkeypatch) -> None:
+    """torch.save of `obj` with its storages tagged cuda:0, as a GPU run writes them."""
+    with monkeypatch.context() as m:
+        m.setattr(torch.serialization, "location_tag", lambda storage: "cuda:0")
+        torch.save(obj, file)
+
+
+def test_a_checkpoint_written_on_a_gpu_is_checked_and_read_on_a_host(mcore_ctx, tmp_path, saved, monkeypatch):
+    """The HF export reads a GPU run's checkpoint with CUDA hidden (2026-12-04 on the H200: check_loadable's
+    torch.load of common.pt raised "Attempting to deserialize object on a CUDA device"). The check reads on the host,
+    and torch's byte-item reader maps to the host where no GPU is."""
+    from torch.distributed.checkpoint.default_planner import DefaultLoadPlanner
+
+    from rlhf_mcore.checkpoint.safe_load import COMMON_FILE, check_loadable
+
+    role_dir = tmp_path / "run" / "global_step_1" / "actor"
+    saved_as_on_a_gpu({"rng": torch.ones(2)}, role_dir / COMMON_FILE, monkeypatch)
+    if not torch.cuda.is_available():  # the failure the check must not hit
+        with pytest.raises(RuntimeError, match="deserialize object on a CUDA device"):
+            torch.load(role_dir / COMMON_FILE, weights_only=True)
+    check_loadable(role_dir)
+    buf = io.BytesIO()
+    saved_as_on_a_gpu({"kept": torch.arange(3.0)}, buf, monkeypatch)
+    buf.seek(0)
+    planner = DefaultLoadPlanner(flatten_state_dict=False)
+    planner.state_dict = {}
+    read_item = type("ReadItem", (), {"dest_index": type("Index", (), {"fqn": "x"})()})()
+    planner.load_bytes(read_item, buf)
+    want = "cuda" if torch.cuda.is_available() else "cpu"
+    assert planner.state_dict["x"]["kept"].device.type == want
+    assert torch.equal(planner.state_dict["x"]["kept"].cpu(), torch.arange(3.0))
