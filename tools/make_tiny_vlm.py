@@ -112,6 +112,7 @@ def write_tiny_vlm(out: str | Path, weights: bool = False, seed: int = 0, family
     out.mkdir(parents=True, exist_ok=True)
     build, model_class, processor = FAMILIES[family]
     config = build()
+    config.architectures = [model_class]  # as the Hub's; SGLang picks its model class by it
     if weights:
         import torch
         import transformers

@@ -2,6 +2,7 @@
 images go with it in SGLang's preprocessed form and its ids stay ours; the engine's start directory is the actor,
 tower included, as transformers reads it (same logits with images); a trained tower is refreshed, a frozen one not."""
 import itertools
+import json
 import shutil
 
 import pytest
@@ -79,7 +80,9 @@ def test_start_directory_is_the_actor_with_its_tower_as_transformers_reads_it(vl
     _, state = vl_actor(vl_dir, mcore_ctx)
     actor, hf = state.model[0], cfg_hf(vl_dir)
     named = itertools.chain(hf_weights(FullWeights(actor, mcore_ctx), hf), sglang_images.tower_tensors(actor))
-    path = write_hf_dir(named, hf, torch.float32)
+    path = write_hf_dir(named, {**hf, "architectures": None}, torch.float32)  # as data/tiny_vlm's had (H200: SGLang
+    # indexes architectures[0] and raised a TypeError)
+    assert json.load(open(f"{path}/config.json"))["architectures"] == ["Qwen2_5_VLForConditionalGeneration"]
     copied = sglang_images.copy_processor_files(str(vl_dir), path)
     assert "preprocessor_config.json" in copied
     b = image_batch()
