@@ -47,8 +47,8 @@ def test_rollout_log_probs_are_the_trainers(vl_dir, mcore_ctx, micro_batch_size)
     hook.remove()
     assert sum(seen) == sum(t * h * w for t, h, w in GRIDS)  # both chunkings hold a prompt's samples together
     assert out.tokens.size(0) == 6 and int(out.response_lengths.min()) == 7
-    assert torch.equal(out.image_grid_thw[:, 0], torch.tensor([GRIDS[0]] * 2 + [GRIDS[1]] * 2 + [[0, 0, 0]] * 2))
-    assert torch.equal(out.pixel_values[3, :24], images[1][0])
+    assert torch.equal(out.image_grid_thw[:, 0].cpu(), torch.tensor([GRIDS[0]] * 2 + [GRIDS[1]] * 2 + [[0, 0, 0]] * 2))
+    assert torch.equal(out.pixel_values[3, :24].cpu(), images[1][0])
     batch = {"tokens": out.tokens, "lengths": out.total_lengths, "response_mask": out.response_mask.float(),
              "prompt_lengths": out.prompt_lengths,
              "pixel_values": out.pixel_values, "image_grid_thw": out.image_grid_thw}

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from rlhf_mcore.trainer.losses import actor_loss
-from rlhf_mcore.trainer.schedule import forward_collect, run_schedule, split_micro_batches
+from rlhf_mcore.trainer.schedule import forward_collect, run_schedule, split_micro_batches, to_device
 from tests.support.tiny_vl import FAMILIES, image_batch, save_tiny_family, vl_actor, vl_step_batch
 
 TOL = 1e-5
@@ -37,7 +37,7 @@ def passes(cfg, state, mcore_ctx, split: dict, patch_dim: int):
     """(old log-probs [B, S], {param: grad}) of one forward-only pass and one update's backward."""
     from rlhf_mcore.trainer.optim import zero_grads
 
-    batch = vl_step_batch(0, patch_dim)
+    batch = to_device(vl_step_batch(0, patch_dim), mcore_ctx.device)
     fn = partial(actor_loss, model=state.module, tp_group=mcore_ctx.pgs.tp, actor_cfg=cfg.actor, temperature=1.0,
                  norm_length=16.0)
     logp = forward_collect(state.model, split_micro_batches(batch, **split), fn, ("logp",), batch["tokens"].size(1),
@@ -59,7 +59,7 @@ def test_log_probs_are_transformers_and_gradients_reach_the_right_parts(vl_dir, 
     packed, packed_grads = passes(cfg, state, mcore_ctx, {"micro_batch_size": 2, "max_tokens": 20, "pack": True},
                                   patch_dim)
     for name, got in (("padded", padded), ("packed", packed)):
-        err = float((got - want).abs()[mask].max())
+        err = float((got.cpu() - want).abs()[mask].max())
         print(f"{vl_dir.parent.name} {name} old log-probs vs transformers: max |diff| = {err:.2e}")
         assert err <= TOL
     tower = {n for n in grads if n.startswith("vision_tower.")}
@@ -79,8 +79,9 @@ def test_the_tower_runs_once_per_prompt_and_log_probs_and_gradients_are_unchange
     from rlhf_mcore.trainer.optim import zero_grads
 
     cfg, state = vl_actor(vl_dir, mcore_ctx, freeze=False)
-    grouped = {k: v.repeat_interleave(3, 0) for k, v in vl_step_batch(0, family_of(vl_dir)[1]).items()}
-    grouped["group_index"] = torch.arange(3).repeat_interleave(3)
+    grouped = {k: v.repeat_interleave(3, 0).to(mcore_ctx.device)
+               for k, v in vl_step_batch(0, family_of(vl_dir)[1]).items()}
+    grouped["group_index"] = torch.arange(3, device=mcore_ctx.device).repeat_interleave(3)
     seen = []
     hook = vision_side(state.module).tower.register_forward_pre_hook(lambda m, a, k: seen.append(a[0].size(0)),
                                                                       with_kwargs=True)
