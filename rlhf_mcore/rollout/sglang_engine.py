@@ -346,8 +346,9 @@ class SGLangRolloutEngine:
         received, sent = self.weights.bytes_received, 0
         with torch.no_grad():
             model = unwrap_model(actor_model)
-            tower = sglang_images.tower_tensors(model) if sglang_images.tower_trained(model) else ()
-            named = itertools.chain(hf_weights(self.weights, self.hf_cfg), tower)
+            # the tower too, frozen or not: release_memory drops every weight of the engine, and SGLang has no host
+            # copy (H200, Qwen3-VL: a frozen tower left out ran on garbage, mismatch 1.40 from the first token)
+            named = itertools.chain(hf_weights(self.weights, self.hf_cfg), sglang_images.tower_tensors(model))
             for bucket in weight_buckets(named, self.bucket_bytes):
                 self._send(bucket)
                 sent += sum(t.numel() * t.element_size() for _, t in bucket)

@@ -9,6 +9,9 @@ each request carries.
 - `hash`: one per prompt, from its pixels, computed once for its n rows. SGLang keys its prefix cache (the image
   tokens' pad values) and its tower-output cache on it. A trained tower makes the second stale after each update,
   so the engine then starts with that cache off (`SGLANG_VLM_CACHE_SIZE_MB=0`, `vlm_cache_env`).
+- Every weight refresh sends the tower, trained or frozen: the engine's release drops all its weights. The cache had
+  hidden this for Qwen2.5-VL on the H200 (its 32 images' outputs fit, computed before the first release); Qwen3-VL's
+  larger DeepStack outputs did not fit, and its tower ran on garbage.
 - The engine's start directory holds the tower under `visual.*` (the HF names SGLang's loader maps) and the
   tokenizer and `preprocessor_config.json` of model.hf_path: SGLang builds its multimodal processor even with
   `skip_tokenizer_init`.
