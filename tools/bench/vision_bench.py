@@ -94,13 +94,15 @@ def noise_png(side: int, seed: int) -> bytes:
     g = torch.Generator().manual_seed(seed)
     pixels = torch.randint(0, 256, (side, side, 3), generator=g, dtype=torch.uint8).numpy()
     buf = io.BytesIO()
-    Image.fromarray(pixels).save(buf, format="PNG")
+    Image.fromarray(pixels).save(buf, format="PNG", compress_level=0)  # noise does not compress: only time
     return buf.getvalue()
 
 
 class ImagePrompts:
     """The bench's sampler for a vision LM: `num` prompts of `length` tokens a step, each with `images` noise
-    images of side x side (`image_tokens(side)` LM tokens each) then random text."""
+    images of side x side (`image_tokens(side)` LM tokens each) then random text. The images are new each step, as
+    a dataset's are: SGLang caches tower outputs by image hash, and repeated images skip its tower (on the H200 that
+    hid a tower left with released weights)."""
 
     def __init__(self, num: int, length: int, hf: dict, images: int, side: int, dp_rank: int = 0):
         self.num, self.length, self.images, self.side, self.dp_rank, self.step = num, length, images, side, dp_rank, 0
@@ -112,19 +114,21 @@ class ImagePrompts:
         if self.text < 1:
             raise ValueError(f"--prompt-len: {length} tokens do not hold {images} image(s) of {self.per_image + 2} "
                              f"tokens and some text. Raise --prompt-len or lower --image-side.")
-        self.pngs = [tuple(noise_png(side, 7919 * (slot + num * dp_rank) + k) for k in range(images))
-                     for slot in range(num)]
+
+    def pngs(self, slot: int) -> tuple[bytes, ...]:
+        first = 7919 * (slot + self.num * self.dp_rank) + 104729 * self.step
+        return tuple(noise_png(self.side, first + k) for k in range(self.images))
 
     def next_batch(self):
         g = torch.Generator().manual_seed(self.step + 1000 * self.dp_rank)
-        self.step += 1
         t = self.tokens
         image = [t.start] + [t.image] * self.per_image + [t.end]
         rows, grid = [], (1, self.side // self.patch, self.side // self.patch)
         for slot in range(self.num):
             text = torch.randint(10, self.below, (self.text,), generator=g).tolist()
-            rows.append(types.SimpleNamespace(prompt_ids=image * self.images + text, images=self.pngs[slot],
+            rows.append(types.SimpleNamespace(prompt_ids=image * self.images + text, images=self.pngs(slot),
                                               index=slot, image_grid_thw=(grid,)))
+        self.step += 1
         return rows
 
 

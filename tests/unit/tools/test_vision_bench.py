@@ -33,7 +33,10 @@ def test_tower_flops_are_torchs_count_of_the_eager_tower(grid, hf):
 def test_prompts_carry_the_image_tokens_the_processor_makes(tmp_path, name, tokens):
     hf = vision_bench.SHAPES[name]
     processor = VisionProcessor.from_hf_dir(vision_bench.write_vlm_dir(tmp_path, hf, 448), hf)
-    rows = vision_bench.ImagePrompts(3, 600, hf, images=2, side=448).next_batch()
+    prompts = vision_bench.ImagePrompts(3, 600, hf, images=2, side=448)
+    rows, later = prompts.next_batch(), prompts.next_batch()
+    every = [im for row in rows + later for im in row.images]
+    assert len(set(every)) == len(every) == 12  # new images every step and slot: SGLang's tower cache never hits
     t = processor.tokens
     for row in rows:
         images = open_images(row.images, "bench")
