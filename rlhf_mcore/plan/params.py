@@ -38,7 +38,7 @@ class Shape:
     moe_ffn: int = 0
     tied: bool = False
     tower: int = 0  # a vision LM's tower + merger parameters (whole on every rank), `tower_params`
-    static_decode: bool = True  # the family's ModelSpec.decode_paths has the static decoder (MoE, M-RoPE: eager)
+    static_decode: bool = True  # the family's ModelSpec.decode_paths has the static decoder (MoE: eager)
 
     @classmethod
     def of(cls, hf: dict) -> "Shape":

@@ -7,7 +7,7 @@
   every later phase of the step too: `resident_cache_bytes`.
 - **Prefill**: the static decoder's prefill runs every row of a chunk through `layer_step` at once; inside a layer
   its locals live to its end (`prefill_layer_bytes`). Megatron's eager path (TP / PP > 1, no graphs, and the
-  families that decode eagerly: MoE, M-RoPE) holds one layer's forward tensors (`plan.dynamic.forward_layer_bytes`,
+  families that decode eagerly: MoE) holds one layer's forward tensors (`plan.dynamic.forward_layer_bytes`,
   an MoE layer's stacked expert weights too) and a KV cache of the chunk's rows.
 - **Decode logits**: a decode step's fp32 logits over the vocabulary shard and the sampler's probabilities.
 The rollout's transient peak is the larger of the prefill's layer step and the decode step's logits.
@@ -41,16 +41,16 @@ def kv_cache_bytes(shape: Shape, rows: int, length: int, tp: int, pp: int, dtype
 
 
 def static_state_bytes(shape: Shape, rows: int, length: int, max_new: int, dtype: str) -> int:
-    """`DecodeState.allocate` for `rows` rows: the KV cache at the rows' bucket, the per-slot tensors (4 long, one
+    """`DecodeState.allocate` for `rows` rows: the KV cache at the rows' bucket, the per-slot tensors (5 long, one
     bool) and the response buffers of rows + bucket rows (tokens long, log-probs fp32, a length, a flag).
 
     >>> s = Shape(layers=1, hidden=8, ffn=16, heads=2, groups=1, head_dim=4, vocab=10)
-    >>> static_state_bytes(s, rows=3, length=5, max_new=2, dtype="bf16")  # bucket 4: 320 + 4 x 33 + 8 x 33
-    716
+    >>> static_state_bytes(s, rows=3, length=5, max_new=2, dtype="bf16")  # bucket 4: 320 + 4 x 41 + 8 x 33
+    748
     """
     bucket = bucket_for(rows)
     out_rows = max(rows, bucket) + bucket
-    return (kv_cache_bytes(shape, bucket, length, 1, 1, dtype) + bucket * (4 * LONG + 1)
+    return (kv_cache_bytes(shape, bucket, length, 1, 1, dtype) + bucket * (5 * LONG + 1)
             + out_rows * (max_new * (LONG + FP32) + LONG + 1))
 
 
@@ -85,7 +85,7 @@ def decode_logits_bytes(shape: Shape, rows: int, tp: int, divisible_by: int = 12
 
 def uses_static_decoder(cfg, shape: Shape, tp: int, pp: int) -> bool:
     """The native engine decodes with the static decoder (on a GPU; `NativeRollout._static_decoder`): not for a
-    family whose `decode_paths` lacks it (MoE, M-RoPE)."""
+    family whose `decode_paths` lacks it (MoE)."""
     return cfg.rollout.engine == "native" and cfg.rollout.native.cuda_graphs and tp == 1 and pp == 1 \
         and not cfg.actor.router_replay == "R3" and shape.static_decode
 

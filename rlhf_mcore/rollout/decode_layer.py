@@ -67,7 +67,8 @@ def functional_blockers(model) -> list[str]:
     """Model features the functional layer does not implement ([] = it computes what megatron's layer does)."""
     c = model.config
     checks = {
-        "position_embedding_type is not rope": getattr(model, "position_embedding_type", "rope") != "rope",
+        "position_embedding_type is not rope or mrope": getattr(model, "position_embedding_type", "rope") not in (
+            "rope", "mrope"),  # mrope: a generated token's angles are its RoPE position's (`static_decode.rope_table`)
         "rotary_interleaved": c.rotary_interleaved,
         "rotary_percent < 1": getattr(model, "rotary_percent", 1.0) != 1.0,
         "multi_latent_attention": c.multi_latent_attention,

@@ -15,6 +15,7 @@ class DecodeState:
     k: torch.Tensor  # [L, B, G, T, D] rotated keys
     v: torch.Tensor  # [L, B, G, T, D]
     pos: torch.Tensor  # [B] long, the cache slot (= trainer column) of the token each slot feeds next
+    rope_delta: torch.Tensor  # [B] long, RoPE position - cache slot of the slot's tokens (M-RoPE past images; 0)
     tokens_in: torch.Tensor  # [B] long, the token each slot feeds to the next step
     done: torch.Tensor  # [B] bool
     limit: torch.Tensor  # [B] long, the response tokens the slot's row may have (it ends at that length)
@@ -33,7 +34,8 @@ class DecodeState:
         out = max(rows, batch) + batch
         return cls(k=z(num_layers, batch, groups, length, head_dim, dt=dtype),
                    v=z(num_layers, batch, groups, length, head_dim, dt=dtype),
-                   pos=z(batch), tokens_in=z(batch), done=z(batch, dt=torch.bool), limit=z(batch),
+                   pos=z(batch), rope_delta=z(batch), tokens_in=z(batch), done=z(batch, dt=torch.bool),
+                   limit=z(batch),
                    slot_row=z(batch), out_tokens=z(out, max_new),
                    out_logprobs=z(out, max_new, dt=torch.float32), out_lengths=z(out),
                    out_stopped=z(out, dt=torch.bool))
@@ -75,6 +77,6 @@ class DecodeState:
         n = keep.numel()
         self.k[:, :n] = self.k[:, keep]
         self.v[:, :n] = self.v[:, keep]
-        for t in (self.pos, self.tokens_in, self.done, self.limit, self.slot_row):
+        for t in (self.pos, self.rope_delta, self.tokens_in, self.done, self.limit, self.slot_row):
             t[:n] = t[keep]
         self.idle(n, bucket)

@@ -174,9 +174,6 @@ class NativeRolloutEngine:
         size = self.micro_batch_size or max(len(rows), 1)
         chunks = [rows[i:i + size] for i in range(0, len(rows), size)]
         per_row = vision_decode.row_images(images, params.n, len(prompts))
-        if images is not None and self.static is not None:
-            raise ValueError("native rollout: prompts with images decode eagerly only (the static decoder has no "
-                             "M-RoPE); the model's family should list decode_paths=('eager',).")
         generator = torch.Generator(device=self.ctx.device).manual_seed(replica_seed(params.seed, self.ctx.dp_rank))
         bar = progress(len(chunks) * params.max_new_tokens, "rollout", show_progress and self.ctx.rank == 0,
                        unit="decode steps")
@@ -185,7 +182,8 @@ class NativeRolloutEngine:
                 self.static.refresh_weights()  # LoRA: merge the current adapters once for this rollout
                 with torch.random.fork_rng(devices=[self.ctx.device] if self.ctx.device.type == "cuda" else []):
                     torch.manual_seed(replica_seed(params.seed, self.ctx.dp_rank))
-                    responses = [r for chunk in chunks for r in self._generate_static(chunk, params, bar)]
+                    responses = [r for k, chunk in enumerate(chunks) for r in self._generate_static(
+                        chunk, params, bar, per_row[k * size:k * size + len(chunk)])]
             else:
                 extra = self._group_max(len(chunks)) - len(chunks)  # EP lockstep: padding micro-batches, discarded
                 responses = [r for k, chunk in enumerate(chunks) for r in self._generate_chunk(
@@ -199,8 +197,9 @@ class NativeRolloutEngine:
     def continuous(self) -> bool:
         """Whether `generate_continuous` can run: with the static decoder, whose slots each have a position
         and a response column of their own (megatron's eager cache has one offset for all rows), and no expert
-        group to keep in lockstep (its ranks would stop at different steps)."""
-        return self.static is not None and self.lockstep_group is None
+        group to keep in lockstep (its ranks would stop at different steps), and a text model (its rows are token
+        prefixes; a vision LM's carry images, which `generate` takes)."""
+        return self.static is not None and self.lockstep_group is None and vision_side(self.model) is None
 
     def generate_continuous(self, rows: list[list[int]], limits: list[int], params: SamplingParams,
                             on_finish, num_slots: int, feed=None) -> dict[int, Response]:
@@ -210,7 +209,7 @@ class NativeRolloutEngine:
         `feed` (`continuous.Feed`): rows that join the call while it runs (multi-turn samples back from tools)."""
         if not self.continuous:
             raise RuntimeError("native rollout: continuous batching needs the static decoder (tp=pp=1 on a GPU, "
-                               "rollout.native.cuda_graphs=true); use generate() in rounds instead.")
+                               "rollout.native.cuda_graphs=true) and a text model; use generate() in rounds instead.")
         if self._released:
             raise RuntimeError("native rollout: generate_continuous() after release_memory(); call resume_memory().")
         check_request(rows, dataclasses.replace(params, max_new_tokens=min(limits, default=1)))
@@ -341,14 +340,21 @@ class NativeRolloutEngine:
         with self.routing.start(valid.sum(1), valid.size(1) + max_new) as routing:
             yield routing
 
-    def _generate_static(self, rows: list[list[int]], params: SamplingParams, bar) -> list[Response]:
-        """Prefill, then one decode step per token over the smallest bucket holding the running rows."""
+    def _generate_static(self, rows: list[list[int]], params: SamplingParams, bar,
+                         images: list | None = None) -> list[Response]:
+        """Prefill, then one decode step per token over the smallest bucket holding the running rows. `images`: a
+        vision LM's, per row (`rollout.vision_decode.static_prefill`)."""
         prompt, lengths = kv_cache.right_pad(rows, self.pad_id, self.ctx.device)  # [b, P]: the trainer's columns
         b, max_new = len(rows), params.max_new_tokens
         st = self.static.reserve(b, prompt.size(1) + max_new, max_new, self.ctx.device)
         stop_ids = self.static.stop_tensor(params.stop_token_ids, self.ctx.device)
         can_stop = bool(params.stop_token_ids or params.stop_strings)
-        self.static.prefill(prompt, lengths, params, stop_ids)
+        side = vision_side(self.model)
+        vision = None if side is None else vision_decode.static_prefill(self.model, side, prompt, lengths,
+                                                                        images or [None] * b)
+        self.static.prefill(prompt, lengths, params, stop_ids, vision=vision)
+        if side is not None:
+            side.pending = None  # the prefill's DeepStack levels: used
         bar.update(1)
         bucket = bucket_for(b)
         for step in range(1, max_new + 1):

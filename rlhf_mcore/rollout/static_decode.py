@@ -90,7 +90,11 @@ def graph_blockers(model, ctx) -> list[str]:
 
 
 def rope_table(model, length: int) -> torch.Tensor:
-    """[T, 1, 1, d] fp32 rotary angles of slots 0..T-1 (megatron's RotaryEmbedding)."""
+    """[T, 1, 1, d] fp32 rotary angles of positions 0..T-1 (megatron's RotaryEmbedding). M-RoPE (a vision LM):
+    its table at the same position on all three axes, which is a generated (text) token's."""
+    if getattr(model, "position_embedding_type", None) == "mrope":
+        positions = torch.arange(length, device=model.rotary_pos_emb.inv_freq.device).expand(3, 1, -1)
+        return model.rotary_pos_emb(positions, model.mrope_section)
     return model.rotary_pos_emb(length)
 
 
@@ -239,15 +243,21 @@ class StaticDecoder:
 
     # ---- one step -----------------------------------------------------------------------------------
     def forward(self, tokens: torch.Tensor, slots: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
-                attend_fn) -> torch.Tensor:
+                attend_fn, vision=None) -> torch.Tensor:
         """Prefill through megatron's layer modules: tokens [b, s] at cache slots [s], keys / values written
-        into k, v [L, b, G, >= s, D] -> final hidden [s, b, h]."""
-        freqs = self.freqs.index_select(0, slots)  # [s, 1, 1, d]
-        positions = slots.unsqueeze(0).expand(tokens.size(0), -1)
-        hidden = self.model.embedding(input_ids=tokens, position_ids=positions)  # [s, b, h]
+        into k, v [L, b, G, >= s, D] -> final hidden [s, b, h]. `vision` (`vision_decode.VisionPrefill`, a vision
+        LM's prompts): its embeddings with the images in, M-RoPE angles per token, DeepStack after its layers."""
+        if vision is None:
+            freqs = self.freqs.index_select(0, slots)  # [s, 1, 1, d]
+            positions = slots.unsqueeze(0).expand(tokens.size(0), -1)
+            hidden = self.model.embedding(input_ids=tokens, position_ids=positions)  # [s, b, h]
+        else:
+            freqs, hidden = vision.freqs, vision.hidden  # [s, b, 1, d], [s, b, h]
         for i, layer in enumerate(self.model.decoder.layers):
             hidden = layer_step(layer, hidden, k[i], v[i], freqs, slots,
                                 lambda q, kk, vv, i=i: attend_fn(layer, q, kk, vv, k[i], v[i]))
+            if vision is not None:
+                hidden = vision.after_layer(i, hidden)
         return self.model.decoder.final_layernorm(hidden)
 
     def emit(self, hidden: torch.Tensor, sl, params, stop_ids: torch.Tensor, head=head_plain) -> None:
@@ -275,10 +285,10 @@ class StaticDecoder:
         st.tokens_in[sl] = tokens
 
     def prefill(self, prompt: torch.Tensor, lengths: torch.Tensor, params, stop_ids,
-                limits: Optional[torch.Tensor] = None) -> None:
+                limits: Optional[torch.Tensor] = None, vision=None) -> None:
         """prompt [b, P] right-padded, lengths [b] long: rows 0..b-1 in slots 0..b-1, ending at `limits`
         ([b] long; default: the state's response columns). Slots from b up to the bucket are padding: done
-        from the start, writing response rows of their own."""
+        from the start, writing response rows of their own. `vision`: see `forward`."""
         b = prompt.size(0)
         st = self.state
         st.idle(b, min(bucket_for(b), st.done.numel()))
@@ -286,10 +296,10 @@ class StaticDecoder:
         st.out_stopped.zero_()
         rows = torch.arange(b, device=prompt.device)
         self.refill(slice(0, b), rows, prompt, lengths, params, stop_ids,
-                    st.out_tokens.size(1) if limits is None else limits)
+                    st.out_tokens.size(1) if limits is None else limits, vision)
 
     def refill(self, slots, rows: torch.Tensor, prompt: torch.Tensor, lengths: torch.Tensor, params, stop_ids,
-               limits) -> None:
+               limits, vision=None) -> None:
         """Start response rows `rows` ([k] long) in cache slots `slots` (slice(0, k), or [k] long: slots whose
         rows have ended, refilled while the others decode on): the trainer's causal forward over prompt
         [k, P] (right-padded, lengths [k]) fills their cache slots [0, P), and each row's first token is
@@ -302,15 +312,16 @@ class StaticDecoder:
         def attend(layer, q, kk, vv, k_cache, v_cache):  # no mask: causal, as the trainer's forward
             return layer.self_attention.core_attention(q, kk, vv, None)
         if isinstance(slots, slice):  # the first rows: written in place
-            hidden = self.forward(prompt, cols, st.k[:, slots], st.v[:, slots], attend)  # [P, k, h]
+            hidden = self.forward(prompt, cols, st.k[:, slots], st.v[:, slots], attend, vision)  # [P, k, h]
         else:  # scattered slots: written to a buffer of their own, then copied to their cache rows
             shape = (st.k.size(0), k, st.k.size(2), width, st.k.size(4))
             key, value = st.k.new_empty(shape), st.v.new_empty(shape)
-            hidden = self.forward(prompt, cols, key, value, attend)
+            hidden = self.forward(prompt, cols, key, value, attend, vision)
             st.k[:, slots, :, :width] = key
             st.v[:, slots, :, :width] = value
         self.emit(hidden[lengths - 1, torch.arange(k, device=prompt.device)], slots, params, stop_ids)
         st.pos[slots] = lengths
+        st.rope_delta[slots] = 0 if vision is None else vision.deltas
 
     def end_stop_strings(self, bucket: int, params, decode) -> None:
         """End the running rows of slots [:bucket] whose response so far completes a stop string."""
@@ -340,12 +351,14 @@ class StaticDecoder:
     def decode_step(self, b: int, params, stop_ids, length: int) -> None:
         """Eager body of one decode step over slots [:b] (what the graph captures): the functional layers
         (`decode_layer`) with the cache write and attention between their two halves; row i's token goes
-        to cache slot pos[i] (its trainer column), with that position's RoPE; attention over slots [:length]."""
+        to cache slot pos[i] (its trainer column), with the RoPE of position pos[i] + rope_delta[i] (M-RoPE past
+        a prompt's images; else pos[i]); attention over slots [:length]."""
         st, f = self.state, self.fns
         pos, rows = st.pos[:b], torch.arange(b, device=st.pos.device)
         windows = [active_window(w, length) for w in self.windows]  # a window covering `length` masks nothing
         masks = {w: self.attention.mask(pos, length, st.k.dtype, w) for w in set(windows)}
-        cos, sin = (t.index_select(0, pos).view(1, b, 1, -1) for t in (self.cos, self.sin))  # [1, b, 1, D]
+        rope_pos = pos + st.rope_delta[:b]
+        cos, sin = (t.index_select(0, rope_pos).view(1, b, 1, -1) for t in (self.cos, self.sin))  # [1, b, 1, D]
         hidden = self.model.embedding(input_ids=st.tokens_in[:b].unsqueeze(1), position_ids=None)[0]  # [b, h]
         activation = f.activation(self.model.config)
         for i, w in enumerate(self.weights):

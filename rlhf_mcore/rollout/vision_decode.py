@@ -1,5 +1,11 @@
-"""The native engine's eager path for a vision LM (`models.vision`): image embeddings in the prefill, M-RoPE
-positions for every KV-cache slot.
+"""The native engine with a vision LM (`models.vision`): image embeddings in the prefill, M-RoPE positions.
+
+The static decoder (`VisionPrefill`, `static_prefill`): the prefill runs over the right-padded prompts with the
+images' embeddings in place, each token's M-RoPE angles and DeepStack after its layers; a generated token is text,
+the same position on the three axes, so a decode step takes the plain RoPE table at slot + the row's delta
+(`DecodeState.rope_delta`) and stays CUDA-graphed.
+
+The eager path (PP or TP > 1, or CUDA graphs off):
 
 Megatron's static-batching cache keeps keys without rotation and rotates the whole cache [0, offset + s) at every
 forward with the table it gets, so a forward over a chunk takes positions [3, b, offset + s] of all its slots: a
@@ -10,12 +16,13 @@ axes, padding slots 0 (masked out). The prefill's input is the word embeddings w
 """
 from __future__ import annotations
 
+import dataclasses
 from typing import Sequence
 
 import torch
 
 from rlhf_mcore.models.mrope import decode_position_ids, mrope_position_ids
-from rlhf_mcore.models.vision import VisionSide, image_embeddings, merge_images
+from rlhf_mcore.models.vision import VisionSide, add_deepstack, deepstack_levels, image_embeddings, merge_images
 
 Images = tuple[torch.Tensor, torch.Tensor] | None  # (pixel_values [p, D], image_grid_thw [i, 3]) of one row
 
@@ -87,3 +94,33 @@ def attach_images(batch, images: Sequence[Images] | None, per_row: Sequence[Imag
     fields = stack_row_images(per_row, next(im[0].size(1) for im in images if im is not None), device)
     batch.pixel_values, batch.image_grid_thw = fields["pixel_values"], fields["image_grid_thw"]
     return batch
+
+
+@dataclasses.dataclass
+class VisionPrefill:
+    """What the static decoder's prefill of a vision LM's chunk takes (`StaticDecoder.forward`)."""
+
+    hidden: torch.Tensor  # [P, b, h] the word embeddings with the images' rows in place
+    freqs: torch.Tensor  # [P, b, 1, d] rotary angles at each token's M-RoPE position
+    deltas: torch.Tensor  # [b] long, a generated token's position minus its cache slot
+    side: VisionSide
+    levels: int  # DeepStack levels (Qwen3-VL: added after LM layers 0..levels-1; Qwen2.5-VL: 0)
+
+    def after_layer(self, layer: int, hidden: torch.Tensor) -> torch.Tensor:
+        """hidden [P, b, h] after LM layer `layer`, plus its DeepStack level at the image tokens (the trainer's
+        forward hook, `models.vision.add_deepstack`; the static decoder runs layers without their hooks)."""
+        if layer >= self.levels:
+            return hidden
+        return add_deepstack(self.side, layer, None, None, (hidden, None))[0]
+
+
+def static_prefill(model, side: VisionSide, prompt: torch.Tensor, lengths: torch.Tensor,
+                   images: Sequence[Images]) -> VisionPrefill:
+    """The `VisionPrefill` of a right-padded chunk (prompt [b, P], lengths [b]) and its rows' images. Positions
+    count from each row's first token, as the trainer's (`models.mrope`); padding slots get position 0 and are
+    overwritten by the row's response before any query reaches them."""
+    valid = torch.arange(prompt.size(1), device=prompt.device)[None] < lengths[:, None]
+    positions, deltas = mrope_position_ids(prompt, chunk_grids(images, prompt.device), side.image_token_id,
+                                           side.merge, valid)
+    freqs = model.rotary_pos_emb(positions, model.mrope_section)
+    return VisionPrefill(prefill_input(model, side, prompt, images), freqs, deltas, side, deepstack_levels(side.tower))

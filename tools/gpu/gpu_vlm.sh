@@ -9,7 +9,7 @@
 # (c) one GRPO step at the Qwen2.5-VL-3B shape (config.json built below: LM 36 layers x 2048, vision tower depth 32
 #     x 1280, out 2048), random bf16 weights drawn on the GPU (LM and tower), 32 prompts x 8 samples, each prompt
 #     one 448 x 448 noise image (256 LM tokens) + text = 384 prompt tokens, 256 new tokens, micro-batch 16,
-#     2 mini-batches (the old-log-prob pass runs), eager decode (the static decoder has no M-RoPE), 1 warm-up
+#     2 mini-batches (the old-log-prob pass runs), CUDA-graphed decode (GRAPHS=0: eager), 1 warm-up
 #     + 2 timed steps (tools/bench/bench_grpo_step.py --images 1). Reported: step and phase seconds, rollout
 #     tokens/s (the step's gen phase), MFU of the log-prob + update passes with the tower's FLOPs and of the LM
 #     only, peak memory, and the memory plan's prediction per phase (LM + the tower's weights).
@@ -82,7 +82,7 @@ fi
 [[ $ENGINE == sglang ]] && cp data/tiny_vlm/{tokenizer.json,tokenizer_config.json,chat_template.jinja} "$HF"/  # its
 # multimodal processor loads a tokenizer even without tokenizer init; the ids are ours
 timeout -k 5 "$BENCH_S" $PY -m tools.bench.bench_grpo_step --engine $ENGINE --hf-path "$HF" --images 1 \
-    --cuda-graphs 0 --mini-batches 2 --steps 2 --warmup 1 --standalone 0 --label $LABEL --out "$OUT/$LABEL" \
+    --cuda-graphs ${GRAPHS:-1} --mini-batches 2 --steps 2 --warmup 1 --standalone 0 --label $LABEL --out "$OUT/$LABEL" \
     "${SHAPE[@]}" > "$OUT/$LABEL.log" 2>&1
 echo "bench: rc $?"
 grep -v "Warning\|warnings.warn" "$OUT/$LABEL.log" | grep -A6 "step [0-9]:\|phase  predicted\|Error\|Traceback" | tail -16

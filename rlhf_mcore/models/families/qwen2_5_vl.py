@@ -34,6 +34,5 @@ def tower_class():
 
 SPEC = ModelSpec("qwen2_5_vl", ("qwen2_5_vl",), ("Qwen2_5_VLForConditionalGeneration",),
                  BASE_WEIGHTS + (QKV_BIAS,), qkv_bias=True, check=check, config_fields=config_fields,
-                 decode_paths=("eager",),  # M-RoPE positions per slot: the eager engine (not the static decoder)
                  text_config=text_config, run_errors=run_errors, vision_prefix="visual.", vision_tower=tower_class,
                  checkpoint_aliases=(("model.language_model.", "model."), ("model.visual.", "visual.")))

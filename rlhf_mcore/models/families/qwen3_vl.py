@@ -83,7 +83,6 @@ def tower_class():
 
 SPEC = ModelSpec("qwen3_vl", ("qwen3_vl",), ("Qwen3VLForConditionalGeneration",), BASE_WEIGHTS + QK_NORMS,
                  check=check, config_fields=config_fields, layer_options=qk_layernorm,
-                 decode_paths=("eager",),  # M-RoPE positions per slot and DeepStack: the eager engine
                  text_config=text_config, run_errors=run_errors, stage_errors=stage_errors, vision_prefix="visual.",
                  vision_tower=tower_class,
                  checkpoint_aliases=(("model.language_model.", "model."), ("model.visual.", "visual.")),

@@ -1,6 +1,6 @@
 """The native engine rolls out a vision LM (rollout/vision_decode.py; Qwen2.5-VL, and Qwen3-VL with DeepStack in the
-prefill only): prompts with images (left-padded, prefilled
-with the tower's embeddings, decoded at M-RoPE positions) give the log-probs the trainer's old-log-prob pass
+prefill only), eagerly and with the static decoder: prompts with images (prefilled with the tower's embeddings,
+decoded at M-RoPE positions) give the log-probs the trainer's old-log-prob pass
 computes on the same rows (fp32, <= 1e-5) with the tower run once per prompt (its samples share the embeddings),
 and the batch carries each row's images on to the trainer."""
 from functools import partial
@@ -34,11 +34,17 @@ def prompts_and_images(vl_dir):
     return ids, images
 
 
+DECODERS = {"eager": {"cuda_graphs": False},  # megatron's modules, left-padded
+            "static": {"static_on_cpu": True}}  # the static decoder: right-padded, CUDA-graphed on a GPU
+
+
+@pytest.mark.parametrize("decoder", sorted(DECODERS))
 @pytest.mark.parametrize("micro_batch_size", [0, 4])
-def test_rollout_log_probs_are_the_trainers(vl_dir, mcore_ctx, micro_batch_size):
+def test_rollout_log_probs_are_the_trainers(vl_dir, mcore_ctx, micro_batch_size, decoder):
     cfg, state = vl_actor(vl_dir, mcore_ctx)
-    engine = NativeRolloutEngine(state.model[0], mcore_ctx, pad_id=0, cuda_graphs=False,
-                                 micro_batch_size=micro_batch_size)
+    engine = NativeRolloutEngine(state.model[0], mcore_ctx, pad_id=0, micro_batch_size=micro_batch_size,
+                                 **DECODERS[decoder])
+    assert (engine.static is not None) == (decoder == "static")
     ids, images = prompts_and_images(vl_dir)
     params = SamplingParams(n=2, max_new_tokens=7, temperature=1.0, seed=3)
     seen = []  # the patches the tower embeds: each prompt's image once per chunk, not once per sample
