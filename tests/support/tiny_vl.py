@@ -34,11 +34,6 @@ def tiny_vl_model(seed: int = 0):
     return model.eval()
 
 
-def save_tiny_vl(out_dir: Path) -> Path:
-    tiny_vl_model().save_pretrained(str(out_dir))
-    return Path(out_dir)
-
-
 PATCH_DIM3 = 3 * 2 * 16 * 16  # Qwen3-VL's patch: 16 x 16
 
 
@@ -63,11 +58,6 @@ def tiny_vl3_model(seed: int = 0):
     model = Qwen3VLForConditionalGeneration(config)
     randomize_(model, seed)
     return model.eval()
-
-
-def save_tiny_vl3(out_dir: Path) -> Path:
-    tiny_vl3_model().save_pretrained(str(out_dir))
-    return Path(out_dir)
 
 
 # the tiny model of each vision family and its patch size (a row of pixel_values)

@@ -8,12 +8,13 @@ import pytest
 import torch
 
 from rlhf_mcore.models.mrope import mrope_position_ids
-from tests.support.tiny_vl import IMAGE, VIDEO, image_batch, logits_error, save_tiny_vl, tiny_vl_model, vision_lm_tp1
+from tests.support.tiny_vl import (IMAGE, VIDEO, image_batch, logits_error, save_tiny_family, tiny_vl_model,
+                                   vision_lm_tp1)
 
 
 @pytest.fixture(scope="module")
 def vl_dir(tmp_path_factory):
-    return save_tiny_vl(tmp_path_factory.mktemp("qwen2_5_vl") / "hf")
+    return save_tiny_family("qwen2_5_vl", tmp_path_factory.mktemp("qwen2_5_vl") / "hf")
 
 
 @pytest.fixture(scope="module")

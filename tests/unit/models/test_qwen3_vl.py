@@ -13,7 +13,7 @@ from tests.support.tiny_vl import (
     image_batch,
     logits_error,
     our_logits,
-    save_tiny_vl3,
+    save_tiny_family,
     tiny_vl3_model,
     vision_lm_tp1,
 )
@@ -21,7 +21,7 @@ from tests.support.tiny_vl import (
 
 @pytest.fixture(scope="module")
 def vl3_dir(tmp_path_factory):
-    return save_tiny_vl3(tmp_path_factory.mktemp("qwen3_vl") / "hf")
+    return save_tiny_family("qwen3_vl", tmp_path_factory.mktemp("qwen3_vl") / "hf")
 
 
 @pytest.fixture(scope="module")

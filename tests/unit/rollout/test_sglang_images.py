@@ -12,7 +12,7 @@ from rlhf_mcore.models.full_weights import FullWeights, hf_weights
 from rlhf_mcore.rollout import sglang_images
 from rlhf_mcore.rollout.sglang_engine import SGLangRolloutEngine, write_hf_dir
 from rlhf_mcore.rollout.types import SamplingParams
-from tests.support.tiny_vl import END, IMAGE, START, image_batch, save_tiny_vl, vl_actor
+from tests.support.tiny_vl import END, IMAGE, START, image_batch, save_tiny_family, vl_actor
 from tests.unit.rollout.test_sglang_engine import StandIn, setup_for
 
 
@@ -32,7 +32,7 @@ class ImageStandIn(StandIn):
 def vl_dir(tmp_path_factory):
     from transformers import Qwen2VLImageProcessor
 
-    path = save_tiny_vl(tmp_path_factory.mktemp("vl") / "hf")
+    path = save_tiny_family("qwen2_5_vl", tmp_path_factory.mktemp("vl") / "hf")
     Qwen2VLImageProcessor(patch_size=14, merge_size=2, temporal_patch_size=2).save_pretrained(str(path))
     return path
 
