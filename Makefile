@@ -21,7 +21,8 @@ $(STAMP): setup.py
 
 # Tiers (docs/testing.md): tests/unit in-process, tests/dist multi-rank gloo, tests/e2e CLI runs, reliability,
 # learning. tests/tiers.py runs each under pytest-xdist and prints the tier times and the 15 slowest tests.
-test: venv
+# `make test` lints first (ruff, about a second): a style slip fails CI, not a later reader.
+test: venv lint
 	$(PY) -m tests.tiers
 
 test-unit: venv

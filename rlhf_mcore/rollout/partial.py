@@ -182,23 +182,25 @@ class PartialPool:
 
 class StopRule:
     """When a step's continuous rollout may stop: `need` complete groups in the pool and no urgent group left
-    unfinished. Kept up to date one finished sample at a time (`finished`), without scanning the pool."""
+    unfinished. Kept up to date one finished sample at a time (`finished`), without scanning the pool. A group is
+    counted once, however many of its samples are reported after it completed (multi-turn: several samples of a
+    group can end in one poll of their tool results, each reported once all of them are marked ended)."""
 
     def __init__(self, pool: PartialPool, need: int, version: int):
         self.group_of = {id(s): g for g in pool.groups for s in g.samples}
-        self.complete, self.need = pool.num_complete(), need
+        self.complete, self.need = {id(g) for g in pool.groups if g.complete}, need
         self.urgent = {id(g) for g in pool.urgent_groups(version)}
 
     def finished(self, sample: Sample) -> bool:
         """`sample` has just ended; whether the step has what it needs now."""
         group = self.group_of[id(sample)]
         if group.complete:
-            self.complete += 1
+            self.complete.add(id(group))
             self.urgent.discard(id(group))
         return self.satisfied()
 
     def satisfied(self) -> bool:
-        return self.complete >= self.need and not self.urgent
+        return len(self.complete) >= self.need and not self.urgent
 
 
 def to_rollout_batch(groups: list[Group], pad_id: int, device=None,

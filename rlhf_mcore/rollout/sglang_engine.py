@@ -46,9 +46,9 @@ from typing import Callable, Iterable, Optional
 
 import torch
 
+from rlhf_mcore.models.full_weights import FullWeights, hf_weights, unwrap_model
 from rlhf_mcore.models.hf_io import export_names
 from rlhf_mcore.models.registry import spec_for_hf_config
-from rlhf_mcore.models.full_weights import FullWeights, hf_weights, unwrap_model
 from rlhf_mcore.models.vision import vision_side
 from rlhf_mcore.rollout import sglang_continuous, sglang_images
 from rlhf_mcore.rollout.base import ROLLOUT_ENGINES, EngineSetup

@@ -1,10 +1,10 @@
-"""torchrun worker of tests/dist/models/test_hf_layouts.py: a tiny HF Qwen2.5-VL or Qwen3-VL directory loaded straight into our
-model at tensor parallelism --tp (the LM split, the vision tower whole on every rank), fp32 logits of the image batch
-of tests/support/tiny_vl.py against transformers'; then the trainer's old-log-prob pass (the actor, DDP-wrapped,
-through trainer/schedule.py, padded and packed micro-batches) against transformers' log-probs, at --tp or at
-pipeline parallelism --pp (the tower on the first stage, M-RoPE positions on every stage; the direct logits check is
-TP only). Prints `vl FAMILY tp=N rank=R logits_max=X` and `vl FAMILY train tp=N pp=M rank=R logp_max=X` per rank
-(FAMILY: config.json's model_type); exits 1 past 1e-5."""
+"""torchrun worker of tests/dist/models/test_hf_layouts.py: a tiny HF Qwen2.5-VL or Qwen3-VL directory loaded straight
+into our model at tensor parallelism --tp (the LM split, the vision tower whole on every rank), fp32 logits of the image
+batch of tests/support/tiny_vl.py against transformers'; then the trainer's old-log-prob pass (the actor, DDP-wrapped,
+through trainer/schedule.py, padded and packed micro-batches) against transformers' log-probs, at --tp or at pipeline
+parallelism --pp (the tower on the first stage, M-RoPE positions on every stage; the direct logits check is TP only).
+Prints `vl FAMILY tp=N rank=R logits_max=X` and `vl FAMILY train tp=N pp=M rank=R logp_max=X` per rank (FAMILY:
+config.json's model_type); exits 1 past 1e-5."""
 from __future__ import annotations
 
 import argparse

@@ -17,8 +17,9 @@ Jobs (a registry of verl overrides, `JOBS`):
 
 verl runs its FSDP backend with SGLang rollout, colocated (`rollout.mode=async`, the hybrid engine's sleep and wake),
 tuned as its performance docs advise: token-budget micro-batches (`use_dynamic_bsz`; the step job at verl's default
-16384 tokens per GPU, the real job at our preset's 65536), no parameter or optimizer offload, `gpu_memory_utilization=0.5` (ours uses the same). Without a flash-attn wheel for the box, verl
-runs `attn_implementation=sdpa` with `use_remove_padding=False`: its remove-padding packs a micro-batch into one row,
+16384 tokens per GPU, the real job at our preset's 65536), no parameter or optimizer offload,
+`gpu_memory_utilization=0.5` (ours uses the same). Without a flash-attn wheel for the box, verl runs
+`attn_implementation=sdpa` with `use_remove_padding=False`: its remove-padding packs a micro-batch into one row,
 which sdpa does not isolate (tools/gpu/verl_research.md section 1). Ours packs; say so next to trainer figures.
 
 `run` writes OUT/verl_<job>.log, OUT/verl_<job>_steps.json (every step's console metrics) and, for `step`,

@@ -1,8 +1,8 @@
-"""Vision LM checkpoints (Qwen2.5-VL, Qwen3-VL) carry the vision tower (convert/vision_weights.py): `hf-to-mcore` stores it beside the
-dist-checkpoint (vision.safetensors), `mcore-to-hf` and a training checkpoint's HF export write the whole model back
-(the LM and tower under the names transformers loads: Qwen3-VL's nested `model.language_model.*` and
-`model.visual.*`; the nested config.json), and transformers reloads it with no missing
-or unexpected keys and the same logits with images (fp32, within 1e-5)."""
+"""Vision LM checkpoints (Qwen2.5-VL, Qwen3-VL) carry the vision tower (convert/vision_weights.py): `hf-to-mcore` stores
+it beside the dist-checkpoint (vision.safetensors), `mcore-to-hf` and a training checkpoint's HF export write the whole
+model back (the LM and tower under the names transformers loads: Qwen3-VL's nested `model.language_model.*` and
+`model.visual.*`; the nested config.json), and transformers reloads it with no missing or unexpected keys and the same
+logits with images (fp32, within 1e-5)."""
 import json
 from pathlib import Path
 from types import SimpleNamespace

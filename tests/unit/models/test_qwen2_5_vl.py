@@ -8,8 +8,15 @@ import pytest
 import torch
 
 from rlhf_mcore.models.mrope import mrope_position_ids
-from tests.support.tiny_vl import (IMAGE, VIDEO, image_batch, logits_error, save_tiny_family, tiny_vl_model,
-                                   vision_lm_tp1)
+from tests.support.tiny_vl import (
+    IMAGE,
+    VIDEO,
+    image_batch,
+    logits_error,
+    save_tiny_family,
+    tiny_vl_model,
+    vision_lm_tp1,
+)
 
 
 @pytest.fixture(scope="module")

@@ -47,8 +47,8 @@ def test_logits_match_transformers_with_images_at_tp1(vl3_dir, ours, mcore_ctx):
     try:
         off = our_logits(ours, batch, mcore_ctx.pgs.tp)
     finally:
-        from rlhf_mcore.models.vision import attach_tower
         from rlhf_mcore.models.hf_io import read_hf_config
+        from rlhf_mcore.models.vision import attach_tower
 
         attach_tower(ours.lm, ours.tower, read_hf_config(vl3_dir), trainable=False)
     assert (want - off).abs()[valid].max().item() > 1e-2

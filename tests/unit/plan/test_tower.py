@@ -1,6 +1,6 @@
-"""The memory plan counts a vision LM's tower (rlhf_mcore/plan/params.py `tower_params`, plan/static.py
-`tower_bytes`): its parameters are those of transformers' tower + merger (the tiny VLM, the Qwen2.5-VL-3B shape,
-and Qwen3-VL-8B's with its DeepStack mergers), LM + tower are transformers' whole model, and the plan's tower term is the bytes of the tower
+"""The memory plan counts a vision LM's tower (rlhf_mcore/plan/params.py `tower_params`, plan/static.py `tower_bytes`):
+its parameters are those of transformers' tower + merger (the tiny VLM, the Qwen2.5-VL-3B shape, and Qwen3-VL-8B's with
+its DeepStack mergers), LM + tower are transformers' whole model, and the plan's tower term is the bytes of the tower
 the trainer builds (frozen), plus its gradients and Adam's state when trained."""
 import json
 

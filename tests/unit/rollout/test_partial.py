@@ -9,7 +9,7 @@ import types
 import pytest
 import torch
 
-from rlhf_mcore.rollout.partial import PartialPool, auto_round_tokens, staleness_metrics, to_rollout_batch
+from rlhf_mcore.rollout.partial import PartialPool, StopRule, auto_round_tokens, staleness_metrics, to_rollout_batch
 from rlhf_mcore.rollout.types import RolloutBatch, SamplingParams
 from rlhf_mcore.trainer.partial_rollout import PartialRollouts
 
@@ -202,6 +202,20 @@ def test_continuous_stops_once_the_step_has_its_groups_and_no_urgent_group_is_le
     first = next(k for k in range(12) if abs(lp[k] + (k + 1) / 100 + 1 / 1000) < 1e-6)  # the first token of step 1
     assert first == 5 and torch.allclose(lp[:first], torch.tensor([-(k + 1) / 100 for k in range(first)]))
     assert report["async/staleness_max"][0] == 1.0
+
+
+def test_the_stop_rule_counts_a_group_once_when_its_samples_end_together():
+    """Multi-turn: both samples of a group come back from their tools in one poll and end at their budget; each is
+    reported after both are marked ended. The group counts once, so the step still needs a second one."""
+    pool = PartialPool(n=2, max_response_length=8, lag=1)
+    pool.admit([Row((1, 7)), Row((2, 7))], step=0)
+    rule = StopRule(pool, need=2, version=0)
+    first, second = pool.groups[0].samples
+    first.finish_reason = second.finish_reason = "length"
+    assert not rule.finished(first) and not rule.finished(second) and not rule.satisfied()
+    for sample in pool.groups[1].samples:
+        sample.finish_reason = "stop"
+    assert rule.finished(pool.groups[1].samples[1]) and pool.num_complete() == 2
 
 
 def test_a_sample_that_would_lag_too_far_is_regenerated_and_counted():

@@ -64,7 +64,8 @@ def test_rollout_log_probs_are_the_trainers(vl_dir, mcore_ctx, micro_batch_size,
                            out.tokens.size(1), mcore_ctx.pgs.pp)["logp"]
     mask = out.response_mask
     err = float((logp - out.rollout_logprobs).abs()[mask].max())
-    print(f"{vl_dir.parent.name} rollout vs trainer log-probs (micro_batch_size={micro_batch_size}): max |diff| = {err:.2e}")
+    print(f"{vl_dir.parent.name} rollout vs trainer log-probs (micro_batch_size={micro_batch_size}): "
+          f"max |diff| = {err:.2e}")
     assert err <= TOL  # the trainer's batch has no group_index: its tower runs on every row
     again = engine.generate(ids, params, images=images)  # same seed, same samples
     assert torch.equal(again.tokens, out.tokens)

@@ -1,7 +1,7 @@
-"""Training passes through a vision LM (models/vision_step.py via trainer/schedule.py): the old-log-prob pass of a
-tiny random Qwen2.5-VL, and of a Qwen3-VL (DeepStack), with images in the step batch's per-row form gives transformers' log-probs (fp32, <= 1e-5)
-in padded and in packed micro-batches; the update's gradients reach the language model, the vision tower only when
-model.freeze_vision_tower=false, and are the same padded or packed."""
+"""Training passes through a vision LM (models/vision_step.py via trainer/schedule.py): the old-log-prob pass of a tiny
+random Qwen2.5-VL, and of a Qwen3-VL (DeepStack), with images in the step batch's per-row form gives transformers'
+log-probs (fp32, <= 1e-5) in padded and in packed micro-batches; the update's gradients reach the language model, the
+vision tower only when model.freeze_vision_tower=false, and are the same padded or packed."""
 from functools import partial
 
 import pytest
