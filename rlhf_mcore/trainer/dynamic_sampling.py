@@ -16,9 +16,11 @@ from typing import Callable
 import torch
 import torch.distributed as dist
 
+from rlhf_mcore.data.packing import ROW_FIELDS
 from rlhf_mcore.logs import timer
 from rlhf_mcore.trainer.guards import RunStopped
 from rlhf_mcore.trainer.rollout_memory import sync_weights
+from rlhf_mcore.trainer.row_fields import uniform_row_fields
 from rlhf_mcore.trainer.step_batch import StepBatch
 
 SUMMED_METRICS = ("reward/errors", "reward/timeouts")  # counts: added over rounds; the rest are means
@@ -111,9 +113,10 @@ def exchange(rounds: list[StepBatch], picked: list[tuple[int, int]], per_rank: i
     sends, index = exchange_plan(picked, per_rank, ctx.dims.dp)
     width, mine = max(len(s) for s in sends), sends[ctx.dp_rank]
     first = ctx.dp_rank * per_rank
+    images = uniform_row_fields(rounds, ctx)  # a vision LM's: one shape over the rounds and the ranks
     out = {}
-    for key in rounds[0]:
-        rows = torch.cat([b[key] for b in rounds])  # [R * P * n, ...] this rank's rows of every round
+    for key in [*(k for k in rounds[0] if k not in ROW_FIELDS), *images[0]]:
+        rows = torch.cat([f[key] if key in f else b[key] for b, f in zip(rounds, images)])  # [R * P * n, ...]
         local = rows[group_rows([r * per_rank + i for r, i in mine], n, rows.device)]
         if ctx.dims.dp > 1:
             local = torch.cat([local, local.new_zeros(((width - len(mine)) * n, *local.shape[1:]))])

@@ -25,6 +25,7 @@ from rlhf_mcore.rollout.types import RolloutBatch, SamplingParams
 from rlhf_mcore.trainer.losses import actor_loss, critic_agg_mode, critic_loss, reward_model_scores, rollout_mismatch
 from rlhf_mcore.trainer.metrics import reduce_outputs
 from rlhf_mcore.trainer.optim import optimizer_step, zero_grads
+from rlhf_mcore.trainer.row_fields import uniform_row_fields
 from rlhf_mcore.trainer.schedule import forward_collect, run_schedule, split_micro_batches, take
 from rlhf_mcore.trainer.step_batch import StepBatch
 
@@ -275,7 +276,8 @@ def balance_dp(batch: StepBatch, cfg, ctx, rows_per_mini: list[int]) -> StepBatc
     if not cfg.data.use_sequence_packing or ctx.dims.dp == 1:
         return batch
     num, dp, chunk = batch.num_rows, ctx.dims.dp, math.gcd(*rows_per_mini)
-    full = {k: gather_dp(pad_row_field(v, ctx) if k in ROW_FIELDS else v, ctx) for k, v in batch.items()}
+    fields = {**{k: v for k, v in batch.items() if k not in ROW_FIELDS}, **uniform_row_fields([batch], ctx)[0]}
+    full = {k: gather_dp(v, ctx) for k, v in fields.items()}
     lengths = full["lengths"].tolist()
     mine = []
     for start in range(0, num, chunk):
@@ -283,13 +285,6 @@ def balance_dp(batch: StepBatch, cfg, ctx, rows_per_mini: list[int]) -> StepBatc
         parts = plan_dp_split([lengths[i] for i in pool], dp)
         mine += [pool[i] for i in parts[ctx.dp_rank]]
     return batch.replace(**take(full, torch.tensor(mine, device=batch.tokens.device)))
-
-
-def pad_row_field(t: torch.Tensor, ctx) -> torch.Tensor:
-    """A per-row image field [B, n, ...] zero-padded along dim 1 to its largest size over DP (to gather it)."""
-    width = torch.tensor([t.size(1)], device=t.device)
-    dist.all_reduce(width, op=dist.ReduceOp.MAX, group=ctx.pgs.dp)
-    return F.pad(t, (0, 0) * (t.dim() - 2) + (0, int(width) - t.size(1)))
 
 
 def mean_over_dp(mean: torch.Tensor, num_rows: int, ctx) -> torch.Tensor:

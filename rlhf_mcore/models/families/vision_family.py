@@ -74,8 +74,6 @@ RUN_LIMITS = (
      "(got {c.rollout.mode}). Set rollout.mode=single_turn."),
     (lambda c: c.async_training.partial_rollout, "async_training.partial_rollout: not yet with {name} (got "
      "true). Set it to false."),
-    (lambda c: c.algorithm.filter_groups.enable, "algorithm.filter_groups.enable: dynamic sampling does not carry "
-     "images yet (got true). Set it to false."),
     (lambda c: bool(c.reward.model_path), "reward.model_path: a text reward model cannot score image prompts (got "
      "{c.reward.model_path}). Use rule rewards (reward.custom_fn or a data_source)."),
 )

@@ -87,6 +87,33 @@ def test_fill_batch_draws_rounds_until_full_and_keeps_the_first_kept_groups(monk
     assert "rounds" not in format_step_line(1, 2, {"critic/score/mean": 0.5})
 
 
+def with_images(batch: StepBatch, patches: int, tag: int) -> StepBatch:
+    """Row r gets `patches` patches of value tag * 100 + r (one image of grid (1, 1, patches))."""
+    rows = batch.num_rows
+    pixels = (torch.arange(rows, dtype=torch.float32) + 100 * tag).view(-1, 1, 1).expand(rows, patches, 2)
+    return batch.replace(pixel_values=pixels.clone(), image_grid_thw=torch.tensor([[[1, 1, patches]]] * rows))
+
+
+def test_a_vision_lms_kept_rows_keep_their_images_across_rounds_of_other_sizes(monkeypatch):
+    """Rounds whose images differ in size (3 and 5 patches) or that have none: each kept row's images are its
+    own, zero-padded to the widest round (zeros past a row's grid read as no image)."""
+    monkeypatch.setattr(ds, "sync_weights", lambda run: None)
+    rounds = [with_images(round_batch([1.0, 1.0, 0.0, 1.0, 2.0, 2.0], 2, tag=0), 3, tag=0),
+              round_batch([0.0, 1.0, 3.0, 3.0, 3.0, 3.0], 2, tag=1),  # a round without images
+              with_images(round_batch([5.0, 6.0, 0.0, 0.0, 1.0, 0.0], 2, tag=2), 5, tag=2)]
+
+    def next_round(i):
+        return rounds[i], {}, {"acc": rounds[i].token_level_scores.sum(-1)}
+
+    batch, _ = ds.fill_batch(fake_run(), next_round(0), next_round, timings={})
+    assert batch.tokens[:, 0].tolist() == [2, 3, 100, 101, 200, 201]
+    assert batch.pixel_values.shape == (6, 5, 2) and batch.image_grid_thw.shape == (6, 1, 3)
+    assert batch.image_grid_thw[:, 0, 2].tolist() == [3, 3, 0, 0, 5, 5]
+    assert batch.pixel_values[:, 0, 0].tolist() == [2.0, 3.0, 0.0, 0.0, 200.0, 201.0]
+    assert batch.pixel_values[:2, 3:].abs().sum() == 0 and batch.pixel_values[4:, 4].tolist() == [[200.0] * 2,
+                                                                                              [201.0] * 2]
+
+
 def test_fill_batch_stops_after_max_num_gen_batches_and_passes_through_when_disabled(monkeypatch):
     monkeypatch.setattr(ds, "sync_weights", lambda run: None)
     equal = round_batch([1.0] * 6, 2, tag=0)
