@@ -64,12 +64,9 @@ def tokenize_row(tokenizer, row: PromptRow, where: str, tools: Sequence[dict] = 
     if processor is None:
         raise ValueError(f"{where}: images: the row has {len(row.images)} image(s) but the model is text-only. "
                          "Use a vision-language model (Qwen2.5-VL) or drop the images column.")
-    if tools:
-        raise ValueError(f"{where}: images: multi-turn prompts with images are not supported yet. Use "
-                         "rollout.mode=single_turn.")
     images = open_images(row.images, where, base_dir)
     ids, grids = processor.prompt_ids(tokenizer, row.messages, images,
-                                      lambda tok, messages: tokenize_prompt(tok, messages))
+                                      lambda tok, messages: tokenize_prompt(tok, messages, tools))
     paths = tuple(s if isinstance(s, bytes) else str(resolve_path(s, base_dir)) for s in row.images)
     return row.with_ids(ids, grids, paths)
 

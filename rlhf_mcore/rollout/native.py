@@ -165,8 +165,10 @@ class NativeRolloutEngine:
 
     # ---- the RolloutEngine protocol ------------------------------------------------------------------
     def generate(self, prompts: list[list[int]], params: SamplingParams, show_progress: bool = False,
-                 images: list | None = None) -> RolloutBatch:
-        """`images` (a vision LM's prompts): per prompt (pixel_values [p, D], image_grid_thw [i, 3]) or None."""
+                 images: list | None = None, prompt_lengths: list[int] | None = None) -> RolloutBatch:
+        """`images` (a vision LM's prompts): per prompt (pixel_values [p, D], image_grid_thw [i, 3]) or None.
+        `prompt_lengths` (a vision LM's continued samples): per prompt, how many of its leading ids are the prompt;
+        an image id after that is text (`vision_decode.image_layout`). None: all of them."""
         if self._released:
             raise RuntimeError("native rollout: generate() after release_memory(); call resume_memory() first.")
         check_request(prompts, params)
@@ -174,6 +176,7 @@ class NativeRolloutEngine:
         size = self.micro_batch_size or max(len(rows), 1)
         chunks = [rows[i:i + size] for i in range(0, len(rows), size)]
         per_row = vision_decode.row_images(images, params.n, len(prompts))
+        spans = vision_decode.row_spans(prompt_lengths, rows, params.n)
         generator = torch.Generator(device=self.ctx.device).manual_seed(replica_seed(params.seed, self.ctx.dp_rank))
         bar = progress(len(chunks) * params.max_new_tokens, "rollout", show_progress and self.ctx.rank == 0,
                        unit="decode steps")
@@ -183,11 +186,13 @@ class NativeRolloutEngine:
                 with torch.random.fork_rng(devices=[self.ctx.device] if self.ctx.device.type == "cuda" else []):
                     torch.manual_seed(replica_seed(params.seed, self.ctx.dp_rank))
                     responses = [r for k, chunk in enumerate(chunks) for r in self._generate_static(
-                        chunk, params, bar, per_row[k * size:k * size + len(chunk)])]
+                        chunk, params, bar, per_row[k * size:k * size + len(chunk)],
+                        spans[k * size:k * size + len(chunk)])]
             else:
                 extra = self._group_max(len(chunks)) - len(chunks)  # EP lockstep: padding micro-batches, discarded
                 responses = [r for k, chunk in enumerate(chunks) for r in self._generate_chunk(
-                    chunk, params, generator, bar, images=per_row[k * size:k * size + len(chunk)])]
+                    chunk, params, generator, bar, images=per_row[k * size:k * size + len(chunk)],
+                    spans=spans[k * size:k * size + len(chunk)])]
                 for _ in range(extra):
                     self._generate_chunk([[self.pad_id]], params, generator, bar, padding=True)
         batch = assemble_batch(rows, responses, self.pad_id, self.ctx.device)
@@ -285,13 +290,16 @@ class NativeRolloutEngine:
         return self._kv
 
     def _generate_chunk(self, rows: list[list[int]], params: SamplingParams, generator, bar,
-                        padding: bool = False, images: list | None = None) -> list[Response]:
+                        padding: bool = False, images: list | None = None,
+                        spans: list[int] | None = None) -> list[Response]:
         """Prefill then decode `rows`; a padding chunk (EP lockstep) counts as ended, so it steps only while a
-        peer of its group still runs rows. A vision LM (`rollout.vision_decode`): `images` per row, M-RoPE slots."""
+        peer of its group still runs rows. A vision LM (`rollout.vision_decode`): `images` and `spans` per row, M-RoPE
+        slots."""
         prompt, valid = kv_cache.left_pad(rows, self.pad_id, self.ctx.device)  # [B, P]
         num_rows, max_new = len(rows), params.max_new_tokens
         kv = self._context(num_rows, prompt.size(1) + max_new)
-        slots_pos, embedded = self._vision_prefill(prompt, valid, images or [None] * num_rows, max_new)
+        slots_pos, embedded = self._vision_prefill(prompt, valid, images or [None] * num_rows, max_new,
+                                                   spans or [len(r) for r in rows])
         key_valid = None if bool(valid.all()) else torch.cat([valid, valid.new_ones(num_rows, max_new)], dim=1)
         out = ResponseBuffer.empty(num_rows, max_new, self.pad_id, self.ctx.device)
         slots = torch.arange(num_rows, device=self.ctx.device)  # chunk row held by each KV-cache slot
@@ -341,9 +349,9 @@ class NativeRolloutEngine:
             yield routing
 
     def _generate_static(self, rows: list[list[int]], params: SamplingParams, bar,
-                         images: list | None = None) -> list[Response]:
-        """Prefill, then one decode step per token over the smallest bucket holding the running rows. `images`: a
-        vision LM's, per row (`rollout.vision_decode.static_prefill`)."""
+                         images: list | None = None, spans: list[int] | None = None) -> list[Response]:
+        """Prefill, then one decode step per token over the smallest bucket holding the running rows. `images`,
+        `spans`: a vision LM's, per row (`rollout.vision_decode.static_prefill`)."""
         prompt, lengths = kv_cache.right_pad(rows, self.pad_id, self.ctx.device)  # [b, P]: the trainer's columns
         b, max_new = len(rows), params.max_new_tokens
         st = self.static.reserve(b, prompt.size(1) + max_new, max_new, self.ctx.device)
@@ -351,7 +359,8 @@ class NativeRolloutEngine:
         can_stop = bool(params.stop_token_ids or params.stop_strings)
         side = vision_side(self.model)
         vision = None if side is None else vision_decode.static_prefill(self.model, side, prompt, lengths,
-                                                                        images or [None] * b)
+                                                                        images or [None] * b,
+                                                                        spans or [len(r) for r in rows])
         self.static.prefill(prompt, lengths, params, stop_ids, vision=vision)
         if side is not None:
             side.pending = None  # the prefill's DeepStack levels: used
@@ -375,16 +384,17 @@ class NativeRolloutEngine:
         return ResponseBuffer(st.out_tokens[:b, :max_new], st.out_logprobs[:b, :max_new], st.out_lengths[:b],
                               st.out_stopped[:b]).to_responses()
 
-    def _vision_prefill(self, prompt, valid, images: list, max_new: int):
+    def _vision_prefill(self, prompt, valid, images: list, max_new: int, spans: list[int]):
         """(M-RoPE positions [3, b, P + max_new] of the cache slots, the prefill's decoder_input) of a vision LM's
         chunk; (None, None) for a text model."""
         side = vision_side(self.model)
         if side is None:
             return None, None
-        grids = vision_decode.chunk_grids(images, prompt.device)
-        embedded = vision_decode.prefill_input(self.model, side, prompt, images) if self.ctx.is_first_stage \
+        grids, layout = vision_decode.chunk_grids(images, prompt.device), vision_decode.image_layout(prompt, valid,
+                                                                                                     spans, side)
+        embedded = vision_decode.prefill_input(self.model, side, prompt, layout, images) if self.ctx.is_first_stage \
             else None  # the tower and embeddings on the first stage; every stage takes the positions
-        return vision_decode.slot_positions(prompt, valid, grids, side, max_new), embedded
+        return vision_decode.slot_positions(layout, valid, grids, side, max_new), embedded
 
     def _forward(self, input_ids: torch.Tensor, mask: Optional[torch.Tensor], kv, positions=None,
                  decoder_input=None) -> Optional[torch.Tensor]:

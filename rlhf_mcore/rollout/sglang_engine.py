@@ -242,6 +242,7 @@ class SGLangRolloutEngine:
         self.encode, self.prefill_prompts_once, self.stopped = encode, True, False
         self.routing = SGLangRouting.for_model(unwrap_model(setup.model), setup.hf_config) \
             if setup.record_routing else None  # R3
+        self.vision = vision_side(unwrap_model(setup.model))  # None for a text model
 
     @classmethod
     def build(cls, options, setup: EngineSetup) -> "SGLangRolloutEngine":
@@ -272,8 +273,12 @@ class SGLangRolloutEngine:
         return engine
 
     def generate(self, prompts: list[list[int]], params: SamplingParams, show_progress: bool = False,
-                 images: list | None = None) -> RolloutBatch:
-        """`images` (a vision LM's prompts): per prompt (pixel_values [p, D], image_grid_thw [i, 3]) or None."""
+                 images: list | None = None, prompt_lengths: list[int] | None = None) -> RolloutBatch:
+        """`images` (a vision LM's prompts): per prompt (pixel_values [p, D], image_grid_thw [i, 3]) or None.
+        `prompt_lengths`: per prompt, how many of its ids are the prompt (a continued sample); SGLang reads every
+        image id as an image, so one after the prompt is refused (`sglang_images.check_continued`)."""
+        if prompt_lengths is not None and self.vision is not None:
+            sglang_images.check_continued(prompts, prompt_lengths, self.vision)
         rows = [p for p in prompts for _ in range(params.n)]
         if not rows:
             return assemble_batch([], [], self.pad_id, self.ctx.device)

@@ -71,6 +71,27 @@ def image_data(row_images: Sequence[Optional[tuple]]) -> Optional[list]:
     return out
 
 
+def check_continued(prompts: Sequence[list[int]], prompt_lengths: Sequence[int], side) -> None:
+    """Refuse a continued sample (multi-turn, partial rollouts) with an image or video id after its prompt, sampled
+    or written by a tool in an earlier turn: SGLang would read it as an image slot, where our trainer reads text.
+
+    >>> side = type("Side", (), {"image_token_id": 9, "video_token_id": 8})
+    >>> check_continued([[9, 9, 5, 6]], [2], side)
+    >>> check_continued([[9, 9, 5, 9]], [2], side)
+    Traceback (most recent call last):
+    ...
+    ValueError: rollout.engine=sglang: sample 0 has an image or video token id at position 3, after its prompt (2 \
+tokens), sampled or written by a tool in an earlier turn; SGLang would read it as an image. Use rollout.engine=native.
+    """
+    special = {side.image_token_id, side.video_token_id}
+    for i, (ids, length) in enumerate(zip(prompts, prompt_lengths)):
+        found = next((k for k in range(length, len(ids)) if ids[k] in special), None)
+        if found is not None:
+            raise ValueError(f"rollout.engine=sglang: sample {i} has an image or video token id at position {found}, "
+                             f"after its prompt ({length} tokens), sampled or written by a tool in an earlier turn; "
+                             "SGLang would read it as an image. Use rollout.engine=native.")
+
+
 def tower_tensors(model) -> Iterator[tuple[str, torch.Tensor]]:
     """The vision tower's tensors under SGLang's (the Hub's) names; nothing for a text model."""
     side = vision_side(model)

@@ -61,18 +61,44 @@ def slot_positions(prompt: torch.Tensor, valid: torch.Tensor, grids: torch.Tenso
     return torch.cat([prompt_pos, decode], dim=2)
 
 
-def prefill_input(model, side: VisionSide, prompt: torch.Tensor, images: Sequence[Images]) -> torch.Tensor:
-    """decoder_input [P, b, h] of the prefill: the word embeddings, image tokens' rows from the tower (once per
-    prompt, `chunk_image_embeddings`)."""
-    if bool((prompt == side.video_token_id).any()):
+def image_layout(prompt: torch.Tensor, valid: torch.Tensor, spans: Sequence[int], side: VisionSide) -> torch.Tensor:
+    """The chunk's ids [b, P] (`valid`: the rows' own columns, left- or right-padded) with every image or video token
+    past its row's span set to -1 (text). spans[i]: how many of row i's ids are its prompt; ids after
+    it were sampled, or written by a tool, in earlier turns of the sample (multi-turn, partial rollouts), and an
+    image id among them is text, as the trainer reads every token past the prompt (`models.vision_step.prompt_ids`).
+
+    >>> side = VisionSide(None, image_token_id=9, video_token_id=8, merge=2)
+    >>> ids, valid = torch.tensor([[5, 9, 9, 6, 9, 8], [0, 9, 5, 9, 8, 5]]), torch.tensor([[1] * 6, [0] + [1] * 5])
+    >>> image_layout(ids, valid.bool(), [4, 2], side).tolist()
+    [[5, 9, 9, 6, -1, -1], [0, 9, 5, -1, -1, 5]]
+    """
+    column = valid.long().cumsum(1) - 1  # each column's index in its row
+    past = column >= torch.tensor(list(spans), device=prompt.device)[:, None]
+    return prompt.masked_fill(past & ((prompt == side.image_token_id) | (prompt == side.video_token_id)), -1)
+
+
+def prefill_input(model, side: VisionSide, prompt: torch.Tensor, layout: torch.Tensor,
+                  images: Sequence[Images]) -> torch.Tensor:
+    """decoder_input [P, b, h] of the prefill: the word embeddings of `prompt`, the rows of `layout`'s image tokens
+    (`image_layout`) from the tower (once per prompt, `chunk_image_embeddings`)."""
+    if bool((layout == side.video_token_id).any()):
         raise ValueError("rollout prompts: video tokens are not supported yet (images only). Use images.")
     embeddings = model.embedding(input_ids=prompt, position_ids=None)
     if all(im is None for im in images):
-        if bool((prompt == side.image_token_id).any()):
+        if bool((layout == side.image_token_id).any()):
             raise ValueError("rollout prompts: image tokens without images. Pass each prompt's images with it.")
-        return merge_images(side, embeddings, prompt, None)
+        return merge_images(side, embeddings, layout, None)
     images = chunk_image_embeddings(side.tower, images, side.merge, prompt.device)
-    return merge_images(side, embeddings, prompt, images)  # DeepStack (Qwen3-VL): staged for the prefill's hooks
+    return merge_images(side, embeddings, layout, images)  # DeepStack (Qwen3-VL): staged for the prefill's hooks
+
+
+def row_spans(prompt_lengths: Sequence[int] | None, rows: Sequence[list[int]], n: int) -> list[int]:
+    """Per row its prompt's span (`image_layout`); without `prompt_lengths`, the whole row."""
+    if prompt_lengths is None:
+        return [len(r) for r in rows]
+    if len(prompt_lengths) * n != len(rows):
+        raise ValueError(f"rollout: {len(prompt_lengths)} prompt lengths for {len(rows) // n} prompts. Give one each.")
+    return [length for length in prompt_lengths for _ in range(n)]
 
 
 def row_images(images: Sequence[Images] | None, n: int, num_prompts: int) -> list[Images]:
@@ -115,12 +141,14 @@ class VisionPrefill:
 
 
 def static_prefill(model, side: VisionSide, prompt: torch.Tensor, lengths: torch.Tensor,
-                   images: Sequence[Images]) -> VisionPrefill:
+                   images: Sequence[Images], spans: Sequence[int]) -> VisionPrefill:
     """The `VisionPrefill` of a right-padded chunk (prompt [b, P], lengths [b]) and its rows' images. Positions
     count from each row's first token, as the trainer's (`models.mrope`); padding slots get position 0 and are
-    overwritten by the row's response before any query reaches them."""
+    overwritten by the row's response before any query reaches them. `spans`: `image_layout`'s."""
     valid = torch.arange(prompt.size(1), device=prompt.device)[None] < lengths[:, None]
-    positions, deltas = mrope_position_ids(prompt, chunk_grids(images, prompt.device), side.image_token_id,
+    layout = image_layout(prompt, valid, spans, side)
+    positions, deltas = mrope_position_ids(layout, chunk_grids(images, prompt.device), side.image_token_id,
                                            side.merge, valid)
     freqs = model.rotary_pos_emb(positions, model.mrope_section)
-    return VisionPrefill(prefill_input(model, side, prompt, images), freqs, deltas, side, deepstack_levels(side.tower))
+    return VisionPrefill(prefill_input(model, side, prompt, layout, images), freqs, deltas, side,
+                         deepstack_levels(side.tower))

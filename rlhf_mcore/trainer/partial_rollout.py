@@ -10,6 +10,8 @@ drawn at the synchronous pace. Two ways to decode the pool:
   At EP > 1 the expert group agrees on each round, and a rank that has its batch joins with no rows.
 Multi-turn (rollout.mode=multi_turn): a turn that calls tools leaves the decode until its results are back
 (`rlhf_mcore.rollout.partial_turns`); then it continues in the same continuous call, or the next round.
+A vision LM (rounds only: its engine decodes no continuous call): each round's rows go with their prompts' images
+and lengths (an image id past the prompt is text), and the trained batch carries the images.
 Collective like `generate`: every rank of a DP replica makes the same calls and the same decisions, since they see
 the same prompts, the same engine results and the same tool results."""
 from __future__ import annotations
@@ -28,6 +30,7 @@ from rlhf_mcore.rollout.partial import (
 )
 from rlhf_mcore.rollout.partial_turns import ToolTurns
 from rlhf_mcore.rollout.types import RolloutBatch, SamplingParams
+from rlhf_mcore.rollout.vision_decode import attach_images, row_images
 
 log = logging.getLogger(__name__)
 ROUND_SEED_STRIDE = 7919  # a round's seed: the step's seed + round * stride (distinct from dynamic sampling's)
@@ -73,6 +76,9 @@ class PartialRollouts:
             raise RuntimeError(f"partial rollout: {len(groups)} complete groups after {rounds} rounds, "
                                f"{len(prompts)} needed")
         batch, versions = to_rollout_batch(groups, self.pad_id, self.device, multi_turn=self.turns is not None)
+        prompts_of = [g.prompt for g in groups]
+        images = prompt_images(rollout, prompts_of)
+        batch = attach_images(batch, images, row_images(images, self.pool.n, len(groups)), self.device or "cpu")
         tokens = float(batch.loss_mask.sum())
         report = {k: (v, tokens) for k, v in staleness_metrics(versions, batch.loss_mask, step).items()}
         report.update({"async/samples_carried_total": (float(self.pool.carried()), 1.0),
@@ -82,7 +88,7 @@ class PartialRollouts:
         if self.turns is not None:
             report["async/samples_waiting_on_tools_total"] = (float(len(self.turns.pending)), 1.0)
         self.dropped_at_save = 0
-        return [g.prompt for g in groups], batch, report
+        return prompts_of, batch, report
 
     def _ended(self, prompt, sample, tokens: list[int], logprobs: list[float], reason: str, step: int,
                stop_ids) -> None:
@@ -118,7 +124,10 @@ class PartialRollouts:
             active = [(p, s) for p, s in self.pool.active() if not s.waiting] if more else []
             round_params = dataclasses.replace(params, max_new_tokens=self.round_tokens,
                                                seed=params.seed + (rounds + 1) * ROUND_SEED_STRIDE)
-            batch = engine.generate([list(p.prompt_ids) + s.tokens for p, s in active], round_params)
+            images = prompt_images(rollout, [p for p, _ in active])  # a vision LM's rows continue with them
+            pictures = {} if images is None else {"images": images,
+                                                  "prompt_lengths": [len(p.prompt_ids) for p, _ in active]}
+            batch = engine.generate([list(p.prompt_ids) + s.tokens for p, s in active], round_params, **pictures)
             for (prompt, sample), (ids, logprobs, reason) in zip(active, sampled_turns(batch)):
                 self._ended(prompt, sample, ids, logprobs, reason, step, params.stop_token_ids)
             rounds += 1
@@ -155,6 +164,12 @@ class PartialRollouts:
         self.dropped_at_save += self.pool.clear()
         if self.turns is not None:
             self.turns.clear()
+
+
+def prompt_images(rollout, prompts: list) -> list | None:
+    """The rollout layer's images of `prompts` (`ModeEnv.prompt_images`); None for a text model."""
+    env = getattr(rollout, "env", None)
+    return None if env is None else env.prompt_images(prompts)
 
 
 class ToolFeed:

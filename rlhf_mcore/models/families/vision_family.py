@@ -70,10 +70,6 @@ RUN_LIMITS = (
     (lambda c: c.parallel.pp > 1 and not c.model.freeze_vision_tower, "model.freeze_vision_tower: a trained tower "
      "runs at parallel.pp=1 only for now (got false at parallel.pp={c.parallel.pp}): its copies on later stages would "
      "drift. Set model.freeze_vision_tower=true, or parallel.pp=1."),
-    (lambda c: c.rollout.mode != "single_turn", "rollout.mode: multi-turn rollouts with images are not supported yet "
-     "(got {c.rollout.mode}). Set rollout.mode=single_turn."),
-    (lambda c: c.async_training.partial_rollout, "async_training.partial_rollout: not yet with {name} (got "
-     "true). Set it to false."),
     (lambda c: bool(c.reward.model_path), "reward.model_path: a text reward model cannot score image prompts (got "
      "{c.reward.model_path}). Use rule rewards (reward.custom_fn or a data_source)."),
 )

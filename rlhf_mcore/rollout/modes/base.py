@@ -43,6 +43,12 @@ class ModeEnv:
     # a vision LM's prompts -> per prompt (pixel_values, image_grid_thw) or None (`data.vision_prompt.PromptPixels`)
     images: Optional[Callable[[list], list]] = None
 
+    def prompt_images(self, prompts) -> list | None:
+        """Per prompt its (pixel_values, image_grid_thw) or None; None when no prompt has images (a text model)."""
+        if self.images is None or not any(getattr(p, "images", ()) for p in prompts):
+            return None
+        return self.images(prompts)
+
     def close(self) -> None:
         if self.executor is not None:
             self.executor.close()

@@ -1,6 +1,7 @@
 """`build_rollout(rollout_cfg, engine, tokenizer, ctx)`: the run's rollout layer, built once at start-up."""
 from __future__ import annotations
 
+import dataclasses
 import logging
 
 from rlhf_mcore.rollout.modes.base import ModeEnv, Rollout
@@ -72,11 +73,11 @@ def build_rollout(rollout_cfg, engine, tokenizer, ctx, announce: bool = False, i
                      rollout_cfg.engine, ", prompts with their images" if images is not None else "")
         return Rollout(engine, rollout_cfg.mode, ModeEnv(images=images))
     m = rollout_cfg.multi_turn
-    env = tool_env(m, tokenizer, ctx, tokenizer.pad_id)
+    env = dataclasses.replace(tool_env(m, tokenizer, ctx, tokenizer.pad_id), images=images)
     if announce:
         log.info("rollout: multi_turn mode (%s engine; up to %d assistant turns, %d tool calls per turn, tools %s, "
                  "%s parser, stop strings %s, tool time-out %g s, output cut at %d chars, %d workers; the loss "
-                 "mask trains only the sampled tokens)", rollout_cfg.engine, m.max_turns, m.max_tool_calls,
+                 "mask trains only the sampled tokens%s)", rollout_cfg.engine, m.max_turns, m.max_tool_calls,
                  ", ".join(env.tools) or "none", m.parser, list(env.stop_strings), m.tool_timeout_s,
-                 m.max_tool_response_chars, m.workers)
+                 m.max_tool_response_chars, m.workers, "; prompts with their images" if images is not None else "")
     return Rollout(engine, "multi_turn", env)

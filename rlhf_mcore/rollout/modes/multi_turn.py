@@ -25,6 +25,9 @@ turn its ranks agree (one all-reduce) whether any of them still runs rows and on
 the all-to-alls meet (its engine runs padding forwards). Without such a group (EP 1, dense models, sglang)
 there is no extra collective. A row's tools_kwargs (`extra_info.tools_kwargs[name]`, verl's
 create_kwargs / execute_kwargs merged) reach tool `name` as its context with every call of that row.
+
+A vision LM's prompts carry their images into every turn (a later turn's row: its prompt's images, and the
+prompt's length, past which an image id is text) and the batch carries them to the trainer. Tool results are text.
 """
 from __future__ import annotations
 
@@ -37,6 +40,7 @@ from rlhf_mcore.chat import tool_delta_ids
 from rlhf_mcore.rollout.modes.base import ROLLOUT_MODES, ModeEnv
 from rlhf_mcore.rollout.modes.trajectory import Trajectory, assemble
 from rlhf_mcore.rollout.types import RolloutBatch, SamplingParams
+from rlhf_mcore.rollout.vision_decode import attach_images, row_images
 
 TURN_SEED_STRIDE = 104_729  # a sample's later turns: distinct seeds (low bits too) from the step's first
 
@@ -81,14 +85,19 @@ def agree_turn(group, device, num_active: int, budget: int) -> tuple[bool, int]:
 
 
 def generate_turn(engine, prompts, trajs: list[Trajectory], active: list[int], params: SamplingParams,
-                  turn: int, budget: int, show_progress: bool) -> RolloutBatch:
+                  turn: int, budget: int, show_progress: bool, images: list | None = None) -> RolloutBatch:
     """One turn's call: the n samples of each prompt at turn 0 (single_turn's call, so no tool call =
     single_turn; params.max_new_tokens, the same on every rank), then one row per running sample (none on a
-    lockstep rank that is done) at `budget`."""
+    lockstep rank that is done) at `budget`. `images`: a vision LM's, per prompt (None: a text batch)."""
     if turn == 0:
-        return engine.generate([list(p.prompt_ids) for p in prompts], params, show_progress=show_progress)
+        pictures = {} if images is None else {"images": images}
+        return engine.generate([list(p.prompt_ids) for p in prompts], params, show_progress=show_progress,
+                               **pictures)
+    pictures = {} if images is None else {"images": [images[i // params.n] for i in active],  # row i: prompt i // n
+                                          "prompt_lengths": [len(trajs[i].prompt) for i in active]}
     return engine.generate([trajs[i].prefix for i in active], dataclasses.replace(
-        params, n=1, max_new_tokens=budget, seed=turn_seed(params.seed, turn)), show_progress=show_progress)
+        params, n=1, max_new_tokens=budget, seed=turn_seed(params.seed, turn)), show_progress=show_progress,
+        **pictures)
 
 
 def end_of_turn(t: Trajectory, ids: list[int], kept: list[int], stop_ids, last_turn: bool,
@@ -162,12 +171,13 @@ def multi_turn(engine, prompts, params: SamplingParams, env: ModeEnv, show_progr
     stops = tuple(params.stop_strings) + tuple(s for s in env.stop_strings if s not in params.stop_strings)
     stop_ids, turn_params = set(params.stop_token_ids), dataclasses.replace(params, stop_strings=stops)
     group, device = getattr(engine, "lockstep_group", None), getattr(env.ctx, "device", "cpu")
+    images = env.prompt_images(prompts)
     for turn in range(opts.max_turns):
         active = [i for i, t in enumerate(trajs) if not t.done]
         running, budget = agree_turn(group, device, len(active), max((trajs[i].remaining for i in active), default=0))
         if not running:
             break
-        batch = generate_turn(engine, prompts, trajs, active, turn_params, turn, budget, show_progress)
+        batch = generate_turn(engine, prompts, trajs, active, turn_params, turn, budget, show_progress, images)
         calls = {}
         for i, (ids, logprobs, _) in zip(active, sampled_turns(batch)):
             t = trajs[i]
@@ -185,4 +195,5 @@ def multi_turn(engine, prompts, params: SamplingParams, env: ModeEnv, show_progr
         for i, (ids, results) in (tool_turns(env, calls, contexts) if calls else {}).items():
             count_results(trajs[i], results)
             trajs[i].add_observation(ids)
-    return assemble(trajs, env.pad_id, getattr(env.ctx, "device", "cpu"))
+    return attach_images(assemble(trajs, env.pad_id, device), images, row_images(images, params.n, len(prompts)),
+                         device)

@@ -9,7 +9,7 @@ from rlhf_mcore.rollout.types import RolloutBatch, SamplingParams
 def single_turn(engine, prompts, params: SamplingParams, env, show_progress: bool = False) -> RolloutBatch:
     """n samples per prompt in one call; loss_mask = response_mask (`RolloutBatch.__post_init__`). Prompts with
     images (a vision LM) go with their pixels (`env.images`), which the batch carries on to the trainer."""
-    ids = [list(p.prompt_ids) for p in prompts]
-    if env.images is None or not any(getattr(p, "images", ()) for p in prompts):
+    ids, images = [list(p.prompt_ids) for p in prompts], env.prompt_images(prompts)
+    if images is None:
         return engine.generate(ids, params, show_progress=show_progress)
-    return engine.generate(ids, params, show_progress=show_progress, images=env.images(prompts))
+    return engine.generate(ids, params, show_progress=show_progress, images=images)

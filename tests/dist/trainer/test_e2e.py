@@ -35,6 +35,10 @@ RUNS = {
     "vlm": (1, "tiny_vlm_grpo.yaml", STEPS + ("trainer.val_before_train=false", "trainer.test_freq=0")),
     "vlm_pp2": (2, "tiny_vlm_grpo.yaml", STEPS + ("trainer.val_before_train=false", "trainer.test_freq=0",
                                                   "parallel.pp=2")),
+    # ... with partial rollouts at a learning rate too small to move a weight: carried samples continue with their
+    # images, and every trained token's rollout log-prob is the trainer's
+    "vlm_async": (1, "tiny_vlm_grpo.yaml", ASYNC + ("trainer.val_before_train=false", "trainer.test_freq=0",
+                                                    "actor.optim.lr=1e-30")),
     # ... with dynamic sampling at DP2, packed: the kept groups' rows go to their ranks with their images
     "vlm_dapo_dp2": (2, "tiny_vlm_grpo.yaml", STEPS + PACKED + ("trainer.val_before_train=false", "trainer.test_freq=0",
                                                                 "algorithm.filter_groups.enable=true",
@@ -125,6 +129,17 @@ def test_dynamic_sampling_moves_a_vision_lms_rows_with_their_images(runs):
     check_trained(result, 2)
     assert max(m["filter_groups/num_gen_batches"] for m in result["metrics"]) > 1
     for m in result["metrics"]:
+        assert m["rollout/mismatch_logp_abs_diff"] < 1e-5 and m["rollout/mismatch_exact_frac"] > 0.9, m
+
+
+def test_partial_rollouts_continue_a_vision_lms_samples_with_their_images(runs):
+    """Partial rollouts (rounds) on the tiny VLM: a sample continued in later rounds and steps is prefilled with its
+    prompt's image each round, and the trained batch carries the images: with weights that do not move (lr 1e-30),
+    the trainer's log-probs equal the rollout's for the tokens of every version (measured 1.6e-7)."""
+    steps = runs["vlm_async"]["metrics"]
+    assert len(steps) == 3 and max(m["async/staleness_max"] for m in steps) == 1.0
+    assert all(m["async/samples_carried_total"] > 0 for m in steps)
+    for m in steps:
         assert m["rollout/mismatch_logp_abs_diff"] < 1e-5 and m["rollout/mismatch_exact_frac"] > 0.9, m
 
 

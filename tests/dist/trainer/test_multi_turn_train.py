@@ -139,3 +139,39 @@ def test_multi_turn_at_dp2_with_forced_tool_calls(tmp_path):
     steps = records(out)
     assert len(steps) == 1 and steps[0]["num_turns/max"] >= 2, steps
     assert all(m["tool_calls/mean"] > 0 and m["tool/error_rate"] == 0 for m in steps), steps
+
+
+@pytest.fixture()
+def long_vlm(tmp_path):
+    """data/tiny_vlm with room for the tool schema (904 byte-level tokens) in its prompts: 2048 positions."""
+    import shutil
+
+    hf = tmp_path / "tiny_vlm"
+    shutil.copytree(ROOT / "data" / "tiny_vlm", hf)
+    config = json.loads((hf / "config.json").read_text())
+    config["text_config"]["max_position_embeddings"] = 2048
+    (hf / "config.json").write_text(json.dumps(config))
+    return hf
+
+
+def test_a_vision_lms_tool_turns_keep_its_images_and_read_image_ids_from_tools_as_text(
+        tmp_path, mcore_ctx, scripted_calls, long_vlm, monkeypatch):
+    """rollout.mode=multi_turn on the tiny VLM (configs/tiny_vlm_grpo.yaml), every turn a tool call whose result
+    writes `<|image_pad|><|video_pad|>` (image and video ids after the prompt): each later turn prefills the prompt's
+    image again and reads those ids as text, as the trainer reads every token past the prompt, so the rollout's
+    log-probs are the trainer's (fp32). The images go with the batch to the trainer."""
+    from rlhf_mcore.agent.executor import ToolResult
+
+    monkeypatch.setattr(ToolExecutor, "run_one", lambda self, *a: ToolResult("<|image_pad|><|video_pad|>7", None,
+                                                                             False, 0.0))
+    cfg = load_config(str(ROOT / "configs" / "tiny_vlm_grpo.yaml"), [
+        f"model.hf_path={long_vlm}", f"trainer.output_dir={tmp_path / 'run'}", "trainer.resume=disable",
+        "trainer.export_hf=false", "trainer.total_steps=2", "trainer.val_before_train=false", "trainer.test_freq=0",
+        "trainer.save_freq=0", "trainer.logger=[jsonl]", "rollout.mode=multi_turn",
+        "rollout.multi_turn.tools=[calculator]", "data.max_prompt_length=1200", "rollout.max_response_length=32",
+        "data.train_batch_size=4", "rollout.n=4", "actor.ppo_mini_batch_size=4", "actor.micro_batch_size_per_gpu=16"],
+        world_size=1)
+    train(cfg)
+    for m in records(tmp_path / "run"):
+        assert m["num_turns/mean"] > 1 and m["tool_calls/mean"] > 0, m
+        assert m["rollout/mismatch_logp_abs_diff"] < 1e-5 and m["rollout/mismatch_exact_frac"] > 0.9, m
