@@ -47,9 +47,11 @@ class DecodeState:
 
     def idle(self, start: int, stop: int) -> None:
         """Slots [start, stop) decode nothing real: done, writing scratch rows of their own (never a real
-        row, so no two slots write one row in a step), at cache slot 0."""
+        row, so no two slots write one row in a step), at cache slot 0 and RoPE position 0 (a delta left by an
+        earlier row, M-RoPE's negative one, would index the RoPE table at -1)."""
         self.done[start:stop] = True
         self.pos[start:stop] = 0
+        self.rope_delta[start:stop] = 0
         self.slot_row[start:stop] = self.num_rows + torch.arange(start, stop, device=self.done.device)
 
     def idle_slots(self, slots: torch.Tensor) -> None:
@@ -57,6 +59,7 @@ class DecodeState:
         other slots, which these must no longer write."""
         self.done[slots] = True
         self.pos[slots] = 0
+        self.rope_delta[slots] = 0
         self.slot_row[slots] = self.num_rows + slots
 
     def fits(self, batch: int, length: int, max_new: int, rows: int = 0) -> bool:

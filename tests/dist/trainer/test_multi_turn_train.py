@@ -154,12 +154,14 @@ def long_vlm(tmp_path):
     return hf
 
 
+@pytest.mark.parametrize("decode", ["eager", "static"])
 def test_a_vision_lms_tool_turns_keep_its_images_and_read_image_ids_from_tools_as_text(
-        tmp_path, mcore_ctx, scripted_calls, long_vlm, monkeypatch):
+        tmp_path, mcore_ctx, scripted_calls, long_vlm, monkeypatch, decode):
     """rollout.mode=multi_turn on the tiny VLM (configs/tiny_vlm_grpo.yaml), every turn a tool call whose result
     writes `<|image_pad|><|video_pad|>` (image and video ids after the prompt): each later turn prefills the prompt's
     image again and reads those ids as text, as the trainer reads every token past the prompt, so the rollout's
-    log-probs are the trainer's (fp32). The images go with the batch to the trainer."""
+    log-probs are the trainer's (fp32), eager or through the static decoder (its GPU path, run on the CPU). The images
+    go with the batch to the trainer."""
     from rlhf_mcore.agent.executor import ToolResult
 
     monkeypatch.setattr(ToolExecutor, "run_one", lambda self, *a: ToolResult("<|image_pad|><|video_pad|>7", None,
@@ -169,8 +171,8 @@ def test_a_vision_lms_tool_turns_keep_its_images_and_read_image_ids_from_tools_a
         "trainer.export_hf=false", "trainer.total_steps=2", "trainer.val_before_train=false", "trainer.test_freq=0",
         "trainer.save_freq=0", "trainer.logger=[jsonl]", "rollout.mode=multi_turn",
         "rollout.multi_turn.tools=[calculator]", "data.max_prompt_length=1200", "rollout.max_response_length=32",
-        "data.train_batch_size=4", "rollout.n=4", "actor.ppo_mini_batch_size=4", "actor.micro_batch_size_per_gpu=16"],
-        world_size=1)
+        "data.train_batch_size=4", "rollout.n=4", "actor.ppo_mini_batch_size=4", "actor.micro_batch_size_per_gpu=16",
+        f"rollout.native.static_on_cpu={decode == 'static'}"], world_size=1)
     train(cfg)
     for m in records(tmp_path / "run"):
         assert m["num_turns/mean"] > 1 and m["tool_calls/mean"] > 0, m

@@ -77,3 +77,27 @@ def test_image_tokens_without_their_images_are_refused(vl_dir, mcore_ctx):
     ids, _ = prompts_and_images(vl_dir)
     with pytest.raises(ValueError, match="image tokens without images"):
         engine.generate(ids, SamplingParams(n=1, max_new_tokens=2))
+
+
+def test_rows_that_end_early_free_slots_at_rope_position_zero(vl_dir, mcore_ctx):
+    """The static decoder with stop tokens (half the vocabulary: rows end after a few tokens each): a slot idled by
+    the compaction to a smaller bucket decodes at RoPE position 0, not at 0 plus the delta of the image row that left
+    it (negative past an image: an index of -1 into the RoPE table, a device assertion under CUDA graphs). The rows
+    that ran keep the trainer's log-probs."""
+    from tests.support.tiny_vl import VOCAB
+
+    cfg, state = vl_actor(vl_dir, mcore_ctx)
+    engine = NativeRolloutEngine(state.model[0], mcore_ctx, pad_id=0, static_on_cpu=True)
+    ids, images = prompts_and_images(vl_dir)
+    params = SamplingParams(n=2, max_new_tokens=12, temperature=1.0, seed=5, stop_token_ids=tuple(range(1, VOCAB, 2)))
+    out = engine.generate(ids, params, images=images)
+    lengths = out.response_lengths.tolist()
+    assert min(lengths) < max(lengths) <= 12 and "stop" in out.finish_reasons, lengths  # rows ended apart
+    batch = {"tokens": out.tokens, "lengths": out.total_lengths, "response_mask": out.response_mask.float(),
+             "prompt_lengths": out.prompt_lengths, "pixel_values": out.pixel_values,
+             "image_grid_thw": out.image_grid_thw}
+    fn = partial(actor_loss, model=state.module, tp_group=mcore_ctx.pgs.tp, actor_cfg=cfg.actor, temperature=1.0,
+                 norm_length=12.0)
+    logp = forward_collect(state.model, split_micro_batches(batch, micro_batch_size=4), fn, ("logp",),
+                           out.tokens.size(1), mcore_ctx.pgs.pp)["logp"]
+    assert float((logp - out.rollout_logprobs).abs()[out.response_mask].max()) <= TOL
