@@ -1,8 +1,9 @@
 """The tool registry: built-in tools by name (``TOOLS``), custom tools from a file, and the schemas the
 chat template receives.
 
-Built-ins: ``python`` (code in a sandbox process; `python_tool`, `sandbox`) and ``calculator``
-(arithmetic via `ast`; `calculator`). A custom tools file (see `custom`) adds its own.
+Built-ins: ``python`` (code in a sandbox process; `python_tool`, `sandbox`), ``calculator`` (arithmetic via
+`ast`; `calculator`), and verl's grading tools ``calc_gsm8k_reward`` and ``calc_geo3k_reward`` (`grading_tools`).
+A custom tools file (see `custom`) adds its own.
 
 >>> sorted(load_tools(["calculator"], None))
 ['calculator']
@@ -11,7 +12,8 @@ Built-ins: ``python`` (code in a sandbox process; `python_tool`, `sandbox`) and 
 >>> load_tools(["pyhton"], None)
 Traceback (most recent call last):
 ...
-ValueError: unknown tool 'pyhton'. Did you mean 'python'? Available: calculator, python.
+ValueError: unknown tool 'pyhton'. Did you mean 'python'? Available: calc_geo3k_reward, calc_gsm8k_reward, \
+calculator, python.
 """
 from __future__ import annotations
 
@@ -19,6 +21,7 @@ from typing import Iterable
 
 from rlhf_mcore.agent.calculator import CALCULATOR
 from rlhf_mcore.agent.custom import load_tools_file
+from rlhf_mcore.agent.grading_tools import GEO3K_TOOL, GSM8K_TOOL
 from rlhf_mcore.agent.python_tool import PYTHON
 from rlhf_mcore.agent.schema import Tool, tool
 from rlhf_mcore.registry import Registry, suggest
@@ -26,7 +29,7 @@ from rlhf_mcore.registry import Registry, suggest
 __all__ = ["TOOLS", "Tool", "load_tools", "tool", "tool_schemas"]
 
 TOOLS: Registry[Tool] = Registry("tool")
-for _builtin in (PYTHON, CALCULATOR):
+for _builtin in (PYTHON, CALCULATOR, GSM8K_TOOL, GEO3K_TOOL):
     TOOLS.register(_builtin.name)(_builtin)
 
 

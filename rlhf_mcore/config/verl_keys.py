@@ -66,6 +66,13 @@ def _rollout_routing(value: Any) -> str | None:
     return "R3" if _truthy(value) else None
 
 
+def _verl_tools(value: Any) -> list[str]:
+    """verl's rollout.multi_turn.tool_config_path (a YAML of tool classes) -> our built-in tools' names."""
+    from rlhf_mcore.agent.grading_tools import verl_tool_names
+
+    return verl_tool_names(str(value).strip())
+
+
 def _dtype(value: Any) -> str:
     """verl's megatron dtype (bfloat16 | float16 | float32) -> model.dtype."""
     return {"bfloat16": "bf16", "bf16": "bf16", "float32": "fp32", "fp32": "fp32"}.get(str(value).strip(), str(value))
@@ -245,8 +252,8 @@ VERL_KEYS: dict[str, VerlKey] = {
     f"{_ARR}.rollout.multi_turn.max_tool_response_length": alias("rollout.multi_turn.max_tool_response_chars"),
     f"{_ARR}.rollout.multi_turn.format": alias("rollout.multi_turn.parser"),
     f"{_ARR}.rollout.multi_turn.max_user_turns": ignored("tool turns follow assistant turns: max_turns bounds both"),
-    f"{_ARR}.rollout.multi_turn.tool_config_path": rejected(
-        "name built-in tools in rollout.multi_turn.tools and custom ones in rollout.multi_turn.tools_file"),
+    f"{_ARR}.rollout.multi_turn.tool_config_path": alias("rollout.multi_turn.tools", convert=_verl_tools, note=(
+        "verl's Gsm8kTool and Geo3kTool are built-ins; write other tools in rollout.multi_turn.tools_file")),
     f"{_ARR}.rollout.multi_turn.interaction_config_path": rejected(
         "simulated users (interactions) are not supported; rows keep extra_info.interaction_kwargs for rewards"),
     # reference
@@ -377,7 +384,10 @@ parallel.tp/pp split it'
         return [], None, f"{dotted}: only {entry.only} is supported here (got {value!r}): {entry.note}. Drop the key."
     if not entry.ours:
         return [], f"verl key {dotted} ignored: {entry.note}", None
-    converted = entry.convert(value) if entry.convert else value
+    try:
+        converted = entry.convert(value) if entry.convert else value
+    except ValueError as err:  # a value the conversion cannot read (a file that is not there, ...)
+        return [], None, f"{dotted}: {err} (got {value!r})."
     if converted is None:  # a value that sets nothing (e.g. enable_rollout_routing_replay=False)
         return [], f"verl key {dotted}={value} sets nothing: {entry.note}", None
     note = f"verl key {dotted} -> {', '.join(entry.ours)}"

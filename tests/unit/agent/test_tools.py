@@ -39,7 +39,7 @@ def write(tmp_path, body: str, name: str = "my_tools.py") -> str:
 
 
 def test_builtins_and_their_schemas():
-    assert TOOLS.names() == ["calculator", "python"]
+    assert TOOLS.names() == ["calc_geo3k_reward", "calc_gsm8k_reward", "calculator", "python"]
     schemas = tool_schemas(load_tools(["python", "calculator"], None).values())
     assert [s["type"] for s in schemas] == ["function", "function"]
     python = schemas[0]["function"]

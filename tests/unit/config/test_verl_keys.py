@@ -9,6 +9,7 @@ from rlhf_mcore.config import verl_keys
 from rlhf_mcore.config.load import ConfigError, all_keys, load_config
 from tests.support.paths import ROOT_STR as ROOT
 from tests.support.verl import TEST, TRAIN, verl_grpo_command
+from tests.unit.agent.test_grading_tools import VERL_GSM8K_CONFIG
 
 TINY = os.path.join(ROOT, "configs", "tiny_grpo.yaml")
 
@@ -283,7 +284,7 @@ def test_verls_dapo_megatron_recipe_validates(verl_model_dir):
 
 def test_verls_multi_turn_gsm8k_script_and_yaml(tmp_path, verl_model_dir):
     """examples/sglang_multiturn/run_qwen2.5-3b_gsm8k_multiturn.sh with its config/gsm8k_multiturn_grpo.yaml (Hydra
-    headers and all), paths swapped: every key translates except tool_config_path, refused with what to do here."""
+    headers and all), paths swapped: every key translates, tool_config_path to our built-in of verl's Gsm8kTool."""
     from rlhf_mcore.train import parse_args
 
     (tmp_path / "gsm8k_multiturn_grpo.yaml").write_text(
@@ -312,13 +313,12 @@ def test_verls_multi_turn_gsm8k_script_and_yaml(tmp_path, verl_model_dir):
         "trainer.nnodes=1", "trainer.save_freq=-1", "trainer.test_freq=20", f"data.train_files={TRAIN}",
         f"data.val_files={TEST}", "trainer.total_epochs=15"]
     args = parse_args(["--config-path", str(tmp_path), "--config-name", "gsm8k_multiturn_grpo", *script])
-    # ours in place of the refused tool_config_path (below), and the native engine: no sglang package on a CPU
-    here = ["rollout.multi_turn.tools=[calculator]", "rollout.engine=native"]
+    # verl's tool config (its gsm8k_tool_config.yaml: the Gsm8kTool class), and the native engine: no sglang on a CPU
+    (tmp_path / "gsm8k_tool_config.yaml").write_text(VERL_GSM8K_CONFIG)
+    here = [f"actor_rollout_ref.rollout.multi_turn.tool_config_path={tmp_path / 'gsm8k_tool_config.yaml'}",
+            "rollout.engine=native"]
     notes: list[str] = []
     cfg = load_config(args.config, [*args.overrides, *here], world_size=8, notes=notes)
     assert (cfg.rollout.mode, cfg.rollout.n, cfg.rollout.multi_turn.max_turns) == ("multi_turn", 16, 5)
+    assert cfg.rollout.multi_turn.tools == ["calc_gsm8k_reward"]  # verl's Gsm8kTool, a built-in here
     assert any(n.startswith("verl key actor_rollout_ref.rollout.name -> rollout.engine=sglang") for n in notes)
-    with pytest.raises(ConfigError) as err:
-        load_config(args.config, [*args.overrides, *here,
-                                  "actor_rollout_ref.rollout.multi_turn.tool_config_path=tools.yaml"], world_size=8)
-    assert len(err.value.errors) == 1 and "rollout.multi_turn.tools" in err.value.errors[0]
