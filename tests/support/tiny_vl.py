@@ -168,3 +168,38 @@ def vision_lm_tp1(vl_dir, mcore_ctx):
 
     return build_vision_lm(str(vl_dir), "actor", ModelConfig(dtype="fp32", attention_backend="sdpa"),
                            ParallelConfig(tp=1, pp=1), mcore_ctx)
+
+
+def mixed_size_shapes(out_dir: Path) -> Path:
+    """data/shapes with its images at three sizes (rows 8k: 84 x 84, 8k+1..8k+3: 56 x 112, the rest 56 x 56: 36, 32
+    and 16 patches, 9, 8 and 4 image tokens), and data/tiny_vlm whose image processor keeps those sizes (max_pixels
+    12544; the shipped one resizes every image to 56 x 56): a batch of 8 prompts lacks the largest a third of the time,
+    so rounds and DP ranks hold images of different widths. Writes out_dir/{train,test}.parquet and out_dir/tiny_vlm."""
+    import io
+    import json
+    import shutil
+
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+    from PIL import Image
+
+    from tests.support.paths import ROOT
+
+    out_dir.mkdir(parents=True, exist_ok=True)
+    sizes = ((84, 84),) + ((56, 112),) * 3 + ((56, 56),) * 4
+    for split in ("train", "test"):
+        rows = pq.read_table(ROOT / "data" / "shapes" / f"{split}.parquet").to_pylist()
+        for i, row in enumerate(rows):
+            images = []
+            for image in row["images"]:
+                buf = io.BytesIO()
+                Image.open(io.BytesIO(image["bytes"])).resize(sizes[i % 8]).save(buf, format="PNG")
+                images.append({"bytes": buf.getvalue(), "path": None})
+            row["images"] = images
+        pq.write_table(pa.Table.from_pylist(rows), out_dir / f"{split}.parquet")
+    model = out_dir / "tiny_vlm"
+    shutil.copytree(ROOT / "data" / "tiny_vlm", model, dirs_exist_ok=True)
+    processor = json.loads((model / "preprocessor_config.json").read_text())
+    processor.update(max_pixels=12544, size={"shortest_edge": 3136, "longest_edge": 12544})
+    (model / "preprocessor_config.json").write_text(json.dumps(processor))
+    return out_dir

@@ -9,6 +9,7 @@ import pytest
 
 from tests.launch import torchrun, worker
 from tests.support.paths import CONFIGS
+from tests.support.tiny_vl import mixed_size_shapes
 
 pytestmark = pytest.mark.dist
 STEPS = ("trainer.total_steps=2",)
@@ -39,10 +40,13 @@ RUNS = {
     # images, and every trained token's rollout log-prob is the trainer's
     "vlm_async": (1, "tiny_vlm_grpo.yaml", ASYNC + ("trainer.val_before_train=false", "trainer.test_freq=0",
                                                     "actor.optim.lr=1e-30")),
-    # ... with dynamic sampling at DP2, packed: the kept groups' rows go to their ranks with their images
-    "vlm_dapo_dp2": (2, "tiny_vlm_grpo.yaml", STEPS + PACKED + ("trainer.val_before_train=false", "trainer.test_freq=0",
-                                                                "algorithm.filter_groups.enable=true",
-                                                                "algorithm.filter_groups.metric=score")),
+    # ... with dynamic sampling at DP2, packed, on images of three sizes: the kept groups' rows go to their ranks with
+    # their images, padded to one width over the rounds and the ranks
+    "vlm_dapo_dp2": (2, "tiny_vlm_grpo.yaml", STEPS + PACKED + (
+        "trainer.val_before_train=false", "trainer.test_freq=0", "algorithm.filter_groups.enable=true",
+        "algorithm.filter_groups.metric=score", "model.hf_path={work}/shapes_mixed/tiny_vlm",
+        "data.train_files={work}/shapes_mixed/train.parquet",
+        "data.val_files={work}/shapes_mixed/test.parquet", "data.max_prompt_length=64", "actor.max_tokens_per_gpu=128")),
     "ppo": (1, "tiny_ppo.yaml", STEPS),
     "ppo_packed": (1, "tiny_ppo.yaml", STEPS + PACKED),
     "ppo_rule_only_1step": (1, "tiny_ppo.yaml", ("trainer.total_steps=1",)),
@@ -70,6 +74,7 @@ def runs(tmp_path_factory) -> dict[str, dict]:
     work = tmp_path_factory.mktemp("e2e")
     rm = str(work / "rm")  # a random tiny llama reward model on the byte vocabulary, converted (own process)
     torchrun("tools.bench.make_reward_model", 1, "--out", rm, timeout=300)
+    mixed_size_shapes(work / "shapes_mixed")  # the VLM runs' images at three sizes
     for nproc in sorted({n for n, _, _ in RUNS.values()}):
         worker(nproc, *[("train_run", work / f"{label}.json", CONFIGS / config,
                          f"trainer.output_dir={work}/run_{label}", "trainer.save_freq=0", "trainer.resume=disable",
@@ -122,9 +127,10 @@ def test_a_vision_lm_trains_alike_at_pp2(runs):
 
 
 def test_dynamic_sampling_moves_a_vision_lms_rows_with_their_images(runs):
-    """DAPO's dynamic sampling on the tiny VLM at DP2, packed: the groups kept from several generation rounds are
-    exchanged between the ranks with their images, so the trainer's log-probs are the rollout's (fp32; measured
-    1.6e-7 at one rank, and 9e-3 with each kept row given another group's image)."""
+    """DAPO's dynamic sampling on the tiny VLM at DP2, packed, its images of three sizes: the groups kept from several
+    generation rounds are exchanged between the ranks with their images (padded to one width: without it the
+    exchange's concatenation fails, 32 against 36 patches), so the trainer's log-probs are the rollout's (fp32;
+    measured 1.8e-7, and 9e-3 with each kept row given another group's image)."""
     result = runs["vlm_dapo_dp2"]
     check_trained(result, 2)
     assert max(m["filter_groups/num_gen_batches"] for m in result["metrics"]) > 1
