@@ -322,3 +322,51 @@ def test_verls_multi_turn_gsm8k_script_and_yaml(tmp_path, verl_model_dir):
     assert (cfg.rollout.mode, cfg.rollout.n, cfg.rollout.multi_turn.max_turns) == ("multi_turn", 16, 5)
     assert cfg.rollout.multi_turn.tools == ["calc_gsm8k_reward"]  # verl's Gsm8kTool, a built-in here
     assert any(n.startswith("verl key actor_rollout_ref.rollout.name -> rollout.engine=sglang") for n in notes)
+
+
+# examples/grpo_trainer/run_qwen2_5_vl-3b-megatron.sh (verl's megatron backend, Geometry3K), after `main_ppo` and its
+# --config-path/--config-name; paths are filled in, and trainer.logger's wandb is dropped (not installed here)
+VERL_QWEN25_VL_3B_MEGATRON = (
+    "algorithm.adv_estimator=grpo data.train_files={data}/train.parquet "
+    "data.val_files={data}/test.parquet data.train_batch_size=1024 data.max_prompt_length=1024 "
+    "data.max_response_length=1024 data.filter_overlong_prompts=True data.truncation='error' "
+    "actor_rollout_ref.model.path={model} actor_rollout_ref.actor.optim.lr=1e-6 "
+    "actor_rollout_ref.actor.ppo_mini_batch_size=256 "
+    "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=4 "
+    "actor_rollout_ref.actor.megatron.pipeline_model_parallel_size=1 "
+    "actor_rollout_ref.actor.megatron.tensor_model_parallel_size=2 "
+    "actor_rollout_ref.actor.use_kl_loss=True actor_rollout_ref.actor.kl_loss_coef=0.001 "
+    "actor_rollout_ref.actor.kl_loss_type=low_var_kl actor_rollout_ref.actor.entropy_coeff=0 "
+    "actor_rollout_ref.model.enable_gradient_checkpointing=True "
+    "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu=4 "
+    "actor_rollout_ref.rollout.tensor_model_parallel_size=2 actor_rollout_ref.rollout.name=vllm "
+    "actor_rollout_ref.rollout.gpu_memory_utilization=0.6 actor_rollout_ref.rollout.n=5 "
+    "actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu=4 "
+    "actor_rollout_ref.ref.megatron.pipeline_model_parallel_size=1 "
+    "actor_rollout_ref.ref.megatron.tensor_model_parallel_size=2 "
+    "actor_rollout_ref.actor.megatron.use_dist_checkpointing=True "
+    "actor_rollout_ref.ref.megatron.use_dist_checkpointing=True "
+    "actor_rollout_ref.actor.megatron.dist_checkpointing_path={ckpt} "
+    "actor_rollout_ref.ref.megatron.dist_checkpointing_path={ckpt} algorithm.use_kl_in_reward=False "
+    "trainer.val_before_train=False trainer.critic_warmup=0 trainer.logger=['console'] "
+    "trainer.project_name='verl_grpo_example_gsm8k_math' trainer.experiment_name='qwenvl3b_grpo' "
+    "trainer.n_gpus_per_node=8 trainer.nnodes=1 trainer.save_freq=20 trainer.test_freq=5 "
+    "trainer.total_epochs=15")
+
+
+def test_verls_qwen2_5_vl_3b_megatron_script_loads_as_is(tmp_path):
+    """verl's vision-language megatron script (Qwen2.5-VL-3B on Geometry3K) runs here unchanged on 8 ranks: TP2, the
+    dist-checkpoint as the weights to load, GRPO with the low-variance KL loss, 5 samples; the model is a stand-in
+    Qwen2.5-VL-3B directory (config.json and image processor, tools/bench/vision_bench.py)."""
+    from rlhf_mcore.train import parse_args
+    from tools.bench.vision_bench import QWEN25_VL_3B, write_vlm_dir
+
+    model, ckpt = write_vlm_dir(tmp_path / "Qwen2.5-VL-3B-Instruct", QWEN25_VL_3B, 448), tmp_path / "mcore"
+    ckpt.mkdir()
+    script = VERL_QWEN25_VL_3B_MEGATRON.format(data=os.path.join(ROOT, "data", "shapes"), model=model, ckpt=ckpt)
+    args = parse_args(["--config-path=config", "--config-name=ppo_megatron_trainer.yaml", *script.split()])
+    cfg = load_config(args.config, args.overrides, world_size=8)
+    assert (cfg.parallel.tp, cfg.parallel.pp, cfg.model.hf_path, cfg.model.load) == (2, 1, str(model), str(ckpt))
+    assert (cfg.rollout.n, cfg.data.train_batch_size, cfg.actor.ppo_mini_batch_size, cfg.actor.kl_loss_type) == (
+        5, 1024, 256, "low_var_kl")
+    assert cfg.model.freeze_vision_tower and cfg.rollout.engine == "native"  # vllm: our native engine
