@@ -3,7 +3,8 @@
 # (megatron-core cp312 + gguf wheels):
 #   bash tools/gpu/gpu_vlm.sh
 # (a) the vision tests on CUDA (tests/unit/trainer/test_vision_training.py, tests/unit/rollout/test_vision_rollout.py:
-#     log-probs vs transformers, packed vs padded gradients, rollout vs trainer log-probs; fp32 on the GPU);
+#     log-probs vs transformers, packed vs padded gradients, rollout vs trainer log-probs; fp32 on the GPU; and the
+#     multi-turn VLM test of tests/dist/trainer/test_multi_turn_train.py, eager and CUDA-graphed);
 # (b) the tiny VLM preset (configs/tiny_vlm_grpo.yaml: 40 steps, greedy validation before, at 20 and at the end)
 #     for at most PRESET_S seconds;
 # (c) one GRPO step at the Qwen2.5-VL-3B shape (config.json built below: LM 36 layers x 2048, vision tower depth 32
@@ -50,7 +51,8 @@ TESTS_S=${TESTS_S:-150} PRESET_S=${PRESET_S:-75} BENCH_S=${BENCH_S:-260}  # + ~2
 if [[ $TESTS_S -gt 0 ]]; then  # TESTS_S=0: skip (a), e.g. for ENGINE=sglang once the native call has run them
   log "(a) vision tests on $([[ -n "${DRY:-}" ]] && echo CPU || echo CUDA)"
   timeout -k 5 "$TESTS_S" $PY -m pytest -q -p no:cacheprovider -rs tests/unit/trainer/test_vision_training.py \
-      tests/unit/rollout/test_vision_rollout.py > "$OUT/tests.log" 2>&1
+      tests/unit/rollout/test_vision_rollout.py tests/dist/trainer/test_multi_turn_train.py -k vision \
+      > "$OUT/tests.log" 2>&1
   echo "tests: rc $?"; grep "passed\|failed\|error\|SKIP" "$OUT/tests.log" | tail -6
 fi
 
