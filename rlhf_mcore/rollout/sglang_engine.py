@@ -310,8 +310,9 @@ class SGLangRolloutEngine:
 
     @property
     def continuous(self) -> bool:
-        """Whether `generate_continuous` runs: a DP replica of one GPU (its engine alone decides when to stop)."""
-        return self.ctx.dims.tp * self.ctx.dims.pp == 1
+        """Whether `generate_continuous` runs: a DP replica of one GPU (its engine alone decides when to stop), and a
+        text model (a vision LM's rows carry images, which `generate` takes: partial rollouts run in rounds)."""
+        return self.ctx.dims.tp * self.ctx.dims.pp == 1 and self.vision is None
 
     def generate_continuous(self, rows: list[list[int]], limits: list[int], params: SamplingParams,
                             on_finish, num_slots: int, feed=None) -> dict[int, Response]:

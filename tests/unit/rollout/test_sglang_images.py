@@ -68,6 +68,24 @@ def test_rows_carry_their_prompts_images_and_keep_their_ids(vl_dir, mcore_ctx):
     assert engine.engine.image_data[-1] is None and engine.engine.prefills == [[[5, 6], [7]]]
 
 
+def test_continued_rows_keep_their_images_and_an_image_id_after_the_prompt_is_refused(vl_dir, mcore_ctx):
+    """Multi-turn and partial rollouts continue a sample with its prompt's images and length; SGLang would read an
+    image id after the prompt as an image, so such a row is one error. A vision LM's partial rollouts run in rounds
+    (`continuous` is off): the continuous path would send rows without their images."""
+    _, state = vl_actor(vl_dir, mcore_ctx)
+    engine = SGLangRolloutEngine(setup_for(state.model[0], cfg_hf(vl_dir), mcore_ctx), 1 << 20, ImageStandIn())
+    assert not engine.continuous
+    pv, thw = prompt_images()
+    prompt = [5, START, IMAGE, IMAGE, IMAGE, IMAGE, END, 7]
+    batch = engine.generate([prompt + [8, 9]], SamplingParams(n=1, max_new_tokens=2), images=[(pv, thw)],
+                            prompt_lengths=[len(prompt)])
+    assert engine.engine.prompts[-1] == [prompt + [8, 9]] and engine.engine.image_data[-1][0] is not None
+    assert torch.equal(batch.pixel_values[0, :pv.size(0)], pv)
+    with pytest.raises(ValueError, match="sample 0 has an image or video token id at position 9, after its prompt"):
+        engine.generate([prompt + [8, IMAGE]], SamplingParams(n=1, max_new_tokens=2), images=[(pv, thw)],
+                        prompt_lengths=[len(prompt)])
+
+
 def cfg_hf(vl_dir):
     from rlhf_mcore.models.hf_io import read_hf_config
 
