@@ -58,9 +58,11 @@ def main(argv=None) -> int:
     print(f"memory plan: {gpus} GPU(s){f' of {args.gpu_memory:g} GiB' if args.gpu_memory else ''}, "
           f"{cfg.model.dtype}, roles {roles}, rollout {cfg.rollout.engine}, distributed optimizer "
           f"{'on' if p.use_distributed_optimizer else 'off'}, recompute {cfg.model.recompute}")
-    print(f"peak per rank (its phase); fits = leaves {MARGIN:.0%} of the device free")
+    print(f"peak per rank (its phase); fits = leaves {MARGIN:.0%} of the device free" if gpu_bytes else
+          "peak per rank (its phase); pass --gpu-memory GiB to see which layouts fit")
     for layout, phase, peak, fits in found:
-        print(f"  {str(layout):<24} {peak / GIB:9.2f} GiB  {phase:<9} {'fits' if fits else 'does not fit'}")
+        verdict = ("fits" if fits else "does not fit") if gpu_bytes else ""
+        print(f"  {str(layout):<24} {peak / GIB:9.2f} GiB  {phase:<9} {verdict}".rstrip())
     if not found:
         print(f"  no valid layout of {gpus} GPU(s) for this model")
         return 1

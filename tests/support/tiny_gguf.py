@@ -10,9 +10,8 @@ HIDDEN, FFN, HEADS, KV_HEADS = 16, 32, 4, 2
 
 
 def write_tiny_gguf(path: Path, bos: int = 1, eos: int = 2, pad: int = 2) -> Path:
-    import numpy as np
-
     import gguf
+    import numpy as np
 
     tokens = SPECIALS + [chr(c) for c in range(ord("a"), ord("z") + 1)] + ["Ġ", "Ċ"] + list("!?.,:0123456789")
     tokens += ["ab", "cd"]

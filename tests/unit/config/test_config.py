@@ -8,6 +8,8 @@ import pytest
 from rlhf_mcore.config.load import ConfigError, all_keys, load_config
 from tests.support.paths import ROOT_STR as ROOT
 from tests.support.shapes import HF_SHAPES
+from tools.bench.vision_bench import SHAPES as VL_SHAPES
+from tools.bench.vision_bench import write_vlm_dir
 
 TINY = os.path.join(ROOT, "configs", "tiny_grpo.yaml")
 GOLDEN = os.path.join(os.path.dirname(__file__), "golden_config_keys.txt")
@@ -162,8 +164,12 @@ def test_every_shipped_config_validates(path, tmp_path, monkeypatch):
         raw = yaml.safe_load(f)
     overrides = []
     if raw["model"].get("hf_path") and not os.path.isdir(raw["model"]["hf_path"]):  # data/tiny_moe is shipped
-        shape = next(v for k, v in HF_SHAPES.items() if k in os.path.basename(path))
-        (tmp_path / "config.json").write_text(json.dumps({"architectures": ["LlamaForCausalLM"], **shape}))
+        vision = next((v for k, v in VL_SHAPES.items() if k in os.path.basename(path)), None)
+        if vision is not None:  # a vision LM: its nested config.json and image processor
+            write_vlm_dir(tmp_path, vision, 448)
+        else:
+            shape = next(v for k, v in HF_SHAPES.items() if k in os.path.basename(path))
+            (tmp_path / "config.json").write_text(json.dumps({"architectures": ["LlamaForCausalLM"], **shape}))
         overrides.append(f"model.hf_path={tmp_path}")
         for key in ("train_files", "val_files"):
             (tmp_path / f"{key}.parquet").write_text("")

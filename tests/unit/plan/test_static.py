@@ -48,6 +48,19 @@ def test_the_command_lists_what_fits_best_first(tmp_path, capsys, monkeypatch):
     assert fits == sorted(fits, reverse=True) and not fits[-1]  # fitting layouts first; some do not fit
 
 
+def test_without_the_gpu_size_no_layout_is_said_to_fit(tmp_path, capsys, monkeypatch):
+    """--gpu-memory unknown: the peaks without a verdict (170 GiB was once printed as "fits")."""
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "config.json").write_text(json.dumps(HF_SHAPES["qwen3-30b-a3b"]))
+    assert main(["--config", str(CONFIGS / "qwen3-30b-a3b_gsm8k_grpo.yaml"), f"model.hf_path={tmp_path}",
+                 "--gpus", "8"]) == 0
+    out = capsys.readouterr().out.splitlines()
+    assert out[1] == "peak per rank (its phase); pass --gpu-memory GiB to see which layouts fit"
+    table = [line for line in out if line.startswith("  TP")]
+    assert table and all(line.endswith("rollout") or line.split()[-1] in ("log_prob", "update", "optimizer")
+                         for line in table), table
+
+
 def test_a_missing_model_is_one_line(tmp_path, capsys):
     assert main(["--config", str(CONFIGS / "qwen3-30b-a3b_gsm8k_grpo.yaml"), f"model.hf_path={tmp_path}"]) == 2
     assert capsys.readouterr().err.strip() == (f"model.hf_path: no config.json in {str(tmp_path)!r}. Point it at an "

@@ -15,9 +15,8 @@ NEW_TOKENS = 16
 
 
 def write_gguf(path, arch: str) -> None:
-    import numpy as np
-
     import gguf
+    import numpy as np
 
     writer = gguf.GGUFWriter(str(path), arch)
     writer.add_block_count(1)
