@@ -16,11 +16,10 @@ file and row.
 """
 from __future__ import annotations
 
-import argparse
 import sys
 from pathlib import Path
 
-from rlhf_mcore.data import write_prompt_parquet
+from tools.prepare_splits import split_parser, write_splits
 
 REPO = Path(__file__).resolve().parents[1]
 DATA_SOURCE = "hiyouga/geometry3k"
@@ -67,25 +66,17 @@ def geo3k_rows(path: Path, split: str, tools: bool, limit: int | None = None) ->
     return [geo3k_row(r, split, i, tools, f"{path}: row {i}") for i, r in enumerate(records)]
 
 
-def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--input-dir", type=Path, required=True, help="the downloaded hiyouga/geometry3k folder")
-    parser.add_argument("--output-dir", type=Path, default=REPO / "runs" / "data" / "geo3k")
+def parse_args(argv: list[str] | None = None):
+    parser = split_parser(__doc__.splitlines()[0], None, "the downloaded hiyouga/geometry3k folder",
+                          REPO / "runs" / "data" / "geo3k")
     parser.add_argument("--tools", action="store_true", help="verl's multi-turn rows (the calc_geo3k_reward tool)")
-    parser.add_argument("--max-train", type=int, default=None, help="keep the first N training rows")
-    parser.add_argument("--max-test", type=int, default=None, help="keep the first N test rows")
     return parser.parse_args(argv)
 
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    for split, limit in (("train", args.max_train), ("test", args.max_test)):
-        if limit is not None and limit <= 0:
-            raise SystemExit(f"--max-{split} must be positive (got {limit})")
-        rows = geo3k_rows(split_file(args.input_dir, split), split, args.tools, limit)
-        num = write_prompt_parquet(rows, args.output_dir / f"{split}.parquet")
-        print(f"{split}: {num} rows -> {args.output_dir / f'{split}.parquet'}")
-    return 0
+    return write_splits(args, ("train", "test"), lambda split, limit: geo3k_rows(
+        split_file(args.input_dir, split), split, args.tools, limit))
 
 
 if __name__ == "__main__":

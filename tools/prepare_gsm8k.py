@@ -11,12 +11,12 @@ extra_info {split, index, answer, question}. Rows are taken in file order; --max
 """
 from __future__ import annotations
 
-import argparse
 import re
 import sys
 from pathlib import Path
 
-from rlhf_mcore.data import make_row, read_jsonl, write_prompt_parquet
+from rlhf_mcore.data import make_row, read_jsonl
+from tools.prepare_splits import split_parser, write_splits
 
 REPO = Path(__file__).resolve().parents[1]
 DATA_SOURCE = "openai/gsm8k"
@@ -47,29 +47,24 @@ def gsm8k_rows(path: Path, split: str, limit: int | None = None) -> list[dict]:
     return rows
 
 
-def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--input-dir", type=Path, default=REPO / "data" / "gsm8k",
-                        help="folder with train.jsonl(.gz) and test.jsonl(.gz) (default: data/gsm8k, the full set)")
-    parser.add_argument("--output-dir", type=Path, default=REPO / "runs" / "data" / "gsm8k")
-    parser.add_argument("--max-train", type=int, default=None, help="keep the first N training rows")
-    parser.add_argument("--max-test", type=int, default=None, help="keep the first N test rows")
-    return parser.parse_args(argv)
+def parse_args(argv: list[str] | None = None):
+    return split_parser(__doc__.splitlines()[0], REPO / "data" / "gsm8k", "folder with train.jsonl(.gz) and "
+                        "test.jsonl(.gz) (default: data/gsm8k, the full set)",
+                        REPO / "runs" / "data" / "gsm8k").parse_args(argv)
+
+
+def source(input_dir: Path, split: str) -> Path:
+    found = next((p for p in (input_dir / f"{split}.jsonl", input_dir / f"{split}.jsonl.gz") if p.is_file()), None)
+    if found is None:
+        raise SystemExit(f"{input_dir / split}.jsonl(.gz): not found. Pass --input-dir (the repo ships the full "
+                         "GSM8K in data/gsm8k).")
+    return found
 
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    for split, limit in (("train", args.max_train), ("test", args.max_test)):
-        if limit is not None and limit <= 0:
-            raise SystemExit(f"--max-{split} must be positive (got {limit})")
-        src = next((p for p in (args.input_dir / f"{split}.jsonl", args.input_dir / f"{split}.jsonl.gz")
-                    if p.is_file()), None)
-        if src is None:
-            raise SystemExit(f"{args.input_dir / split}.jsonl(.gz): not found. Pass --input-dir (the repo ships "
-                             "the full GSM8K in data/gsm8k).")
-        num = write_prompt_parquet(gsm8k_rows(src, split, limit), args.output_dir / f"{split}.parquet")
-        print(f"{split}: {num} rows -> {args.output_dir / f'{split}.parquet'}")
-    return 0
+    return write_splits(args, ("train", "test"),
+                        lambda split, limit: gsm8k_rows(source(args.input_dir, split), split, limit))
 
 
 if __name__ == "__main__":

@@ -9,12 +9,12 @@ Reads ``train.jsonl`` and/or ``test.jsonl`` (whichever exist) and writes ``<spli
 """
 from __future__ import annotations
 
-import argparse
 import sys
 from pathlib import Path
 
-from rlhf_mcore.data import make_row, read_jsonl, write_prompt_parquet
+from rlhf_mcore.data import make_row, read_jsonl
 from rlhf_mcore.rewards.hendrycks_math import extract_boxed_answer
+from tools.prepare_splits import split_parser, write_splits
 
 REPO = Path(__file__).resolve().parents[1]
 DATA_SOURCE = "DigitalLearningGmbH/MATH-lighteval"
@@ -38,29 +38,18 @@ def math_rows(path: Path, split: str, limit: int | None = None) -> list[dict]:
     return rows
 
 
-def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--input-dir", type=Path, default=REPO / "data" / "math_sample",
-                        help="folder with train.jsonl and/or test.jsonl (default: data/math_sample)")
-    parser.add_argument("--output-dir", type=Path, default=REPO / "runs" / "data" / "math")
-    parser.add_argument("--max-train", type=int, default=None, help="keep the first N training rows")
-    parser.add_argument("--max-test", type=int, default=None, help="keep the first N test rows")
-    return parser.parse_args(argv)
+def parse_args(argv: list[str] | None = None):
+    return split_parser(__doc__.splitlines()[0], REPO / "data" / "math_sample",
+                        "folder with train.jsonl and/or test.jsonl (default: data/math_sample)",
+                        REPO / "runs" / "data" / "math").parse_args(argv)
 
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    limits = {"train": args.max_train, "test": args.max_test}
     found = [s for s in SPLITS if (args.input_dir / f"{s}.jsonl").is_file()]
     if not found:
         raise SystemExit(f"{args.input_dir}: no train.jsonl or test.jsonl. Pass --input-dir.")
-    for split in found:
-        if limits[split] is not None and limits[split] <= 0:
-            raise SystemExit(f"--max-{split} must be positive (got {limits[split]})")
-        rows = math_rows(args.input_dir / f"{split}.jsonl", split, limits[split])
-        out = args.output_dir / f"{split}.parquet"
-        print(f"{split}: {write_prompt_parquet(rows, out)} rows -> {out}")
-    return 0
+    return write_splits(args, found, lambda split, limit: math_rows(args.input_dir / f"{split}.jsonl", split, limit))
 
 
 if __name__ == "__main__":
