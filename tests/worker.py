@@ -44,6 +44,7 @@ CASES = {
     "train_run": "tests.cases.train_run",  # the trainer's loop, reporting metrics and changed parameters
     "writer_fault": "tests.cases.writer_fault",  # the trainer, with a fault in the checkpoint writer
     "vl_logits": "tests.cases.vl_logits",  # vision LM logits with images against transformers at TP / PP
+    "vlm_multi_turn": "tests.cases.vlm_multi_turn",  # a vision LM's multi-turn GRPO steps at TP / PP
 }
 
 

@@ -144,14 +144,9 @@ def test_multi_turn_at_dp2_with_forced_tool_calls(tmp_path):
 @pytest.fixture()
 def long_vlm(tmp_path):
     """data/tiny_vlm with room for the tool schema (904 byte-level tokens) in its prompts: 2048 positions."""
-    import shutil
+    from tests.cases.vlm_multi_turn import long_vlm
 
-    hf = tmp_path / "tiny_vlm"
-    shutil.copytree(ROOT / "data" / "tiny_vlm", hf)
-    config = json.loads((hf / "config.json").read_text())
-    config["text_config"]["max_position_embeddings"] = 2048
-    (hf / "config.json").write_text(json.dumps(config))
-    return hf
+    return long_vlm(tmp_path)
 
 
 @pytest.mark.parametrize("decode", ["eager", "static"])
@@ -166,12 +161,10 @@ def test_a_vision_lms_tool_turns_keep_its_images_and_read_image_ids_from_tools_a
 
     monkeypatch.setattr(ToolExecutor, "run_one", lambda self, *a: ToolResult("<|image_pad|><|video_pad|>7", None,
                                                                              False, 0.0))
+    from tests.cases.vlm_multi_turn import OVERRIDES
+
     cfg = load_config(str(ROOT / "configs" / "tiny_vlm_grpo.yaml"), [
-        f"model.hf_path={long_vlm}", f"trainer.output_dir={tmp_path / 'run'}", "trainer.resume=disable",
-        "trainer.export_hf=false", "trainer.total_steps=2", "trainer.val_before_train=false", "trainer.test_freq=0",
-        "trainer.save_freq=0", "trainer.logger=[jsonl]", "rollout.mode=multi_turn",
-        "rollout.multi_turn.tools=[calculator]", "data.max_prompt_length=1200", "rollout.max_response_length=32",
-        "data.train_batch_size=4", "rollout.n=4", "actor.ppo_mini_batch_size=4", "actor.micro_batch_size_per_gpu=16",
+        f"model.hf_path={long_vlm}", f"trainer.output_dir={tmp_path / 'run'}", *OVERRIDES,
         f"rollout.native.static_on_cpu={decode == 'static'}"], world_size=1)
     train(cfg)
     for m in records(tmp_path / "run"):
