@@ -2,7 +2,7 @@
 # Issue 41: verl 0.9.1 itself (FSDP actor, SGLang 0.5.17 rollout, colocated) and ours on the same H200, back to back:
 # the GRPO step at bench_grpo_step.py's shape, and the real SmolLM2-135M-Instruct / GSM8K job for MINUTES of training
 # each (verl's from its first step, its start-up reported apart; ours from before its model build), then one greedy
-# evaluator (tools/bench/eval_gsm8k_hf.py) on all 1319 test prompts. Six calls on one warm machine (a call carries
+# evaluator (tools/bench/eval_gsm8k_hf.py) on all 1319 test prompts. Seven calls on one warm machine (a call carries
 # at most 64 MiB; the wheel sets: tools/gpu/fetch_gpu_wheels.sh, and verl's as
 # tools/gpu/verl_research.md section 2 lists, Ray without its Java jars):
 #   bash tools/gpu/gpu_verl.sh A   # carry .gpu-speed-w1 (trl/ moved out): SGLang part 1, megatron-core
@@ -12,16 +12,16 @@
 #   bash tools/gpu/gpu_verl.sh D   # carry gguf/smollm2.gguf.part1 and .gpu-trl: ours at the step shape (ENGINES:
 #                                  # native; add sglang), then TRL's (tools/bench/bench_trl_grpo.py) where .gpu-trl came
 #   bash tools/gpu/gpu_verl.sh E   # carry gguf/smollm2.gguf.part2: SmolLM2 + GSM8K; verl's real job
-#   bash tools/gpu/gpu_verl.sh F   # ours on the real job (the preset unchanged); the start model, verl's export
-#                                  # and ours through one evaluator
+#   bash tools/gpu/gpu_verl.sh F   # ours on the real job (the preset unchanged)
+#   bash tools/gpu/gpu_verl.sh G   # the start model, verl's export and ours through one evaluator; the comparison
 # Each call must start within 30 s of the previous one's end: run nothing heavy locally meanwhile (a 43 MB carry
 # uploading beside a local test suite missed it once). Lease 3 (the step job re-run, then the real job): A, B,
-# STEPS=2 C, ENGINES= D, E, F.
+# STEPS=2 C, D, E, F, G.
 # Results in $OUT: verl_<job>.log/_steps.json/.json, grpo_step_part_*.json, ours_gsm8k.log/_metrics.jsonl,
 # eval_gsm8k.json (+ _samples.jsonl). tools/bench/bench_grpo_step.py --combine puts the step parts
 # in one table. CPU dry run of what runs without verl: python -m tools.bench.bench_verl_grpo --dry-run
 set -uo pipefail
-PART=${1:?A|B|C|D|E|F}
+PART=${1:?A|B|C|D|E|F|G}
 PY=${PY:-python3}
 STEPS=${STEPS:-4}
 MINUTES=${MINUTES:-5}
@@ -83,11 +83,12 @@ F) [[ -d $W/mcore ]] || { echo COLD_MACHINE; exit 9; }
        2>&1 | grep -v "Warning\|warn(" > $OUT/ours_gsm8k.log
    grep "step [0-9]*/" $OUT/ours_gsm8k.log | tail -2 | cut -c1-250
    grep -i "Traceback\|Error" $OUT/ours_gsm8k.log | head -3
-   cp $W/ours/metrics.jsonl $OUT/ours_gsm8k_metrics.jsonl 2>/dev/null
+   cp $W/ours/metrics.jsonl $OUT/ours_gsm8k_metrics.jsonl 2>/dev/null ;;
+G) [[ -f $W/ours/summary.json ]] || { echo COLD_MACHINE; exit 9; }
    ours=$($PY -c "import json; print(json.load(open('$W/ours/summary.json'))['hf_export'] or '')" 2>/dev/null)
    verl=$($PY -c "import json; print(json.load(open('$W/verl_gsm8k.json'))['hf_export'] or '')" 2>/dev/null)
    evaluate eval_gsm8k start=$W/hf ${verl:+verl=$verl} ${ours:+ours=$ours}
    cp $W/verl_gsm8k.json $W/verl_gsm8k_steps.json $OUT/ 2>/dev/null  # E's, for the comparison
    $PY -m tools.bench.bench_verl_grpo compare --out $OUT | tail -30 ;;
-*) echo "part A..F (got $PART)"; exit 2 ;;
+*) echo "part A..G (got $PART)"; exit 2 ;;
 esac
