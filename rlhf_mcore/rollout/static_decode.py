@@ -188,7 +188,7 @@ class StaticDecoder:
         self.state: Optional[DecodeState] = None
         self.freqs: Optional[torch.Tensor] = None
         self.graphs: dict = {}  # (bucket, sampling key) -> CUDAGraph
-        self.stop_ids: dict = {}  # stop-id tuple -> [n] long tensor (graphs read its memory)
+        self.stop_ids: dict = {}  # stop-id tuple -> [V] bool mask (graphs read its memory)
         self.pool = None
         self.weight_ptrs: tuple = ()
 
@@ -236,9 +236,14 @@ class StaticDecoder:
             self.weights, self.weight_ptrs = [], ()
 
     def stop_tensor(self, stop_ids: tuple[int, ...], device) -> torch.Tensor:
-        """The stop ids as a device tensor that lives as long as the graphs reading it (one per tuple)."""
+        """The stop ids as a [V] bool mask over the vocabulary, living as long as the graphs reading it
+        (one per tuple). A step reads it with a gather: `torch.isin` with more than a dozen ids takes its sorting
+        path, whose `unique` waits on the host, which a CUDA graph cannot capture."""
         if stop_ids not in self.stop_ids:
-            self.stop_ids[stop_ids] = torch.tensor(stop_ids, dtype=torch.long, device=device)
+            size = max([self.model.vocab_size_unpadded, *(i + 1 for i in stop_ids)])  # a sampled token is < V
+            mask = torch.zeros(size, dtype=torch.bool, device=device)
+            mask[list(stop_ids)] = True
+            self.stop_ids[stop_ids] = mask
         return self.stop_ids[stop_ids]
 
     # ---- one step -----------------------------------------------------------------------------------
@@ -273,7 +278,7 @@ class StaticDecoder:
         else:
             tokens, logprobs = sample(mask_padded_vocab(logits, vocab), params.temperature, params.top_k, params.top_p)
         was_done, rows = st.done[sl], st.slot_row[sl]
-        finished = torch.isin(tokens, stop_ids) if stop_ids.numel() else torch.zeros_like(was_done)
+        finished = stop_ids[tokens]  # stop_tensor's mask
         col = st.out_lengths[rows].clamp(max=st.out_tokens.size(1) - 1).unsqueeze(1)  # [b, 1]
         st.out_tokens.index_put_((rows.unsqueeze(1), col), torch.where(was_done, st.out_tokens[rows, col[:, 0]],
                                                                        tokens).unsqueeze(1))

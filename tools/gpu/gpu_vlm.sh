@@ -17,6 +17,7 @@
 # ENGINE=sglang: (b) and (c) roll out through the embedded SGLang engine (rollout/sglang_images.py) instead; SGLang
 # first, on the same warm machine: MCORE=.gpu-speed-w1/mcore SGL1=.gpu-speed-w1 bash -c 'source tools/gpu/gpu_env.sh;
 # sglang_part part1' (carry .gpu-speed-w1), then this script with SGL2=.gpu-speed-w2 (carry .gpu-speed-w2).
+# BENCH_SET=A.B=VALUE: one more config override for (c) (e.g. rollout.native.keep_graphs=false).
 # FAMILY=qwen3_vl: (b) is configs/tiny_vlm3_grpo.yaml and (c) the Qwen3-VL-4B shape (LM 36 x 2560, tower 24 x 1024 with
 # DeepStack, patch 16: a 448 x 448 image is 196 LM tokens).
 # $OUT: tests.log, tiny_vlm/ (the preset's run: metrics.jsonl), LABEL/grpo_step_part_<engine>_LABEL.json and
@@ -85,7 +86,7 @@ fi
 # multimodal processor loads a tokenizer even without tokenizer init; the ids are ours
 timeout -k 5 "$BENCH_S" $PY -m tools.bench.bench_grpo_step --engine $ENGINE --hf-path "$HF" --images 1 \
     --cuda-graphs ${GRAPHS:-1} --mini-batches 2 --steps 2 --warmup 1 --standalone 0 --label $LABEL --out "$OUT/$LABEL" \
-    "${SHAPE[@]}" > "$OUT/$LABEL.log" 2>&1
+    "${SHAPE[@]}" ${BENCH_SET:+--set "$BENCH_SET"} > "$OUT/$LABEL.log" 2>&1
 echo "bench: rc $?"
 grep -v "Warning\|warnings.warn" "$OUT/$LABEL.log" | grep -A6 "step [0-9]:\|phase  predicted\|Error\|Traceback" | tail -16
 

@@ -24,13 +24,24 @@ def family_of(vl_dir) -> tuple:
     return FAMILIES[next(f for f in FAMILIES if f"vl_train_{f}" in str(vl_dir))]
 
 
-def transformers_logp(vl_dir, batch_seed: int = 0) -> torch.Tensor:
+@pytest.fixture(autouse=True)
+def full_fp32(monkeypatch):
+    """fp32 on a GPU is fp32: no TF32 in cuDNN's convolutions (the towers' patch embedding) or in matmuls."""
+    monkeypatch.setattr(torch.backends.cudnn, "allow_tf32", False)
+    precision = torch.get_float32_matmul_precision()
+    torch.set_float32_matmul_precision("highest")
+    yield
+    torch.set_float32_matmul_precision(precision)
+
+
+def transformers_logp(vl_dir, device, batch_seed: int = 0) -> torch.Tensor:
+    """transformers' log-probs of image_batch, on `device` (the actor's: one device's kernels on both sides)."""
     build, patch_dim = family_of(vl_dir)
-    b = image_batch(batch_seed, patch_dim)
+    b = to_device(image_batch(batch_seed, patch_dim), device)
     with torch.no_grad():
-        logits = build()(**b).logits.float()
+        logits = build().to(device)(**b).logits.float()
     logp = torch.log_softmax(logits[:, :-1], -1).gather(-1, b["input_ids"][:, 1:, None])[..., 0]
-    return torch.nn.functional.pad(logp, (1, 0))  # column t: log p(token t | tokens < t)
+    return torch.nn.functional.pad(logp, (1, 0)).cpu()  # column t: log p(token t | tokens < t)
 
 
 def passes(cfg, state, mcore_ctx, split: dict, patch_dim: int):
@@ -54,7 +65,7 @@ def passes(cfg, state, mcore_ctx, split: dict, patch_dim: int):
 def test_log_probs_are_transformers_and_gradients_reach_the_right_parts(vl_dir, mcore_ctx, freeze):
     cfg, state = vl_actor(vl_dir, mcore_ctx, freeze)
     patch_dim = family_of(vl_dir)[1]
-    want, mask = transformers_logp(vl_dir), vl_step_batch(0, patch_dim)["response_mask"].bool()
+    want, mask = transformers_logp(vl_dir, mcore_ctx.device), vl_step_batch(0, patch_dim)["response_mask"].bool()
     padded, grads = passes(cfg, state, mcore_ctx, {"micro_batch_size": 2}, patch_dim)
     packed, packed_grads = passes(cfg, state, mcore_ctx, {"micro_batch_size": 2, "max_tokens": 20, "pack": True},
                                   patch_dim)
