@@ -413,13 +413,19 @@ class StaticDecoder:
         key = (b, length, self.attention_name, params.temperature, params.top_k, params.top_p, params.stop_token_ids)
         graph = self.graphs.get(key)
         if graph is None:
-            graph = self.graphs[key] = self._capture(b, params, stop_ids, length)
+            graph = self._capture(b, params, stop_ids, length)
+            if graph is None:  # the step waits on the host: graphs are off (logged)
+                return self.checked_decode_step(b, params, stop_ids, length)
+            self.graphs[key] = graph
         graph.replay()
 
     def _capture(self, b: int, params, stop_ids, length: int):
         """Warm up on a side stream, then capture decode_step for bucket b. The decode state and the CUDA
         RNG state are restored afterwards, so a call that captures samples exactly what a replay would.
-        A capture that fails with compiled pieces is retried with the eager ones (logged)."""
+        A capture that fails with compiled pieces is retried with the eager ones (logged). A step that waits on
+        the host fails its warm-up, before any capture (a failed capture would leave CUDA's default generator
+        unusable for the rest of the process); if the eager one waits too, graphs are turned off (logged) and
+        this returns None."""
         st = self.state
         saved = {f.name: getattr(st, f.name).clone() for f in dataclasses.fields(st) if f.name not in ("k", "v")}
         rng = torch.cuda.get_rng_state()
@@ -433,7 +439,15 @@ class StaticDecoder:
                 graph = self._warm_up_and_capture(b, params, stop_ids, length)
                 break
             except Exception as err:  # noqa: BLE001
-                self._fall_back(err, "CUDA-graph capture")
+                try:
+                    self._fall_back(err, "CUDA-graph capture")
+                except Exception:
+                    if HOST_SYNC not in str(err):
+                        raise
+                    log.warning("native rollout: the decode step waits on the host (%s), which a CUDA graph "
+                                "cannot capture; decoding without CUDA graphs", str(err).splitlines()[0][:200])
+                    self.use_graphs, graph = False, None
+                    break
                 restore()
         restore()
         return graph
@@ -442,13 +456,29 @@ class StaticDecoder:
         side = torch.cuda.Stream()
         side.wait_stream(torch.cuda.current_stream())
         with torch.cuda.stream(side):
-            self.checked_decode_step(b, params, stop_ids, length)
+            self.checked_decode_step(b, params, stop_ids, length)  # compiles this bucket's pieces
+            with host_syncs_raise():  # what a capture would reject raises here, with CUDA's generator intact
+                self.checked_decode_step(b, params, stop_ids, length)
         torch.cuda.current_stream().wait_stream(side)
         self.pool = self.pool or torch.cuda.graph_pool_handle()
         graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(graph, pool=self.pool):
             self.decode_step(b, params, stop_ids, length)
         return graph
+
+
+HOST_SYNC = "synchronizing CUDA operation"  # torch's error under set_sync_debug_mode("error")
+
+
+@contextlib.contextmanager
+def host_syncs_raise():
+    """CUDA operations that wait on the host (`.item()`, `unique`, pageable copies) raise while inside."""
+    before = torch.cuda.get_sync_debug_mode()
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        yield
+    finally:
+        torch.cuda.set_sync_debug_mode(before)
 
 
 def _raised_in(err: Exception, path: str) -> bool:

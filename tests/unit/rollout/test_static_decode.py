@@ -315,3 +315,41 @@ def test_graphed_rollout_logprobs_equal_the_trainers_on_ragged_prompts(mcore_ctx
     print(f"{attention} ({picked}): mean |rollout - trainer| {gap.mean().item():.3e}, "
           f"exact {(gap <= 1e-5).float().mean():.3f}")
     assert gap.mean() < {"sdpa": 1e-4, "triton": 3e-3}[picked], gap.mean()
+
+
+def _tiny_bf16_engine(mcore_ctx, **kw):
+    cfg = tiny_model_config(hidden_size=128, ffn_hidden_size=256, num_layers=2, vocab_size=1000, dtype="bf16")
+    model = unwrap_model(build_model("actor", load_hf_config(cfg.model), cfg.model, cfg.parallel, mcore_ctx)).eval()
+    return model, NativeRolloutEngine(model, mcore_ctx, pad_id=0, decode_attention="sdpa", **kw)
+
+
+@pytest.mark.gpu
+def test_hundreds_of_stop_ids_are_captured_and_rows_stop_at_them(mcore_ctx):
+    """250 stop ids (torch.isin would sort and call unique, which waits on the host: the capture failed and left
+    CUDA's generator unusable): the graphed rollout ends rows at them, its log-probs the trainer's."""
+    model, graphed = _tiny_bf16_engine(mcore_ctx)
+    prompts = [[5, 6, 7], [8, 9], [10, 11, 12, 13]]
+    params = SamplingParams(n=2, max_new_tokens=24, temperature=1.0, seed=4, stop_token_ids=tuple(range(1, 1000, 4)))
+    batch = graphed.generate(prompts, params)
+    assert graphed.static.graphs, "no graph was captured"
+    ends = batch.tokens.gather(1, (batch.prompt_lengths + batch.response_lengths - 1)[:, None])[:, 0]
+    stopped = batch.response_lengths < 24
+    assert stopped.any() and bool((ends[stopped] % 4 == 1).all())
+    assert rollout_gap(model, batch, mcore_ctx.pgs.tp).mean() < 1e-4
+    torch.rand(4, device="cuda")  # CUDA's generator still draws outside a graph
+
+
+@pytest.mark.gpu
+def test_a_decode_step_that_waits_on_the_host_turns_graphs_off_before_any_capture(mcore_ctx, monkeypatch, caplog):
+    """A step with a host sync (here an `.item()` in the emit) fails its checked warm-up, not a capture: graphs
+    go off with a warning, the rollout decodes eagerly and matches the trainer, and CUDA's generator works."""
+    model, engine = _tiny_bf16_engine(mcore_ctx)
+    emit = StaticDecoder.emit
+    monkeypatch.setattr(StaticDecoder, "emit", lambda self, hidden, *a, **k: (hidden.sum().item(),
+                                                                              emit(self, hidden, *a, **k)))
+    with caplog.at_level(logging.WARNING):
+        batch = engine.generate([[5, 6, 7], [8, 9]], SamplingParams(n=2, max_new_tokens=12, temperature=1.0, seed=1))
+    assert "decoding without CUDA graphs" in caplog.text and not engine.static.use_graphs
+    assert not engine.static.graphs
+    assert rollout_gap(model, batch, mcore_ctx.pgs.tp).mean() < 1e-4
+    torch.rand(4, device="cuda")
