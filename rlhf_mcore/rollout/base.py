@@ -93,6 +93,7 @@ class EngineSetup:
     seed: int  # trainer.seed
     record_routing: bool = False  # actor.router_replay=R3: the batch carries each token's experts (routed_experts)
     hf_dir: str = ""  # model.hf_path: its tokenizer and image processor (a vision LM through SGLang)
+    release_cache: str = ""  # why the memory plan frees the native decoder's cache after each rollout ('' = no)
 
 
 @dataclasses.dataclass(frozen=True)

@@ -105,8 +105,12 @@ class NativeRolloutEngine:
     @classmethod
     def build(cls, options, setup) -> "NativeRolloutEngine":
         """From rollout.native (`options`) and the run's `EngineSetup`."""
+        keep = options.keep_graphs and not setup.release_cache
+        if options.keep_graphs and options.cuda_graphs and setup.release_cache:
+            log.warning("native rollout: %s; the decoder's cache and graphs are freed after each rollout instead "
+                        "(trainer.check_memory_plan=false keeps them)", setup.release_cache)
         return cls(setup.model, setup.ctx, setup.pad_id, setup.decode, micro_batch_size=setup.micro_batch_size,
-                   cuda_graphs=options.cuda_graphs, keep_graphs=options.keep_graphs,
+                   cuda_graphs=options.cuda_graphs, keep_graphs=keep,
                    compile_decode=options.compile_decode, decode_attention=options.decode_attention,
                    empty_cache=options.empty_cache, static_on_cpu=options.static_on_cpu,
                    record_routing=setup.record_routing)

@@ -353,7 +353,22 @@ def engine_setup(cfg, roles: Roles, hf_config: dict, tokenizer, ctx) -> EngineSe
     return EngineSetup(model=roles.actor.model[0], hf_config=hf_config, ctx=ctx, pad_id=tokenizer.pad_id,
                        decode=tokenizer.decode, micro_batch_size=cfg.rollout.micro_batch_size,
                        replica_rows=replica_prompts * cfg.rollout.n * in_flight, seed=cfg.trainer.seed,
-                       record_routing=cfg.actor.router_replay == "R3", hf_dir=cfg.model.hf_path)
+                       record_routing=cfg.actor.router_replay == "R3", hf_dir=cfg.model.hf_path,
+                       release_cache=plan_release_reason(cfg, ctx))
+
+
+def plan_release_reason(cfg, ctx) -> str:
+    """On a GPU with the memory plan checked (trainer.check_memory_plan) and a native engine keeping its cache:
+    `cache_release_reason` for this device."""
+    import torch
+
+    n = cfg.rollout.native
+    if not (cfg.trainer.check_memory_plan and cfg.rollout.engine == "native" and n.cuda_graphs and n.keep_graphs
+            and ctx.device.type == "cuda"):
+        return ""
+    from rlhf_mcore.plan.phases import cache_release_reason
+
+    return cache_release_reason(cfg, torch.cuda.get_device_properties(ctx.device).total_memory, ctx.dims.world_size)
 
 
 def finish_run(run: Run, last: int) -> None:

@@ -196,7 +196,10 @@ def build_run(cfg, ctx, args) -> Run:
         roles.actor.model[0].config.bias_activation_fusion = False
     tokenizer = types.SimpleNamespace(pad_id=0, decode=None)
     start = time.perf_counter()
-    engine = build_rollout_engine(cfg.rollout, engine_setup(cfg, roles, hf, tokenizer, ctx))
+    setup = engine_setup(cfg, roles, hf, tokenizer, ctx)
+    engine = build_rollout_engine(cfg.rollout, setup)
+    if setup.release_cache:  # the engine frees its decoder cache (logged): the plan compared below does too
+        cfg.rollout.native.keep_graphs = False
     run = Run(cfg=cfg, ctx=ctx, roles=roles, engine=engine, tokenizer=tokenizer, stop_ids=(),
               sampler=sampler(args, cfg, hf, ctx),
               val_sampler=None, scorer=RandomScores(), kl_ctrl=KL_CONTROLLERS.get("fixed")(value=0.0),

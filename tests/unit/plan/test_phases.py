@@ -75,6 +75,48 @@ def test_the_plan_line_of_validate_only_and_diagnose(tmp_path):
     assert plan_line(missing).startswith("memory plan: not made (model.hf_path: no config.json in ")
 
 
+def test_the_plan_frees_the_decoders_cache_when_keeping_it_comes_within_5_percent_of_the_device(tmp_path):
+    """The smollm2 preset at DP2 peaks in the update at 23.66 GiB, 2.81 GiB of it the kept decoder cache: on a
+    24 GiB device (99%) the cache is freed, on a 25 GiB one (95% or less) or with the cache already freed it stays
+    as configured; a plan that cannot be made changes nothing."""
+    import json
+
+    from rlhf_mcore.plan.phases import cache_release_reason
+
+    (tmp_path / "config.json").write_text(json.dumps({**HF_SHAPES["smollm2"], "architectures": ["LlamaForCausalLM"],
+                                                      "tie_word_embeddings": True}))
+    cfg = load_config(str(CONFIGS / "gsm8k_grpo_smollm2.yaml"), [f"model.hf_path={tmp_path}"], check=False)
+    gib = 2**30
+    assert cache_release_reason(cfg, 24 * gib, world_size=2) == (
+        "the memory plan's update phase needs 23.66 GiB of the device's 24.00 GiB (99%) with the decoder's cache "
+        "kept (2.81 GiB)")
+    assert cache_release_reason(cfg, 25 * gib, world_size=2) == ""
+    freed = load_config(str(CONFIGS / "gsm8k_grpo_smollm2.yaml"), [f"model.hf_path={tmp_path}",
+                                                                     "rollout.native.keep_graphs=false"], check=False)
+    assert cache_release_reason(freed, 24 * gib, world_size=2) == ""  # no cache term: nothing to free
+    missing = load_config(str(CONFIGS / "gsm8k_grpo_smollm2.yaml"), [f"model.hf_path={tmp_path}/none"], check=False)
+    assert cache_release_reason(missing, 1 * gib) == ""
+
+
+def test_the_native_engine_frees_its_cache_when_the_setup_says_why(caplog, monkeypatch):
+    """NativeRolloutEngine.build: keep_graphs unless the run's setup carries the plan's reason (logged)."""
+    import logging
+    from types import SimpleNamespace
+
+    from rlhf_mcore.config.rollout_schema import NativeRolloutConfig
+    from rlhf_mcore.rollout.native import NativeRolloutEngine
+
+    made = []
+    monkeypatch.setattr(NativeRolloutEngine, "__init__", lambda self, *a, **k: made.append(k["keep_graphs"]))
+    setup = SimpleNamespace(model=None, ctx=None, pad_id=0, decode=None, micro_batch_size=0, record_routing=False,
+                            release_cache="")
+    NativeRolloutEngine.build(NativeRolloutConfig(), setup)
+    setup.release_cache = "the memory plan's update phase needs 98%"
+    with caplog.at_level(logging.WARNING):
+        NativeRolloutEngine.build(NativeRolloutConfig(), setup)
+    assert made == [True, False] and "needs 98%; the decoder's cache and graphs are freed" in caplog.text
+
+
 def test_lora_adapters_and_a_reward_model_are_roles_of_the_plan(tmp_path):
     """LoRA: the base is frozen (weights only) and the adapters train (the count of models.lora_budget, split over
     TP x PP); a reward model's weights come from its own config.json."""
