@@ -42,7 +42,7 @@ import time
 from pathlib import Path
 
 from rlhf_mcore.models.flops import forward_flops_per_token
-from tools.bench.verl_hooks import MINUTES_ENV
+from tools.bench.verl_hooks import END_BY_ENV, MINUTES_ENV
 
 PEAK_TFLOPS = 790.0  # the H200's measured bf16 dense rate, as bench_grpo_step.py
 HOOKS = Path(__file__).with_name("verl_hooks.py")
@@ -254,6 +254,8 @@ def run(args) -> None:
         "PYTHONPATH", "")])), RAY_USAGE_STATS_ENABLED="0", RAY_memory_monitor_refresh_ms="0")
     if args.minutes:
         env[MINUTES_ENV] = str(args.minutes)
+        if args.end_margin:  # the last step, the checkpoint and its export inside the watchdog
+            env[END_BY_ENV] = str(time.time() + args.timeout - args.end_margin)
     (out / f"verl_{args.job}_cmd.txt").write_text(" \\\n  ".join(cmd) + "\n")
     start = time.time()
     rc, startup = run_verl(cmd, out / f"verl_{args.job}.log", args.timeout, env)
@@ -303,6 +305,17 @@ def job_summary(steps: list[dict], rows_per_step: int, warmup: int = 1) -> dict:
             "samples_per_s": rows_per_step * len(train) / seconds, "tokens_per_s": tokens / seconds if tokens else None,
             "score_first5": statistics.mean(scores[:5]) if scores else None,
             "score_last5": statistics.mean(scores[-5:]) if scores else None}
+
+
+def train_minutes(verl_steps: list[dict], minutes: float) -> float:
+    """How long ours trains on the real job: `minutes`, or verl's training time if its deadline cut it shorter
+    (its steps' seconds), so both train equally long.
+
+    >>> train_minutes([{"timing_s/step": 30.0}] * 6, 5.0), train_minutes([{"timing_s/step": 60.0}] * 6, 5.0)
+    (3.0, 5.0)
+    """
+    seconds = sum(s.get("timing_s/step", 0.0) for s in verl_steps)
+    return min(minutes, seconds / 60) if seconds else minutes
 
 
 def compare_jobs(directory: str, rows_per_step: int = 64 * 8) -> dict:
@@ -356,6 +369,8 @@ def parse_args(argv=None):
                    f"the job's: step {STEP_MAX_TOKENS}, gsm8k {GSM8K_MAX_TOKENS})")
     p.add_argument("--minutes", type=float, default=0.0, help="gsm8k job: minutes of training from the first step")
     p.add_argument("--timeout", type=float, default=540.0, help="kill verl after this many seconds")
+    p.add_argument("--end-margin", type=float, default=90.0, help="gsm8k job: end training this many seconds "
+                   "before --timeout (0: only --minutes ends it)")
     p.add_argument("--out", default="results")
     return p.parse_args(argv)
 

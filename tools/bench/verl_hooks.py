@@ -9,7 +9,8 @@
   have passed since the first step began (verl's start-up, 4.5-7 minutes on one H200, is reported apart), the
   step that just ended makes the next one verl's last (it then saves its checkpoint, as a run that reached
   `trainer.total_training_steps` does). Our trainer's `trainer.time_limit_min` does the same, from before its
-  model build.
+  model build. $BENCH_VERL_END_BY (a Unix time) ends it earlier, so that verl saves its export inside one device
+  call whatever its start-up took; ours then trains as long as verl did (`bench_verl_grpo.train_minutes`).
 """
 from __future__ import annotations
 
@@ -20,6 +21,7 @@ import time
 PRESET_FORMAT_SCORE = 0.1
 PRESET_POST_ANSWER_PENALTY = 0.1
 MINUTES_ENV = "BENCH_VERL_TRAIN_MINUTES"
+END_BY_ENV = "BENCH_VERL_END_BY"
 
 
 def random_score(data_source, solution_str, ground_truth, extra_info=None, **kwargs) -> float:
@@ -73,15 +75,17 @@ def install_deadline() -> None:
     """Ray worker setup hook: once verl's trainer module is imported in this worker (the TaskRunner imports it
     inside its `run`, after this hook), wrap its per-step `_compute_metrics` with `end_at_deadline`. A no-op
     without $BENCH_VERL_TRAIN_MINUTES."""
-    minutes = os.environ.get(MINUTES_ENV)
+    minutes, end_by = os.environ.get(MINUTES_ENV), os.environ.get(END_BY_ENV)
     if minutes:
         from rlhf_mcore.import_hooks import after_import
 
-        after_import("verl.trainer.ppo.v1.trainer_base", lambda module: wrap_trainer(module, float(minutes)))
+        after_import("verl.trainer.ppo.v1.trainer_base",
+                     lambda module: wrap_trainer(module, float(minutes), end_by=float(end_by) if end_by else None))
 
 
-def wrap_trainer(trainer_base, minutes: float, clock=time.time) -> None:
-    """The deadline is `minutes` after the first step began (that step's end less its `timing_s/step`)."""
+def wrap_trainer(trainer_base, minutes: float, clock=time.time, end_by: float | None = None) -> None:
+    """The deadline is `minutes` after the first step began (that step's end less its `timing_s/step`), or
+    `end_by` (a clock time) if that comes first."""
     inner = trainer_base.PPOTrainer._compute_metrics
 
     def wrapped(self, batch, metrics, timing_raw, global_steps, epoch):
@@ -89,9 +93,10 @@ def wrap_trainer(trainer_base, minutes: float, clock=time.time) -> None:
         now = clock()
         if not hasattr(self, "_bench_train_start"):
             self._bench_train_start = now - timing_raw.get("step", 0.0)
-        if end_at_deadline(self, now, self._bench_train_start + 60 * minutes):
-            print(f"bench_verl_grpo: {minutes} training minutes passed after step {global_steps}; step "
-                  f"{self.total_training_steps} is the last", flush=True)
+        deadline = min(self._bench_train_start + 60 * minutes, end_by or float("inf"))
+        if end_at_deadline(self, now, deadline):
+            print(f"bench_verl_grpo: {(now - self._bench_train_start) / 60:.2f} training minutes (of {minutes}) "
+                  f"passed after step {global_steps}; step {self.total_training_steps} is the last", flush=True)
         return out
 
     trainer_base.PPOTrainer._compute_metrics = wrapped

@@ -15,8 +15,9 @@
 #   bash tools/gpu/gpu_verl.sh F   # ours on the real job (the preset unchanged)
 #   bash tools/gpu/gpu_verl.sh G   # the start model, verl's export and ours through one evaluator; the comparison
 # Each call must start within 30 s of the previous one's end: run nothing heavy locally meanwhile (a 43 MB carry
-# uploading beside a local test suite missed it once). Lease 3 (the step job re-run, then the real job): A, B,
-# STEPS=2 C, D, E, F, G.
+# uploading beside a local test suite missed it once). A whole lease (~1,650 s): A, B, STEPS=2 C, D, E, F, G.
+# E ends verl's training --end-margin (90 s) before its watchdog whatever its start-up took (300 s on a fresh
+# machine); F then trains ours as long as verl trained (bench_verl_grpo.train_minutes), at most MINUTES.
 # Results in $OUT: verl_<job>.log/_steps.json/.json, grpo_step_part_*.json, ours_gsm8k.log/_metrics.jsonl,
 # eval_gsm8k.json (+ _samples.jsonl). tools/bench/bench_grpo_step.py --combine puts the step parts
 # in one table. CPU dry run of what runs without verl: python -m tools.bench.bench_verl_grpo --dry-run
@@ -75,7 +76,9 @@ E) [[ -d /tmp/site/ray ]] || { echo COLD_MACHINE; exit 9; }
        --workdir $W/verl_gsm8k --timeout ${VERL_TIMEOUT:-560} --out $OUT 2>&1 | tail -8
    cp $OUT/verl_gsm8k.json $OUT/verl_gsm8k_steps.json $W/ ;;  # F evaluates its export and compares
 F) [[ -d $W/mcore ]] || { echo COLD_MACHINE; exit 9; }
-   log "ours: the real job, $MINUTES minutes"
+   MINUTES=$($PY -c "import json; from tools.bench.bench_verl_grpo import train_minutes as t; \
+print(round(t(json.load(open('$W/verl_gsm8k_steps.json')), $MINUTES), 3))" 2>/dev/null || echo $MINUTES)
+   log "ours: the real job, $MINUTES minutes (verl's training time, at most MINUTES)"
    timeout -k 10 ${OURS_TIMEOUT:-420} $PY -m rlhf_mcore.train --config configs/gsm8k_grpo_smollm2.yaml \
        model.hf_path=$W/hf model.load=$W/mcore data.train_files=$W/gsm8k/train.parquet data.val_files= \
        trainer.time_limit_min=$MINUTES trainer.total_steps=100000 trainer.test_freq=0 trainer.save_freq=-1 \

@@ -157,6 +157,23 @@ def test_deadline_counts_from_the_first_step_and_ends_verls_loop():
     assert trainer.total_training_steps == 7  # verl's loop: step 7 is the last, and saves
 
 
+def test_an_end_by_time_ends_verls_loop_before_its_minutes():
+    """BENCH_VERL_END_BY: a start-up that leaves less than `minutes` before the device call's end cuts training
+    short (ours then trains as long: train_minutes)."""
+    module = types.SimpleNamespace(PPOTrainer=type("PPOTrainer", (), {
+        "_compute_metrics": lambda self, batch, metrics, timing_raw, global_steps, epoch: "metrics"}))
+    now = [1000.0]
+    verl_hooks.wrap_trainer(module, minutes=5.0, clock=lambda: now[0], end_by=1100.0)
+    trainer = module.PPOTrainer()
+    trainer.global_steps, trainer.total_training_steps = 1, 100000
+    trainer._compute_metrics(None, {}, {"step": 10.0}, 1, 0)
+    assert trainer.total_training_steps == 100000
+    now[0], trainer.global_steps = 1101.0, 9
+    trainer._compute_metrics(None, {}, {"step": 10.0}, 9, 0)
+    assert trainer.total_training_steps == 10  # 111 s of training, not 300
+    assert bench.train_minutes([{"timing_s/step": 10.0}] * 10, 5.0) == pytest.approx(100 / 60)
+
+
 def test_after_import_patches_a_module_on_first_import(tmp_path, monkeypatch):
     (tmp_path / "late_module_41.py").write_text("VALUE = 1\n")
     monkeypatch.syspath_prepend(str(tmp_path))
