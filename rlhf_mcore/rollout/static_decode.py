@@ -442,6 +442,10 @@ class StaticDecoder:
                 try:
                     self._fall_back(err, "CUDA-graph capture")
                 except Exception:
+                    if POISONED_RNG in str(err):
+                        raise RuntimeError("native rollout: an earlier CUDA-graph capture in this process failed "
+                                           "(logged above), which leaves CUDA's random generator unusable; set "
+                                           "rollout.native.cuda_graphs=false to decode without graphs") from err
                     if HOST_SYNC not in str(err):
                         raise
                     log.warning("native rollout: the decode step waits on the host (%s), which a CUDA graph "
@@ -468,6 +472,7 @@ class StaticDecoder:
 
 
 HOST_SYNC = "synchronizing CUDA operation"  # torch's error under set_sync_debug_mode("error")
+POISONED_RNG = "Offset increment outside graph capture"  # a draw after a failed capture (the generator's state)
 
 
 @contextlib.contextmanager
