@@ -4,7 +4,8 @@
 #   bash tools/gpu/gpu_vlm.sh
 # (a) the vision tests on CUDA (tests/unit/trainer/test_vision_training.py, tests/unit/rollout/test_vision_rollout.py:
 #     log-probs vs transformers, packed vs padded gradients, rollout vs trainer log-probs; fp32 on the GPU; and the
-#     multi-turn VLM test of tests/dist/trainer/test_multi_turn_train.py, eager and CUDA-graphed);
+#     multi-turn VLM test of tests/dist/trainer/test_multi_turn_train.py, eager and CUDA-graphed; the static
+#     decoder's tests, tests/unit/rollout/test_static_decode.py, whose GPU cases capture the graphs);
 # (b) the tiny VLM preset (configs/tiny_vlm_grpo.yaml: 40 steps, greedy validation before, at 20 and at the end)
 #     for at most PRESET_S seconds;
 # (c) one GRPO step at the Qwen2.5-VL-3B shape (config.json built below: LM 36 layers x 2048, vision tower depth 32
@@ -48,12 +49,13 @@ if [[ $ENGINE == sglang && -z "${DRY:-}" ]]; then
   source tools/gpu/gpu_env.sh && sglang_part part2  # SGLang's second half (the first: see the header)
 fi
 TESTS_S=${TESTS_S:-150} PRESET_S=${PRESET_S:-75} BENCH_S=${BENCH_S:-260}  # + ~20 s install: ~505 s at most
+# (each 0: skip that part; PRESET_S=0 BENCH_S=0: the tests alone, ~100 s)
 
 if [[ $TESTS_S -gt 0 ]]; then  # TESTS_S=0: skip (a), e.g. for ENGINE=sglang once the native call has run them
   log "(a) vision tests on $([[ -n "${DRY:-}" ]] && echo CPU || echo CUDA)"
   timeout -k 5 "$TESTS_S" $PY -m pytest -q -p no:cacheprovider -rs tests/unit/trainer/test_vision_training.py \
-      tests/unit/rollout/test_vision_rollout.py tests/dist/trainer/test_multi_turn_train.py -k vision \
-      > "$OUT/tests.log" 2>&1
+      tests/unit/rollout/test_vision_rollout.py tests/dist/trainer/test_multi_turn_train.py \
+      tests/unit/rollout/test_static_decode.py -k "vision or static_decode" > "$OUT/tests.log" 2>&1
   echo "tests: rc $?"; grep "passed\|failed\|error\|SKIP" "$OUT/tests.log" | tail -6
 fi
 
@@ -66,6 +68,7 @@ if [[ $PRESET_S -gt 0 ]]; then  # PRESET_S=0: skip (b)
   echo "preset: rc $?"; grep -i "val\|step 40\|step 20\|Error\|Traceback" "$OUT/tiny_vlm.log" | grep -v Warn | tail -8
 fi
 
+[[ $BENCH_S -gt 0 ]] || { log "done (BENCH_S=0: no step)"; exit 0; }
 log "(c) GRPO step at the $SHAPE_NAME shape (at most ${BENCH_S}s)"
 HF=/tmp/$SHAPE_NAME
 read -r TINY_DIR TINY_SIDE <<< "${TINY_DIRS[$FAMILY]}"
