@@ -11,11 +11,10 @@ import argparse
 import sys
 
 from rlhf_mcore.plan.params import Shape
-from rlhf_mcore.plan.phases import phase_terms, rank_peak
+from rlhf_mcore.plan.phases import MARGIN, cache_release_reason, phase_terms, rank_peak
 from rlhf_mcore.plan.static import Layout, layouts, roles_of
 
 GIB = 2**30
-MARGIN = 0.08  # of the device's memory, kept free
 
 
 def parse_args(argv):
@@ -53,6 +52,9 @@ def main(argv=None) -> int:
     gpus = args.gpus or p.tp * p.pp
     gpu_bytes = args.gpu_memory * GIB
     top_k = int(hf.get("num_experts_per_tok") or 1)
+    released = cfg.rollout.native.keep_graphs and gpu_bytes and cache_release_reason(cfg, gpu_bytes, gpus)
+    if released:  # what the native engine will do on this device (rollout/native.py)
+        cfg.rollout.native.keep_graphs = False
     found = rows(cfg, shape, gpus, gpu_bytes, top_k)
     roles = ", ".join(r.name for r in roles_of(cfg))
     print(f"memory plan: {gpus} GPU(s){f' of {args.gpu_memory:g} GiB' if args.gpu_memory else ''}, "
@@ -60,6 +62,8 @@ def main(argv=None) -> int:
           f"{'on' if p.use_distributed_optimizer else 'off'}, recompute {cfg.model.recompute}")
     print(f"peak per rank (its phase); fits = leaves {MARGIN:.0%} of the device free" if gpu_bytes else
           "peak per rank (its phase); pass --gpu-memory GiB to see which layouts fit")
+    if released:
+        print(f"  rollout.native.keep_graphs: {released}, so the engine frees it after each rollout (planned so)")
     for layout, phase, peak, fits in found:
         verdict = ("fits" if fits else "does not fit") if gpu_bytes else ""
         print(f"  {str(layout):<24} {peak / GIB:9.2f} GiB  {phase:<9} {verdict}".rstrip())

@@ -147,20 +147,20 @@ def run_plan(cfg, world_size: int | None = None, gpu_bytes: float = 0.0) -> RunP
     return RunPlan(layout, phase, total, phase_terms(cfg, shape, layout, gpu_bytes, stage, top_k)[phase])
 
 
-KEEP_CACHE_LIMIT = 0.95  # the decoder's cache stays through training while the plan's peak is under this share
+MARGIN = 0.08  # of the device's memory a plan that fits leaves free (the CUDA context, the allocator's fragmentation)
 
 
 def cache_release_reason(cfg, device_bytes: float, world_size: int | None = None) -> str:
     """Why the native engine should free its static decoder's cache (and merged LoRA copy) after each rollout
-    although rollout.native.keep_graphs asks to keep them: the plan's peak phase holds them and comes within
-    (1 - KEEP_CACHE_LIMIT) of the device ('' when it does not, or no plan can be made). Measured on an H200: a
-    Qwen3-VL-4B step planned at 98% of the device with the cache ran out of memory in its update."""
+    although rollout.native.keep_graphs asks to keep them: the plan's peak phase holds them and leaves less than
+    MARGIN of the device free ('' when it does not, or no plan can be made). Measured on an H200: a Qwen3-VL-4B
+    step planned at 98% of the device with the cache ran out of memory in its update."""
     try:
         plan = run_plan(cfg, world_size, device_bytes)
     except (OSError, ValueError):
         return ""
     cache = plan.terms.get("rollout_cache", 0) + plan.terms.get("merged_lora", 0)
-    if not cache or plan.total <= KEEP_CACHE_LIMIT * device_bytes:
+    if not cache or plan.total <= (1 - MARGIN) * device_bytes:
         return ""
     return (f"the memory plan's {plan.phase} phase needs {size(plan.total)} of the device's {size(device_bytes)} "
             f"({plan.total / device_bytes:.0%}) with the decoder's cache kept ({size(cache)})")

@@ -8,6 +8,7 @@ custom reward file is imported there, in that worker, never in the trainer.
 """
 from __future__ import annotations
 
+import dataclasses
 import os
 from collections import defaultdict
 
@@ -263,10 +264,14 @@ def memory_plan_errors(cfg, device_bytes: float | None = None) -> list[str]:
 
     if not cfg.trainer.check_memory_plan or (device_bytes is None and not torch.cuda.is_available()):
         return []
-    from rlhf_mcore.plan.phases import run_plan
+    from rlhf_mcore.plan.phases import cache_release_reason, run_plan
 
     device_bytes = device_bytes or torch.cuda.get_device_properties(0).total_memory
-    plan = run_plan(cfg, int(os.environ.get("WORLD_SIZE", "1")), device_bytes)
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    if cache_release_reason(cfg, device_bytes, world):  # the engine will free its decoder cache: plan that
+        n = dataclasses.replace(cfg.rollout.native, keep_graphs=False)
+        cfg = dataclasses.replace(cfg, rollout=dataclasses.replace(cfg.rollout, native=n))
+    plan = run_plan(cfg, world, device_bytes)
     if plan.total <= device_bytes * (1 + PLAN_MARGIN):
         return []
     term = max(plan.terms, key=plan.terms.get)
