@@ -11,7 +11,7 @@ import argparse
 import sys
 
 from rlhf_mcore.plan.params import Shape
-from rlhf_mcore.plan.phases import MARGIN, cache_release_reason, phase_terms, rank_peak
+from rlhf_mcore.plan.phases import MARGIN, as_engine_runs, phase_terms, rank_peak
 from rlhf_mcore.plan.static import Layout, layouts, roles_of
 
 GIB = 2**30
@@ -52,9 +52,7 @@ def main(argv=None) -> int:
     gpus = args.gpus or p.tp * p.pp
     gpu_bytes = args.gpu_memory * GIB
     top_k = int(hf.get("num_experts_per_tok") or 1)
-    released = cfg.rollout.native.keep_graphs and gpu_bytes and cache_release_reason(cfg, gpu_bytes, gpus)
-    if released:  # what the native engine will do on this device (rollout/native.py)
-        cfg.rollout.native.keep_graphs = False
+    cfg, released = as_engine_runs(cfg, gpu_bytes, gpus) if gpu_bytes else (cfg, "")  # as on this device
     found = rows(cfg, shape, gpus, gpu_bytes, top_k)
     roles = ", ".join(r.name for r in roles_of(cfg))
     print(f"memory plan: {gpus} GPU(s){f' of {args.gpu_memory:g} GiB' if args.gpu_memory else ''}, "

@@ -166,6 +166,16 @@ def cache_release_reason(cfg, device_bytes: float, world_size: int | None = None
             f"({plan.total / device_bytes:.0%}) with the decoder's cache kept ({size(cache)})")
 
 
+def as_engine_runs(cfg, device_bytes: float, world_size: int | None = None):
+    """(the config as the native engine runs it on this device, why it differs): rollout.native.keep_graphs off
+    where `cache_release_reason` gives one (the engine frees its cache then), else the config itself and ''."""
+    reason = cache_release_reason(cfg, device_bytes, world_size)
+    if not reason:
+        return cfg, ""
+    native = dataclasses.replace(cfg.rollout.native, keep_graphs=False)
+    return dataclasses.replace(cfg, rollout=dataclasses.replace(cfg.rollout, native=native)), reason
+
+
 def plan_line(cfg, world_size: int | None = None, gpu_bytes: float = 0.0) -> str:
     """One line for `--validate-only` and `diagnose`: `run_plan`'s peak and terms; what reads no model config
     says why."""

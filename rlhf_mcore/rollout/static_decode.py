@@ -441,20 +441,26 @@ class StaticDecoder:
             except Exception as err:  # noqa: BLE001
                 try:
                     self._fall_back(err, "CUDA-graph capture")
-                except Exception:
-                    if POISONED_RNG in str(err):
-                        raise RuntimeError("native rollout: an earlier CUDA-graph capture in this process failed "
-                                           "(logged above), which leaves CUDA's random generator unusable; set "
-                                           "rollout.native.cuda_graphs=false to decode without graphs") from err
-                    if HOST_SYNC not in str(err):
-                        raise
-                    log.warning("native rollout: the decode step waits on the host (%s), which a CUDA graph "
-                                "cannot capture; decoding without CUDA graphs", str(err).splitlines()[0][:200])
-                    self.use_graphs, graph = False, None
+                except Exception:  # nothing left to drop
+                    self._graphs_off_or_raise(err)
+                    graph = None
                     break
                 restore()
         restore()
         return graph
+
+    def _graphs_off_or_raise(self, err: Exception) -> None:
+        """A step that waits on the host, with nothing left to drop: graphs off (logged). A draw after an earlier
+        failed capture: an error that says so. Anything else: `err`."""
+        if POISONED_RNG in str(err):
+            raise RuntimeError("native rollout: an earlier CUDA-graph capture in this process failed (logged "
+                               "above), which leaves CUDA's random generator unusable; set "
+                               "rollout.native.cuda_graphs=false to decode without graphs") from err
+        if HOST_SYNC not in str(err):
+            raise err
+        log.warning("native rollout: the decode step waits on the host (%s), which a CUDA graph cannot capture; "
+                    "decoding without CUDA graphs", str(err).splitlines()[0][:200])
+        self.use_graphs = False
 
     def _warm_up_and_capture(self, b: int, params, stop_ids, length: int):
         side = torch.cuda.Stream()

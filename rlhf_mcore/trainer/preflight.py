@@ -8,7 +8,6 @@ custom reward file is imported there, in that worker, never in the trainer.
 """
 from __future__ import annotations
 
-import dataclasses
 import os
 from collections import defaultdict
 
@@ -264,13 +263,11 @@ def memory_plan_errors(cfg, device_bytes: float | None = None) -> list[str]:
 
     if not cfg.trainer.check_memory_plan or (device_bytes is None and not torch.cuda.is_available()):
         return []
-    from rlhf_mcore.plan.phases import cache_release_reason, run_plan
+    from rlhf_mcore.plan.phases import as_engine_runs, run_plan
 
     device_bytes = device_bytes or torch.cuda.get_device_properties(0).total_memory
     world = int(os.environ.get("WORLD_SIZE", "1"))
-    if cache_release_reason(cfg, device_bytes, world):  # the engine will free its decoder cache: plan that
-        n = dataclasses.replace(cfg.rollout.native, keep_graphs=False)
-        cfg = dataclasses.replace(cfg, rollout=dataclasses.replace(cfg.rollout, native=n))
+    cfg, _ = as_engine_runs(cfg, device_bytes, world)  # e.g. its decoder cache freed on a tight device
     plan = run_plan(cfg, world, device_bytes)
     if plan.total <= device_bytes * (1 + PLAN_MARGIN):
         return []

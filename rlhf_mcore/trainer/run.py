@@ -358,13 +358,11 @@ def engine_setup(cfg, roles: Roles, hf_config: dict, tokenizer, ctx) -> EngineSe
 
 
 def plan_release_reason(cfg, ctx) -> str:
-    """On a GPU with the memory plan checked (trainer.check_memory_plan) and a native engine keeping its cache:
-    `cache_release_reason` for this device."""
+    """On a GPU with the memory plan checked (trainer.check_memory_plan): `cache_release_reason` for this device
+    ('' for a config the plan gives no kept cache: SGLang, no graphs, keep_graphs=false)."""
     import torch
 
-    n = cfg.rollout.native
-    if not (cfg.trainer.check_memory_plan and cfg.rollout.engine == "native" and n.cuda_graphs and n.keep_graphs
-            and ctx.device.type == "cuda"):
+    if not (cfg.trainer.check_memory_plan and ctx.device.type == "cuda"):
         return ""
     from rlhf_mcore.plan.phases import cache_release_reason
 
