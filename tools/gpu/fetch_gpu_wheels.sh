@@ -24,37 +24,19 @@ SGLANG=(
   partial-json-parser==0.2.1.1.post7 dill==0.4.1 gguf==0.19.0 compressed-tensors==0.20.1 loguru==0.7.3
   openai==2.6.1 distro==1.9.0 jiter==0.19.0 sniffio==1.3.1 ipython==9.18.1 traitlets==5.16.1
 )
-download() {  # DIR SPEC...: cp312 manylinux wheels, no dependencies
-  local dir=$1; shift
-  local plat=()
-  for p in manylinux_2_34 manylinux_2_28 manylinux_2_27 manylinux_2_26 manylinux_2_24 manylinux_2_17 \
-           manylinux2014 manylinux_2_5 manylinux1; do plat+=(--platform "${p}_x86_64"); done
-  python3 -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
-      "${plat[@]}" -d "$dir" "$@"
-}
+source "$(dirname "$0")/wheels.sh"
 mkdir -p "$W1/mcore" "$W1/trl" "$W2"
 download "$W1/mcore" megatron-core==0.16.1
 download "$W1/trl" trl==1.16.0 datasets==5.2.0 dill==0.4.1 "multiprocess<0.70.20"
 download "$RAW" "${SGLANG[@]}"
 
-python3 - "$RAW" "$W1" "$W2" "$MAX_MIB" <<'PYEOF'
-import os, shutil, sys, zipfile
+PYTHONPATH="$(dirname "$0")" python3 - "$RAW" "$W1" "$W2" "$MAX_MIB" <<'PYEOF'
+import os, shutil, sys
+from strip_wheel import strip
 raw, w1, w2, max_mib = sys.argv[1], sys.argv[2], sys.argv[3], float(sys.argv[4])
 STRIP = {"sglang_kernel-": ("sgl_kernel/flash_ops", "sgl_kernel/flashmla_ops", "sgl_kernel/infllm_ops",
                             "sgl_kernel/sm100/"),
          "xgrammar-": ("xgrammar/lib/libxgrammar.a",)}
-
-def strip(src: str, dst: str, drop: tuple) -> None:
-    """Copy a wheel without the members under `drop`, its RECORD rewritten to match."""
-    with zipfile.ZipFile(src) as zin, zipfile.ZipFile(dst, "w", zipfile.ZIP_DEFLATED) as zout:
-        for info in zin.infolist():
-            if info.filename.startswith(drop):
-                continue
-            data = zin.read(info)
-            if info.filename.endswith(".dist-info/RECORD"):
-                data = b"".join(line + b"\n" for line in data.splitlines()
-                                if line and not line.decode().startswith(drop))
-            zout.writestr(info, data)
 
 ready = os.path.join(raw, "ready")
 os.makedirs(ready)

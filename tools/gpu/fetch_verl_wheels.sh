@@ -13,14 +13,7 @@ SMALL=(
   jsonschema-specifications==2025.9.1 cachetools==8.0.2 datasets==5.2.0 "multiprocess<0.70.20"
   soundfile cffi pycparser python-multipart
 )
-download() {  # DIR SPEC...: cp312 manylinux wheels, no dependencies
-  local dir=$1; shift
-  local plat=()
-  for p in manylinux_2_34 manylinux_2_28 manylinux_2_27 manylinux_2_26 manylinux_2_24 manylinux_2_17 \
-           manylinux2014 manylinux_2_5 manylinux1; do plat+=(--platform "${p}_x86_64"); done
-  python3 -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
-      "${plat[@]}" -d "$dir" "$@"
-}
+source "$(dirname "$0")/wheels.sh"
 RAW=$(mktemp -d)
 trap 'rm -rf "$RAW"' EXIT
 mkdir -p "$DIR/small" "$DIR/ray"
@@ -29,21 +22,7 @@ download "$DIR/small" "${SMALL[@]}"
 python3 -m pip download -q --no-deps --no-binary :all: antlr4-python3-runtime==4.9.3 -d "$RAW"
 python3 -m pip wheel -q --no-deps -w "$DIR/small" "$RAW"/antlr4-python3-runtime-4.9.3.tar.gz
 download "$RAW" ray==2.60.0
-python3 - "$RAW" "$DIR/ray" <<'PYEOF'
-import glob, os, sys, zipfile
-raw, out = sys.argv[1], sys.argv[2]
-drop = ("ray/jars/", "ray/dashboard/client/build/")  # Java workers only; the UI needs ray[default]
-for src in glob.glob(os.path.join(raw, "ray-*.whl")):
-    dst = os.path.join(out, os.path.basename(src))
-    with zipfile.ZipFile(src) as zin, zipfile.ZipFile(dst, "w", zipfile.ZIP_DEFLATED) as zout:
-        for info in zin.infolist():
-            if info.filename.startswith(drop):
-                continue
-            data = zin.read(info)
-            if info.filename.endswith(".dist-info/RECORD"):
-                data = b"".join(line + b"\n" for line in data.splitlines()
-                                if line and not line.decode().startswith(drop))
-            zout.writestr(info, data)
-    print(f"{dst}: {os.path.getsize(dst) / 2**20:.1f} MiB")
-PYEOF
+for whl in "$RAW"/ray-*.whl; do  # Java workers only; the UI needs ray[default]
+  python3 "$(dirname "$0")/strip_wheel.py" "$whl" "$DIR/ray/$(basename "$whl")" ray/jars/ ray/dashboard/client/build/
+done
 du -sh "$DIR"/*

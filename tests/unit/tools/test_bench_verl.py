@@ -103,9 +103,10 @@ def test_step_summary_by_hand():
     shape = dict(prompts=2, n=2, prompt_len=4, new_tokens=4)
     warm = {"timing_s/step": 9.0, "timing_s/gen": 9.0}
     timed = [{"timing_s/step": s, "timing_s/gen": 1.0, "timing_s/old_log_prob": 0.5, "timing_s/update_actor": 1.5,
-              "response_length/mean": 4.0, "prompt_length/mean": 4.0} for s in (3.0, 4.0, 5.0)]
+              "response_length/mean": 4.0, "prompt_length/mean": 4.0, "actor/perf/max_memory_allocated_gb": s}
+             for s in (3.0, 4.0, 5.0)]
     out = bench.summarize_step([warm, *timed], hf, shape)
-    assert out["step_s"] == 4.0 and out["timed_steps"] == 3
+    assert out["step_s"] == 4.0 and out["timed_steps"] == 3 and out["peak_mem_gib"] == 5.0  # verl 0.9.1's key
     assert out["phases_s"]["gen"] == 1.0 and out["phases_s"]["sync_weights"] == 0.0
     assert out["tokens_per_s"] == 4 * 8 / 4.0 and out["rollout_tokens_per_s"] == 4 * 4 / 1.0
     flops = forward_flops_per_token(hf, 8 / 2) * 4 * 8  # one forward of 4 rows of 8 tokens
