@@ -166,7 +166,7 @@ def trainer_flops(hf: dict, rows: int, seq: float, passes: float) -> float:
     return passes * forward_flops_per_token(hf, seq / 2) * rows * seq
 
 
-PEAK_MEM_KEY = "actor/perf/max_memory_allocated_gb"  # verl 0.9.1; older releases: perf/...
+PEAK_MEM_KEY = "actor/perf/max_memory_allocated_gb"  # verl 0.9.1's name for the actor's peak
 
 
 def summarize_step(steps: list[dict], hf: dict, shape: dict, warmup: int = 1) -> dict:
@@ -189,8 +189,7 @@ def summarize_step(steps: list[dict], hf: dict, shape: dict, warmup: int = 1) ->
         "update_mfu": trainer_flops(hf, rows, seq, 3.0) / max(med["update_actor"], 1e-9) / peak,
         "verl_reported_mfu": statistics.median(s.get("perf/mfu/actor", 0.0) for s in timed),
         "mean_prompt_len": prompt, "mean_response_len": response,
-        "peak_mem_gib": max((s.get(PEAK_MEM_KEY, s.get("perf/max_memory_allocated_gb", 0.0)) for s in timed),
-                            default=None),
+        "peak_mem_gib": max((s.get(PEAK_MEM_KEY, 0.0) for s in timed), default=None),
         "timed_steps": len(timed),
     }
 

@@ -11,7 +11,7 @@ SMALL=(
   verl==0.9.1 transferqueue==0.1.11 hydra-core==1.3.2 omegaconf==2.3.0 codetiming==1.4.0 tensordict==0.10.0
   pyvers==0.1.0 torchdata==0.11.0 jsonschema==4.26.0 referencing==0.37.0 rpds-py==2026.9.1
   jsonschema-specifications==2025.9.1 cachetools==8.0.2 datasets==5.2.0 "multiprocess<0.70.20"
-  soundfile cffi pycparser python-multipart
+  soundfile==0.14.0 cffi==2.1.1 pycparser==3.12 python-multipart==0.0.34
 )
 source "$(dirname "$0")/wheels.sh"
 RAW=$(mktemp -d)
