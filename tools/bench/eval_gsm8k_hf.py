@@ -30,12 +30,18 @@ def ours_strict(response: str, truth: str) -> float:
 
 
 def verl_strict():
-    """verl's own strict GSM8K score, or None where verl is not installed."""
-    try:
-        from verl.utils.reward_score.gsm8k import compute_score
-    except ImportError:
+    """verl's own strict GSM8K score, or None where verl is not installed. Its module is loaded from its file, so
+    that verl's package __init__ (which imports Ray) need not import: the score is plain `re`."""
+    import importlib.util
+
+    spec = importlib.util.find_spec("verl")  # finds the package without running its __init__
+    path = Path(spec.origin).parent / "utils" / "reward_score" / "gsm8k.py" if spec and spec.origin else None
+    if path is None or not path.is_file():
         return None
-    return lambda response, truth: float(compute_score(response, truth))
+    module_spec = importlib.util.spec_from_file_location("_verl_gsm8k_score", path)
+    module = importlib.util.module_from_spec(module_spec)
+    module_spec.loader.exec_module(module)
+    return lambda response, truth: float(module.compute_score(response, truth))
 
 
 def read_rows(path: str, limit: int = 0) -> list[dict]:

@@ -108,7 +108,8 @@ G) [[ -f $W/ours/summary.json ]] || { echo COLD_MACHINE; exit 9; }
    ours=$($PY -c "import json; print(json.load(open('$W/ours/summary.json'))['hf_export'] or '')" 2>/dev/null)
    verl=$($PY -c "import json; print(json.load(open('$W/verl_gsm8k.json'))['hf_export'] or '')" 2>/dev/null)
    evaluate eval_gsm8k start=$W/hf ${verl:+verl=$verl} ${ours:+ours=$ours}
-   cp $W/verl_gsm8k.json $W/verl_gsm8k_steps.json $OUT/ 2>/dev/null  # E's, for the comparison
+   cp $W/verl_gsm8k.json $W/verl_gsm8k_steps.json $OUT/ 2>/dev/null  # E's and F's, for the comparison
+   cp $W/ours/metrics.jsonl $OUT/ours_gsm8k_metrics.jsonl
    $PY -m tools.bench.bench_verl_grpo compare --out $OUT | tail -30 ;;
 *) echo "part A..G, P or W (got $PART)"; exit 2 ;;
 esac

@@ -197,6 +197,22 @@ def test_evaluator_scores_by_the_strict_rule():
     assert out["acc"] == out["acc_ours_rule"] == 0.75 and out["disagreements"] == 0
 
 
+def test_evaluator_loads_verls_rule_without_its_package_init(tmp_path, monkeypatch):
+    """On the box verl's __init__ fails without Ray (a lease's evaluator-only calls): its score must load anyway."""
+    score_dir = tmp_path / "verl" / "utils" / "reward_score"
+    score_dir.mkdir(parents=True)
+    (tmp_path / "verl" / "__init__.py").write_text("import ray_is_not_installed_41\n")
+    (score_dir / "gsm8k.py").write_text("def compute_score(solution_str, ground_truth):\n"
+                                        "    return 1.0 if ground_truth in solution_str else 0.0\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.delitem(sys.modules, "verl", raising=False)
+    rule = eval_gsm8k_hf.verl_strict()
+    assert rule is not None and rule("#### 72", "72") == 1.0 and rule("#### 7", "72") == 0.0
+    out = eval_gsm8k_hf.score(["#### 72", "the answer is 72"], ["72", "72"])  # the stand-in is looser than ours
+    assert out["rule"] == "verl" and out["acc"] == 1.0 and out["acc_ours_rule"] == 0.5 and out["disagreements"] == 1
+    assert "verl" not in sys.modules  # its __init__ never ran
+
+
 def test_real_job_comparison_by_hand(tmp_path):
     """compare_jobs on gpu_verl.sh's files: steps, training seconds, samples a second, start-up, the evaluator's
     accuracy, and ours over verl's samples a second."""
