@@ -295,7 +295,8 @@ def versions() -> dict:
 
 def job_summary(steps: list[dict], rows_per_step: int, warmup: int = 1) -> dict:
     """One system's real-job figures from its per-step metrics (verl's console lines and our metrics.jsonl use the
-    same names): training steps and seconds, the median step after `warmup`, samples and tokens a second, and the
+    same names): training steps and seconds, the median step after `warmup` (over all steps, and over the first five
+    of them: both systems still answer at the start model's lengths there), samples and tokens a second, and the
     mean train score of the first and last five steps."""
     train = [s for s in steps if "timing_s/step" in s]
     if not train:
@@ -305,6 +306,7 @@ def job_summary(steps: list[dict], rows_per_step: int, warmup: int = 1) -> dict:
     tokens = sum(s.get("perf/total_num_tokens", 0.0) for s in train)
     return {"steps": len(train), "train_s": seconds,
             "step_s": statistics.median(s["timing_s/step"] for s in (train[warmup:] or train)),
+            "step_s_first5": statistics.median(s["timing_s/step"] for s in (train[warmup:warmup + 5] or train)),
             "samples_per_s": rows_per_step * len(train) / seconds, "tokens_per_s": tokens / seconds if tokens else None,
             "score_first5": statistics.mean(scores[:5]) if scores else None,
             "score_last5": statistics.mean(scores[-5:]) if scores else None}
@@ -323,8 +325,9 @@ def train_minutes(verl_steps: list[dict], minutes: float) -> float:
 
 def compare_jobs(directory: str, rows_per_step: int = 64 * 8) -> dict:
     """The real job, verl against ours, from gpu_verl.sh's files in `directory` (verl_gsm8k.json and _steps.json,
-    ours_gsm8k_metrics.jsonl, eval_gsm8k.json): each system's `job_summary`, start-up, greedy accuracy, and ours
-    over verl's samples a second; written to directory/vs_verl_gsm8k.json."""
+    ours_gsm8k_metrics.jsonl, and every eval_gsm8k*.json, merged in name order: one lease may evaluate verl's export
+    alone) with each system's `job_summary`, start-up and greedy accuracy; ours over verl's samples a second, and
+    verl's step over ours, in all and over the first five steps; written to directory/vs_verl_gsm8k.json."""
     d = Path(directory)
     read = lambda name: json.loads((d / name).read_text()) if (d / name).exists() else {}  # noqa: E731
     ours_steps = [json.loads(line) for line in open(d / "ours_gsm8k_metrics.jsonl")] \
@@ -332,12 +335,17 @@ def compare_jobs(directory: str, rows_per_step: int = 64 * 8) -> dict:
     systems = {"verl": {**job_summary(read("verl_gsm8k_steps.json") or [], rows_per_step),
                         "startup_s": read("verl_gsm8k.json").get("startup_s")},
                "ours": job_summary(ours_steps, rows_per_step)}
-    evals = read("eval_gsm8k.json").get("models", {})
+    evals = {}
+    for path in sorted(d.glob("eval_gsm8k*.json")):
+        evals.update(json.loads(path.read_text()).get("models", {}))
     for name, row in systems.items():
         row.update({k: evals.get(name, {}).get(k) for k in ("acc", "se", "format")})
+    ratio = lambda key, a, b: systems[a][key] / systems[b][key] \
+        if systems[a].get(key) and systems[b].get(key) else None  # noqa: E731
     out = {"systems": systems, "start_model": evals.get("start"),
-           "ratio_samples_per_s": (systems["ours"].get("samples_per_s") or 0) / systems["verl"]["samples_per_s"]
-           if systems["verl"].get("samples_per_s") else None}
+           "ratio_samples_per_s": ratio("samples_per_s", "ours", "verl"),
+           "ratio_step_s": ratio("step_s", "verl", "ours"),
+           "ratio_step_s_first5": ratio("step_s_first5", "verl", "ours")}
     (d / "vs_verl_gsm8k.json").write_text(json.dumps(out, indent=2))
     return out
 

@@ -18,6 +18,7 @@
 #   bash tools/gpu/gpu_verl.sh W   # waits on for it (rc 10: still running, call W again at once)
 #   bash tools/gpu/gpu_verl.sh F   # ours on the real job (the preset unchanged)
 #   bash tools/gpu/gpu_verl.sh G   # the start model, verl's export and ours through one evaluator; the comparison
+#                                  # (MODELS picks some: MODELS=verl after E and W alone, without F)
 # Each call must start within 30 s of the previous one's end: run nothing heavy locally meanwhile (a 43 MB carry
 # uploading beside a local test suite missed it once). The step job (~700 s): A, B, STEPS=2 C, D;
 # the real job alone (~1,500 s): A, REAL=1 B, STEPS=0 C, part1's copy, P, E, W, F, G.
@@ -31,7 +32,7 @@ PART=${1:?A|B|C|D|P|E|W|F|G}
 PY=${PY:-python3}
 STEPS=${STEPS:-4}
 MINUTES=${MINUTES:-5}
-W=/tmp/verl_w
+W=${W:-/tmp/verl_w}
 export PYTHONUNBUFFERED=1 NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 TOKENIZERS_PARALLELISM=false
 export RAY_USAGE_STATS_ENABLED=0 RAY_memory_monitor_refresh_ms=0
 source tools/gpu/gpu_env.sh
@@ -104,12 +105,15 @@ print(round(t(json.load(open('$W/verl_gsm8k_steps.json')), $MINUTES), 3))" 2>/de
    grep "step [0-9]*/" $OUT/ours_gsm8k.log | tail -2 | cut -c1-250
    grep -i "Traceback\|Error" $OUT/ours_gsm8k.log | head -3
    cp $W/ours/metrics.jsonl $OUT/ours_gsm8k_metrics.jsonl 2>/dev/null ;;
-G) [[ -f $W/ours/summary.json ]] || { echo COLD_MACHINE; exit 9; }
-   ours=$($PY -c "import json; print(json.load(open('$W/ours/summary.json'))['hf_export'] or '')" 2>/dev/null)
-   verl=$($PY -c "import json; print(json.load(open('$W/verl_gsm8k.json'))['hf_export'] or '')" 2>/dev/null)
-   evaluate eval_gsm8k start=$W/hf ${verl:+verl=$verl} ${ours:+ours=$ours}
+G) [[ -f $W/ours/summary.json || -f $W/verl_gsm8k.json ]] || { echo COLD_MACHINE; exit 9; }
+   declare -A model=([start]=$W/hf)
+   model[ours]=$($PY -c "import json; print(json.load(open('$W/ours/summary.json'))['hf_export'] or '')" 2>/dev/null)
+   model[verl]=$($PY -c "import json; print(json.load(open('$W/verl_gsm8k.json'))['hf_export'] or '')" 2>/dev/null)
+   args=()
+   for name in ${MODELS:-start verl ours}; do [[ -n ${model[$name]:-} ]] && args+=("$name=${model[$name]}"); done
+   evaluate eval_gsm8k "${args[@]}"
    cp $W/verl_gsm8k.json $W/verl_gsm8k_steps.json $OUT/ 2>/dev/null  # E's and F's, for the comparison
-   cp $W/ours/metrics.jsonl $OUT/ours_gsm8k_metrics.jsonl
+   cp $W/ours/metrics.jsonl $OUT/ours_gsm8k_metrics.jsonl 2>/dev/null
    $PY -m tools.bench.bench_verl_grpo compare --out $OUT | tail -30 ;;
 *) echo "part A..G, P or W (got $PART)"; exit 2 ;;
 esac

@@ -214,25 +214,29 @@ def test_evaluator_loads_verls_rule_without_its_package_init(tmp_path, monkeypat
 
 
 def test_real_job_comparison_by_hand(tmp_path):
-    """compare_jobs on gpu_verl.sh's files: steps, training seconds, samples a second, start-up, the evaluator's
-    accuracy, and ours over verl's samples a second."""
+    """compare_jobs on gpu_verl.sh's files: steps, training seconds, samples a second, start-up, the evaluators'
+    accuracy (two files, as when a lease evaluates verl's export alone), and the ratios."""
     verl = [{"step": 1, "timing_s/step": 30.0, "critic/score/mean": 0.0, "perf/total_num_tokens": 1000.0},
             {"step": 2, "timing_s/step": 10.0, "critic/score/mean": 0.5, "perf/total_num_tokens": 1000.0}]
-    ours = [{"step": 0, "val-core/x": 0.1}] + [{"step": k, "timing_s/step": 2.0, "critic/score/mean": 0.1 * k}
-                                               for k in range(1, 11)]
+    ours = [{"step": 0, "val-core/x": 0.1}] + [{"step": k, "timing_s/step": 3.0 if k <= 4 else 1.0,
+                                                "critic/score/mean": 0.1 * k} for k in range(1, 11)]
     (tmp_path / "verl_gsm8k_steps.json").write_text(json.dumps(verl))
     (tmp_path / "verl_gsm8k.json").write_text(json.dumps({"startup_s": 280.0}))
     (tmp_path / "ours_gsm8k_metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in ours))
     (tmp_path / "eval_gsm8k.json").write_text(json.dumps({"models": {
-        "start": {"acc": 0.003}, "verl": {"acc": 0.02, "se": 0.004, "format": 0.9},
-        "ours": {"acc": 0.025, "se": 0.0043, "format": 0.99}}}))
+        "start": {"acc": 0.003}, "ours": {"acc": 0.025, "se": 0.0043, "format": 0.99}}}))
+    (tmp_path / "eval_gsm8k_verl.json").write_text(json.dumps({"models": {"verl": {"acc": 0.02, "se": 0.004,
+                                                                                   "format": 0.9}}}))
+    (tmp_path / "eval_gsm8k_samples.jsonl").write_text("not JSON: the evaluator's samples are not read\n")
     out = bench.compare_jobs(str(tmp_path), rows_per_step=8)
     v, o = out["systems"]["verl"], out["systems"]["ours"]
     assert (v["steps"], v["train_s"], v["step_s"], v["startup_s"]) == (2, 40.0, 10.0, 280.0)
     assert v["samples_per_s"] == 16 / 40 and v["tokens_per_s"] == 2000 / 40 and v["acc"] == 0.02
-    assert (o["steps"], o["train_s"], o["samples_per_s"], o["tokens_per_s"]) == (10, 20.0, 4.0, None)
+    assert (o["steps"], o["train_s"], o["samples_per_s"], o["tokens_per_s"]) == (10, 18.0, 80 / 18, None)
+    assert (o["step_s"], o["step_s_first5"], o["acc"]) == (1.0, 3.0, 0.025)  # steps 2-10 and 2-6, after warm-up
     assert o["score_first5"] == pytest.approx(0.3) and o["score_last5"] == pytest.approx(0.8)
-    assert out["ratio_samples_per_s"] == 4.0 / 0.4 and out["start_model"] == {"acc": 0.003}
+    assert out["ratio_samples_per_s"] == (80 / 18) / 0.4 and out["start_model"] == {"acc": 0.003}
+    assert (out["ratio_step_s"], out["ratio_step_s_first5"]) == (10.0, 10.0 / 3.0)
     assert json.loads((tmp_path / "vs_verl_gsm8k.json").read_text()) == json.loads(json.dumps(out))
 
 
