@@ -82,7 +82,7 @@ D) [[ ! -f gguf/smollm2.gguf.part1 ]] || cp gguf/smollm2.gguf.part1 /tmp/ || exi
      echo "rc $?"; grep "^TRL" $OUT/trl_step.log | cut -c1-250
    fi
    $PY -m tools.bench.bench_grpo_step --combine $OUT --out $OUT 2>&1 | tail -6 ;;
-P) [[ -d /tmp/site/ray ]] || { echo COLD_MACHINE; exit 9; }
+P) [[ -d /tmp/site/verl ]] || { echo COLD_MACHINE; exit 9; }  # after B (its wheels hold gguf)
    smol_prepare $W /tmp/smollm2.gguf ;;
 E) [[ -d $W/mcore && -d /tmp/site/ray ]] || { echo "COLD_MACHINE (or P not run)"; exit 9; }
    log "verl: the real job, $MINUTES minutes of training, detached (setsid): E waits, then W"
