@@ -21,6 +21,8 @@ tuned as its performance docs advise: token-budget micro-batches (`use_dynamic_b
 `gpu_memory_utilization=0.5` (ours uses the same). Without a flash-attn wheel for the box, verl runs
 `attn_implementation=sdpa` with `use_remove_padding=False`: its remove-padding packs a micro-batch into one row,
 which sdpa does not isolate (tools/gpu/verl_research.md section 1). Ours packs; say so next to trainer figures.
+Without flash-attn, verl's log-probs also fall back to a Python loop over tokens; `--logprobs batched` (the default)
+runs the same maths in chunks, as verl would run with flash-attn's kernel (`verl_hooks.batched_logprobs`).
 
 `run` writes OUT/verl_<job>.log, OUT/verl_<job>_steps.json (every step's console metrics) and, for `step`,
 OUT/grpo_step_part_verl.json in bench_grpo_step's format (`--combine` puts it in the table with ours and TRL's).
@@ -42,7 +44,7 @@ import time
 from pathlib import Path
 
 from rlhf_mcore.models.flops import forward_flops_per_token
-from tools.bench.verl_hooks import END_BY_ENV, MINUTES_ENV
+from tools.bench.verl_hooks import END_BY_ENV, LOGPROBS_ENV, MINUTES_ENV
 
 PEAK_TFLOPS = 790.0  # the H200's measured bf16 dense rate, as bench_grpo_step.py
 HOOKS = Path(__file__).with_name("verl_hooks.py")
@@ -81,6 +83,7 @@ def common_overrides(model: str, workdir: str, tokenizer: str = "", gpus: int = 
         "trainer.val_before_train=False", "trainer.test_freq=-1", "trainer.resume_mode=disable",
         "trainer.total_epochs=1000", "trainer.project_name=bench", f"trainer.default_local_dir={workdir}/ckpt",
         f"hydra.run.dir={workdir}/hydra",
+        "+ray_kwargs.ray_init.runtime_env.worker_process_setup_hook=tools.bench.verl_hooks.setup_worker",
     ]
 
 
@@ -127,7 +130,6 @@ def gsm8k_overrides(data: str, steps: int, shape: dict, max_tokens: int = 0) -> 
         "actor_rollout_ref.actor.use_kl_loss=True", "actor_rollout_ref.actor.kl_loss_coef=0.001",
         "actor_rollout_ref.actor.kl_loss_type=low_var_kl", *whole_batch(64 * 8),
         f"reward.custom_reward_function.path={HOOKS}", "reward.custom_reward_function.name=preset_score",
-        "+ray_kwargs.ray_init.runtime_env.worker_process_setup_hook=tools.bench.verl_hooks.install_deadline",
         "trainer.save_freq=100000", "actor_rollout_ref.actor.checkpoint.save_contents=[hf_model]",
         f"trainer.total_training_steps={steps}",
     ]
@@ -254,7 +256,8 @@ def run(args) -> None:
     tokenizer = args.tokenizer or (f"{args.dir}/tokenizer" if args.job == "step" else "")
     cmd = verl_command(args.job, model, data, workdir, steps, tokenizer=tokenizer, max_tokens=args.max_tokens)
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(REPO), os.environ.get(
-        "PYTHONPATH", "")])), RAY_USAGE_STATS_ENABLED="0", RAY_memory_monitor_refresh_ms="0")
+        "PYTHONPATH", "")])), RAY_USAGE_STATS_ENABLED="0", RAY_memory_monitor_refresh_ms="0",
+        **{LOGPROBS_ENV: args.logprobs})
     if args.minutes:
         env[MINUTES_ENV] = str(args.minutes)
         if args.end_margin:  # the last step, the checkpoint and its export inside the watchdog
@@ -268,7 +271,7 @@ def run(args) -> None:
     print(f"verl {args.job}: rc {rc}, {len(steps_seen)} steps in {wall:.0f} s")
     found = versions()
     result = {"system": f"verl-{found['verl']}", "engine": "sglang", "rc": rc, "wall_s": wall, "startup_s": startup,
-              "steps": len(steps_seen), "versions": found}
+              "steps": len(steps_seen), "logprobs": args.logprobs, "versions": found}
     if args.job == "step" and steps_seen:
         hf = json.loads(Path(model, "config.json").read_text())
         result.update(summarize_step(steps_seen, hf, STEP_SHAPE), shape=STEP_SHAPE)
@@ -382,6 +385,9 @@ def parse_args(argv=None):
     p.add_argument("--timeout", type=float, default=540.0, help="kill verl after this many seconds")
     p.add_argument("--end-margin", type=float, default=90.0, help="gsm8k job: end training this many seconds "
                    "before --timeout (0: only --minutes ends it)")
+    p.add_argument("--logprobs", default="batched", choices=["batched", "loop"],
+                   help="verl's log-prob fallback without flash-attn: batched (verl_hooks.batched_logprobs, as "
+                        "with flash-attn's kernel) or loop (verl's own, one row at a time: leases 2-6)")
     p.add_argument("--out", default="results")
     return p.parse_args(argv)
 

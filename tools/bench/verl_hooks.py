@@ -11,6 +11,13 @@
   `trainer.total_training_steps` does). Our trainer's `trainer.time_limit_min` does the same, from before its
   model build. $BENCH_VERL_END_BY (a Unix time) ends it earlier, so that verl saves its export inside one device
   call whatever its start-up took; ours then trains as long as verl did (`bench_verl_grpo.train_minutes`).
+- `batched_logprobs`: without flash-attn (the box has none), verl 0.9.1's `logprobs_from_logits` falls back to
+  `logprobs_from_logits_v2`, which loops over rows in Python; its engine passes one row per token, so a log-prob
+  pass launches a few kernels per token (162k tokens a step on the real job). With flash-attn, verl uses its
+  cross-entropy kernel instead. $BENCH_VERL_LOGPROBS=batched (bench_verl_grpo's default) swaps in the same maths
+  over chunks of rows, so verl runs as it would where flash-attn installs; `loop` keeps verl's fallback.
+- `setup_worker`: the Ray worker setup hook (`ray_kwargs.ray_init.runtime_env.worker_process_setup_hook`) that
+  installs the deadline and the log-prob choice in every verl worker.
 """
 from __future__ import annotations
 
@@ -22,6 +29,8 @@ PRESET_FORMAT_SCORE = 0.1
 PRESET_POST_ANSWER_PENALTY = 0.1
 MINUTES_ENV = "BENCH_VERL_TRAIN_MINUTES"
 END_BY_ENV = "BENCH_VERL_END_BY"
+LOGPROBS_ENV = "BENCH_VERL_LOGPROBS"
+LOGPROB_CHUNK_ROWS = 4096  # rows a kernel: 4096 x SmolLM2's 49,152 logits are 0.4 GB in bf16
 
 
 def random_score(data_source, solution_str, ground_truth, extra_info=None, **kwargs) -> float:
@@ -100,3 +109,43 @@ def wrap_trainer(trainer_base, minutes: float, clock=time.time, end_by: float | 
         return out
 
     trainer_base.PPOTrainer._compute_metrics = wrapped
+
+
+def batched_logprobs(logits, labels, chunk_rows: int = LOGPROB_CHUNK_ROWS):
+    """verl 0.9.1's `logprobs_from_logits_v2` maths, `chunk_rows` rows a kernel instead of one: float32/64 logits
+    give the label's logit less the row's logsumexp, lower precisions the label's entry of the row's log-softmax
+    (in the logits' dtype, as verl's fallback). `logits` (..., vocab), `labels` (...) -> (...)."""
+    import torch
+    import torch.nn.functional as F
+
+    rows, index = logits.reshape(-1, logits.shape[-1]), labels.reshape(-1, 1)
+    parts = []
+    for start in range(0, rows.shape[0], chunk_rows):
+        chunk, at = rows[start:start + chunk_rows], index[start:start + chunk_rows]
+        if chunk.dtype in (torch.float32, torch.float64):
+            parts.append(chunk.gather(-1, at).squeeze(-1) - torch.logsumexp(chunk, dim=-1))
+        else:
+            parts.append(F.log_softmax(chunk, dim=-1).gather(-1, at).squeeze(-1))
+    return (torch.cat(parts) if parts else rows.new_zeros(0)).view(labels.shape)
+
+
+def install_logprobs() -> None:
+    """verl's log-prob fallback becomes `batched_logprobs` in this worker, unless $BENCH_VERL_LOGPROBS is `loop`."""
+    choice = os.environ.get(LOGPROBS_ENV, "batched")
+    if choice not in ("batched", "loop"):
+        raise ValueError(f"${LOGPROBS_ENV}={choice!r}: expected batched or loop")
+    if choice == "batched":
+        from rlhf_mcore.import_hooks import after_import
+
+        def patch(module):
+            module.logprobs_from_logits_v2 = batched_logprobs
+            print(f"bench_verl_grpo: verl's log-prob fallback runs {LOGPROB_CHUNK_ROWS} rows a kernel "
+                  f"(verl_hooks.batched_logprobs; pid {os.getpid()})", flush=True)
+        after_import("verl.utils.torch_functional", patch)
+
+
+def setup_worker() -> None:
+    """Ray worker setup hook: the training deadline (`install_deadline`) and the log-prob choice
+    (`install_logprobs`)."""
+    install_deadline()
+    install_logprobs()

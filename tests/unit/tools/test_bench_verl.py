@@ -69,7 +69,7 @@ def test_gsm8k_job_is_our_preset_in_verls_keys():
     assert verl_hooks.PRESET_POST_ANSWER_PENALTY == preset["reward"]["post_answer_penalty"]
     assert keys["reward.custom_reward_function.name"] == "preset_score"
     assert keys["ray_kwargs.ray_init.runtime_env.worker_process_setup_hook"] == \
-        "tools.bench.verl_hooks.install_deadline"
+        "tools.bench.verl_hooks.setup_worker"
     assert "hf_model" in keys["actor_rollout_ref.actor.checkpoint.save_contents"]
     assert keys["actor_rollout_ref.rollout.engine_kwargs.sglang.cuda_graph_max_bs_decode"] == str(
         preset["data"]["train_batch_size"] * preset["rollout"]["n"])
@@ -271,3 +271,49 @@ def test_overrides_compose_with_verls_own_config(job):
     rollout, actor = cfg.actor_rollout_ref.rollout, cfg.actor_rollout_ref.actor
     assert rollout.max_num_seqs == rollout.engine_kwargs.sglang.cuda_graph_max_bs_decode == 512
     assert actor.ppo_max_token_len_per_gpu == (bench.STEP_MAX_TOKENS if job == "step" else bench.GSM8K_MAX_TOKENS)
+
+
+def _verls_row_loop(logits, labels):
+    """verl 0.9.1's `logprobs_from_logits_v2`, as its source reads: one row of `logits` at a time."""
+    import torch
+    import torch.nn.functional as F
+
+    if logits.dtype in (torch.float32, torch.float64):
+        return torch.gather(logits, -1, labels.unsqueeze(-1)).squeeze(-1) - torch.stack(
+            [torch.logsumexp(row, dim=-1) for row in logits])
+    return torch.stack([F.log_softmax(row, dim=-1).gather(-1, lab.unsqueeze(-1)).squeeze(-1)
+                        for row, lab in zip(logits, labels)])
+
+
+@pytest.mark.parametrize("dtype,shape", [("float32", (7, 50)), ("bfloat16", (7, 50)), ("float32", (3, 5, 50))])
+def test_batched_logprobs_are_verls_row_loop(dtype, shape):
+    """The stand-in gives verl's fallback's values and gradients, across chunk edges (3 rows a chunk over 7 or 15
+    rows), per token (verl's engine passes (tokens, vocab)) and per sequence ((batch, seq, vocab))."""
+    import torch
+
+    torch.manual_seed(0)
+    logits = (3 * torch.randn(*shape)).to(getattr(torch, dtype)).requires_grad_()
+    labels = torch.randint(0, shape[-1], shape[:-1])
+    ours = verl_hooks.batched_logprobs(logits, labels, chunk_rows=3)
+    ref = _verls_row_loop(logits, labels)
+    assert ours.shape == labels.shape and ours.dtype == ref.dtype
+    torch.testing.assert_close(ours, ref, rtol=0, atol=1e-6 if dtype == "float32" else 1e-2)
+    (g_ours,), (g_ref,) = (torch.autograd.grad(x.float().square().sum(), logits) for x in (ours, ref))
+    torch.testing.assert_close(g_ours, g_ref, rtol=1e-5, atol=1e-5 if dtype == "float32" else 1e-2)
+    assert verl_hooks.batched_logprobs(logits[:0], labels[:0]).shape == labels[:0].shape
+
+
+@pytest.mark.parametrize("choice", ["batched", "loop", "typo"])
+def test_install_logprobs_patches_verls_fallback_unless_loop(monkeypatch, choice):
+    import types
+
+    module = types.ModuleType("verl.utils.torch_functional")
+    module.logprobs_from_logits_v2 = verls = object()
+    monkeypatch.setitem(sys.modules, "verl.utils.torch_functional", module)
+    monkeypatch.setenv(verl_hooks.LOGPROBS_ENV, choice)
+    if choice == "typo":
+        with pytest.raises(ValueError, match="BENCH_VERL_LOGPROBS='typo'"):
+            verl_hooks.install_logprobs()
+        return
+    verl_hooks.install_logprobs()
+    assert module.logprobs_from_logits_v2 is (verl_hooks.batched_logprobs if choice == "batched" else verls)
