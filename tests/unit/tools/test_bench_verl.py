@@ -317,3 +317,29 @@ def test_install_logprobs_patches_verls_fallback_unless_loop(monkeypatch, choice
         return
     verl_hooks.install_logprobs()
     assert module.logprobs_from_logits_v2 is (verl_hooks.batched_logprobs if choice == "batched" else verls)
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_verls_own_logprobs_give_the_same_values_once_batched(monkeypatch, dtype):
+    """Where verl 0.9.1 imports (a dev machine; not CI): its `logprobs_from_logits`, called as its FSDP engine calls
+    it (one row per token), gives the same values and gradients before and after `install_logprobs`."""
+    import torch
+
+    try:
+        import verl.utils.torch_functional as tf
+    except ImportError as e:
+        pytest.skip(f"verl is not importable here: {e}")
+    if tf.FLAH_ATTN_CROSS_ENTROPY_LOSS_AVAILABLE:
+        pytest.skip("flash-attn is installed: verl never reaches its fallback")
+    monkeypatch.setattr(tf, "logprobs_from_logits_v2", tf.logprobs_from_logits_v2)  # restored after the test
+    monkeypatch.setenv(verl_hooks.LOGPROBS_ENV, "batched")
+    torch.manual_seed(0)
+    logits = (3 * torch.randn(300, 1000)).to(getattr(torch, dtype)).requires_grad_()
+    labels = torch.randint(0, 1000, (300,))
+    before = tf.logprobs_from_logits(logits, labels)
+    verl_hooks.install_logprobs()
+    assert tf.logprobs_from_logits_v2 is verl_hooks.batched_logprobs
+    after = tf.logprobs_from_logits(logits, labels)
+    torch.testing.assert_close(after, before, rtol=0, atol=0 if dtype == "bfloat16" else 1e-6)
+    (g_after,), (g_before,) = (torch.autograd.grad(x.float().sum(), logits) for x in (after, before))
+    torch.testing.assert_close(g_after, g_before, rtol=1e-5, atol=1e-6)
