@@ -44,7 +44,7 @@ import time
 from pathlib import Path
 
 from rlhf_mcore.models.flops import forward_flops_per_token
-from tools.bench.verl_hooks import END_BY_ENV, LOGPROBS_ENV, MINUTES_ENV
+from tools.bench.verl_hooks import END_BY_ENV, LOGPROBS_CHOICES, LOGPROBS_ENV, MINUTES_ENV
 
 PEAK_TFLOPS = 790.0  # the H200's measured bf16 dense rate, as bench_grpo_step.py
 HOOKS = Path(__file__).with_name("verl_hooks.py")
@@ -385,7 +385,7 @@ def parse_args(argv=None):
     p.add_argument("--timeout", type=float, default=540.0, help="kill verl after this many seconds")
     p.add_argument("--end-margin", type=float, default=90.0, help="gsm8k job: end training this many seconds "
                    "before --timeout (0: only --minutes ends it)")
-    p.add_argument("--logprobs", default="batched", choices=["batched", "loop"],
+    p.add_argument("--logprobs", default=LOGPROBS_CHOICES[0], choices=LOGPROBS_CHOICES,
                    help="verl's log-prob fallback without flash-attn: batched (verl_hooks.batched_logprobs, as "
                         "with flash-attn's kernel) or loop (verl's own, one row at a time: leases 2-6)")
     p.add_argument("--out", default="results")

@@ -30,6 +30,7 @@ PRESET_POST_ANSWER_PENALTY = 0.1
 MINUTES_ENV = "BENCH_VERL_TRAIN_MINUTES"
 END_BY_ENV = "BENCH_VERL_END_BY"
 LOGPROBS_ENV = "BENCH_VERL_LOGPROBS"
+LOGPROBS_CHOICES = ("batched", "loop")  # `batched_logprobs`, or verl's own fallback
 LOGPROB_CHUNK_ROWS = 4096  # rows a kernel: 4096 x SmolLM2's 49,152 logits are 0.4 GB in bf16
 
 
@@ -131,9 +132,9 @@ def batched_logprobs(logits, labels, chunk_rows: int = LOGPROB_CHUNK_ROWS):
 
 def install_logprobs() -> None:
     """verl's log-prob fallback becomes `batched_logprobs` in this worker, unless $BENCH_VERL_LOGPROBS is `loop`."""
-    choice = os.environ.get(LOGPROBS_ENV, "batched")
-    if choice not in ("batched", "loop"):
-        raise ValueError(f"${LOGPROBS_ENV}={choice!r}: expected batched or loop")
+    choice = os.environ.get(LOGPROBS_ENV, LOGPROBS_CHOICES[0])
+    if choice not in LOGPROBS_CHOICES:
+        raise ValueError(f"${LOGPROBS_ENV}={choice!r}: expected one of {', '.join(LOGPROBS_CHOICES)}")
     if choice == "batched":
         from rlhf_mcore.import_hooks import after_import
 
