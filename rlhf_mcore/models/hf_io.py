@@ -21,6 +21,7 @@ from safetensors import safe_open
 from safetensors.torch import save_file
 
 from rlhf_mcore.disk import publish_dir
+from rlhf_mcore.models.fused_experts import DOWN, GATE_UP, ExpertView, expert_views, fuse_experts
 
 log = logging.getLogger(__name__)
 
@@ -104,7 +105,8 @@ def canonical_name(name: str, aliases: tuple[tuple[str, str], ...]) -> str:
 class LazyStateDict(Mapping):
     """name -> tensor over checkpoint files, each tensor read only when accessed (torch .bin files are
     memory-mapped). Lets a pipeline stage convert just its own layers of a large checkpoint. `aliases`: (prefix,
-    canonical prefix) pairs; a tensor stored under an alias prefix is found under the canonical name."""
+    canonical prefix) pairs; a tensor stored under an alias prefix is found under the canonical name. Experts stored
+    fused (`models.fused_experts`) are listed and read as per-expert tensors, one expert's bytes at a time."""
 
     def __init__(self, files: list[Path], aliases: tuple[tuple[str, str], ...] = ()):
         self._handles: dict[str, tuple[object, str]] = {}  # name -> (file handle, the name stored there)
@@ -115,18 +117,41 @@ class LazyStateDict(Mapping):
                 if name in self._handles:
                     raise ValueError(f"{path}: tensor '{stored}' also appears in another shard (as '{name}').")
                 self._handles[name] = (handle, stored)
+        fused = {n: self._stored_shape(n) for n in self._handles if n.endswith((GATE_UP, DOWN))}
+        self._views = expert_views(fused)
+        self._hidden = {v.stored for v in self._views.values()}  # read through the views only
+        self._names = [n for n in self._handles if n not in self._hidden] + list(self._views)
 
-    def __getitem__(self, name: str) -> torch.Tensor:
-        handle, name = self._handles[name]
-        return handle[name] if isinstance(handle, dict) else handle.get_tensor(name)
-
-    def shape(self, name: str) -> tuple[int, ...]:
-        """The stored shape, without reading the tensor."""
+    def _stored_shape(self, name: str) -> tuple[int, ...]:
         handle, name = self._handles[name]
         return tuple(handle[name].shape) if isinstance(handle, dict) else tuple(handle.get_slice(name).get_shape())
 
+    def _view(self, view: ExpertView) -> torch.Tensor:
+        handle, name = self._handles[view.stored]
+        matrix = handle[name][view.expert] if isinstance(handle, dict) else \
+            handle.get_slice(name)[view.expert:view.expert + 1][0]
+        return view.take(matrix)
+
+    def __getitem__(self, name: str) -> torch.Tensor:
+        if name in self._views:
+            return self._view(self._views[name])
+        handle, name = self._handles[name]
+        return handle[name] if isinstance(handle, dict) else handle.get_tensor(name)
+
+    def __contains__(self, name) -> bool:
+        return name in self._views or (name in self._handles and name not in self._hidden)
+
+    def shape(self, name: str) -> tuple[int, ...]:
+        """The stored shape, without reading the tensor."""
+        if name in self._views:
+            return self._views[name].shape(self._stored_shape(self._views[name].stored))
+        return self._stored_shape(name)
+
     def read_slice(self, name: str, dim: int, start: int, stop: int) -> torch.Tensor:
-        """Rows (dim 0) or columns (dim 1) [start, stop) of a tensor; safetensors reads only those bytes."""
+        """Rows (dim 0) or columns (dim 1) [start, stop) of a tensor; safetensors reads only those bytes (a fused
+        expert's view: that expert's)."""
+        if name in self._views:
+            return self[name].narrow(dim, start, stop - start).clone()
         handle, name = self._handles[name]
         if isinstance(handle, dict):
             return handle[name].narrow(dim, start, stop - start).clone()
@@ -134,10 +159,10 @@ class LazyStateDict(Mapping):
         return part[start:stop] if dim == 0 else part[:, start:stop]
 
     def __iter__(self) -> Iterator[str]:
-        return iter(self._handles)
+        return iter(self._names)
 
     def __len__(self) -> int:
-        return len(self._handles)
+        return len(self._names)
 
 
 def load_hf_state_dict(hf_dir: str | os.PathLike, lazy: bool = False,
@@ -240,23 +265,27 @@ def atomic_dir(out_dir: str | os.PathLike, overwrite: bool = False) -> Iterator[
     publish_dir(tmp, out_dir)
 
 
-def export_names(state_dict: dict, hf_config: dict) -> dict:
-    """The family's export prefixes applied (`ModelSpec.export_prefixes`): Qwen3-VL's transformers class loads its
-    LM only as `model.language_model.*` and its tower as `model.visual.*` (no legacy-name conversion, unlike
-    Qwen2.5-VL's), where the weight table reads `model.*` and `visual.*`. Other families: unchanged.
+def export_tensors(state_dict: dict, hf_config: dict) -> dict:
+    """The state dict as the family's checkpoints store it: experts fused in the Hub's layout where the family's are
+    (`ModelSpec.fused_experts`, `models.fused_experts`), then the export prefixes (`ModelSpec.export_prefixes`):
+    Qwen3-VL's transformers class loads its LM only as `model.language_model.*` and its tower as `model.visual.*` (no
+    legacy-name conversion, unlike Qwen2.5-VL's), where the weight table reads `model.*` and `visual.*`. Other
+    families: unchanged.
 
-    >>> export_names({"model.norm.weight": 1, "visual.pos_embed.weight": 2, "lm_head.weight": 3},
-    ...              {"architectures": ["Qwen3VLForConditionalGeneration"]})
+    >>> export_tensors({"model.norm.weight": 1, "visual.pos_embed.weight": 2, "lm_head.weight": 3},
+    ...                {"architectures": ["Qwen3VLForConditionalGeneration"]})
     {'model.language_model.norm.weight': 1, 'model.visual.pos_embed.weight': 2, 'lm_head.weight': 3}
     """
     from rlhf_mcore.models.registry import spec_for_hf_config
 
-    prefixes = spec_for_hf_config(hf_config).export_prefixes
-    if not prefixes:
+    spec = spec_for_hf_config(hf_config)
+    if spec.fused_experts:
+        state_dict = fuse_experts(state_dict)
+    if not spec.export_prefixes:
         return state_dict
     renamed = {}
     for name, tensor in state_dict.items():
-        new = next((to + name[len(old):] for old, to in prefixes if name.startswith(old)), name)
+        new = next((to + name[len(old):] for old, to in spec.export_prefixes if name.startswith(old)), name)
         renamed[new] = tensor
     return renamed
 
@@ -272,10 +301,10 @@ def save_hf_checkpoint(
     generation: dict | None = None,
 ) -> Path:
     """Write a complete HF checkpoint directory atomically: config, weights (under the names the family's
-    transformers class loads, `export_names`), and aux files copied over (from each of `aux_src_dir`'s directories
+    transformers class loads, `export_tensors`), and aux files copied over (from each of `aux_src_dir`'s directories
     in turn: a later one's files win). `generation`: fields set in generation_config.json (written when missing)."""
     sources = aux_src_dir if isinstance(aux_src_dir, list) else [aux_src_dir] if aux_src_dir is not None else []
-    state_dict = export_names(state_dict, hf_config)
+    state_dict = export_tensors(state_dict, hf_config)
     with atomic_dir(out_dir, overwrite=overwrite) as tmp:
         for src in sources:
             copy_aux_files(src, tmp)

@@ -3,14 +3,24 @@
 """
 from __future__ import annotations
 
-from rlhf_mcore.models.families import llama, mistral, mixtral, qwen2, qwen2_5_vl, qwen3, qwen3_moe, qwen3_vl
+from rlhf_mcore.models.families import (
+    llama,
+    mistral,
+    mixtral,
+    qwen2,
+    qwen2_5_vl,
+    qwen3,
+    qwen3_moe,
+    qwen3_vl,
+    qwen3_vl_moe,
+)
 from rlhf_mcore.models.spec import ModelSpec
 from rlhf_mcore.registry import Registry
 
 MODEL_FAMILIES: Registry[ModelSpec] = Registry("model family")
 
 for _spec in (llama.SPEC, qwen2.SPEC, mistral.SPEC, qwen3.SPEC, qwen3_moe.SPEC, mixtral.SPEC, qwen2_5_vl.SPEC,
-              qwen3_vl.SPEC):
+              qwen3_vl.SPEC, qwen3_vl_moe.SPEC):
     MODEL_FAMILIES.register(_spec.name)(_spec)
 
 

@@ -155,6 +155,7 @@ class ModelSpec:
     vision_prefix: str | None = None  # HF tensors under it belong to the vision tower, not the table
     vision_tower: Callable[[], type] | None = None  # the tower's transformers class (built from vision_config)
     export_prefixes: tuple[tuple[str, str], ...] = ()  # (the table's prefix, what an HF export writes instead)
+    fused_experts: bool = False  # its checkpoints store experts fused: exports write them so (models.fused_experts)
 
 
 # The GPT structure every family shares (RMSNorm, RoPE, SwiGLU, GQA), in Llama's HF names.

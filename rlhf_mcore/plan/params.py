@@ -104,7 +104,8 @@ def qwen3_vl_tower_params(vision: dict) -> int:
             + levels * (2 * wide + linears))
 
 
-TOWER_PARAMS = {"qwen2_5_vl": tower_params, "qwen3_vl": qwen3_vl_tower_params}  # per vision family
+TOWER_PARAMS = {"qwen2_5_vl": tower_params, "qwen3_vl": qwen3_vl_tower_params,  # per vision family
+                "qwen3_vl_moe": qwen3_vl_tower_params}  # the same tower
 
 
 def vision_params(hf: dict) -> int:

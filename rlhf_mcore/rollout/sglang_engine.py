@@ -47,7 +47,7 @@ from typing import Callable, Iterable, Optional
 import torch
 
 from rlhf_mcore.models.full_weights import FullWeights, hf_weights, unwrap_model
-from rlhf_mcore.models.hf_io import export_names
+from rlhf_mcore.models.hf_io import export_tensors
 from rlhf_mcore.models.registry import spec_for_hf_config
 from rlhf_mcore.models.vision import vision_side
 from rlhf_mcore.rollout import sglang_continuous, sglang_images
@@ -105,7 +105,7 @@ def fit_errors(utilization: float, num_params: int, bytes_per_param: int, device
 
 def write_hf_dir(named: Iterable[tuple[str, torch.Tensor]], hf_cfg: dict, dtype: torch.dtype) -> str:
     """A throw-away HF directory (config.json + model.safetensors) the engine loads at start-up, under the names
-    transformers reads too (`hf_io.export_names`); the tensors are copied to the host one at a time as `named`
+    transformers reads too (`hf_io.export_tensors`); the tensors are copied to the host one at a time as `named`
     yields them. config.json names the family's architecture where the user's has none (a config transformers
     resolves by model_type alone): SGLang picks its model class by `architectures[0]`."""
     from safetensors.torch import save_file
@@ -117,7 +117,7 @@ def write_hf_dir(named: Iterable[tuple[str, torch.Tensor]], hf_cfg: dict, dtype:
     with open(os.path.join(path, "config.json"), "w") as f:
         json.dump(config, f)
     tensors = {k: v.detach().to("cpu", dtype).contiguous() for k, v in named}
-    save_file(export_names(tensors, hf_cfg), os.path.join(path, "model.safetensors"))  # Qwen3-VL: nested names
+    save_file(export_tensors(tensors, hf_cfg), os.path.join(path, "model.safetensors"))  # nested names, fused experts
     return path
 
 

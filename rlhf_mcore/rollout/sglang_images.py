@@ -119,10 +119,10 @@ def copy_processor_files(src: str, dst: str) -> list[str]:
 
 
 def engine_config(hf_cfg: dict) -> dict:
-    """The config.json SGLang starts from. Its own Qwen3-VL config class reads the Hub's text `rope_scaling` and
-    `rope_theta` (transformers 4.57's names; its model asks `"mrope_section" in config.rope_scaling` and interleaves
-    only with `mrope_interleaved`), where transformers 5 writes `rope_parameters`: those are added from it. Other
-    configs, and a Qwen3-VL one that has them, are unchanged.
+    """The config.json SGLang starts from. Its own Qwen3-VL (and Qwen3-VL-MoE) config class reads the Hub's text
+    `rope_scaling` and `rope_theta` (transformers 4.57's names; its model asks `"mrope_section" in
+    config.rope_scaling` and interleaves only with `mrope_interleaved`), where transformers 5 writes
+    `rope_parameters`: those are added from it. Other configs, and a Qwen3-VL one that has them, are unchanged.
 
     >>> engine_config({"model_type": "qwen3_vl", "text_config": {"rope_parameters": {"rope_type": "default",
     ...     "rope_theta": 5e6, "mrope_section": [24, 20, 20]}}})["text_config"]["rope_scaling"]
@@ -130,7 +130,8 @@ def engine_config(hf_cfg: dict) -> dict:
     """
     text = hf_cfg.get("text_config") or {}
     params = text.get("rope_parameters")
-    if hf_cfg.get("model_type") != "qwen3_vl" or text.get("rope_scaling") or not isinstance(params, dict):
+    interleaved = hf_cfg.get("model_type") in ("qwen3_vl", "qwen3_vl_moe")
+    if not interleaved or text.get("rope_scaling") or not isinstance(params, dict):
         return hf_cfg
     scaling = {k: v for k, v in params.items() if k != "rope_theta"} | {"mrope_interleaved": True}
     theta = {"rope_theta": params["rope_theta"]} if "rope_theta" in params else {}

@@ -60,12 +60,48 @@ def tiny_vl3_model(seed: int = 0):
     return model.eval()
 
 
+def tiny_vl3_moe_model(seed: int = 0):
+    """A tiny random Qwen3-VL-MoE (transformers' `Qwen3VLMoeForConditionalGeneration`): `tiny_vl3_model`'s tower,
+    rotary and DeepStack around 4 MoE layers of 4 experts, top-2, each expert 48 wide (hidden 64: neither 2 x 48 nor
+    48 equals it, so a fused tensor's two layouts differ in shape, as the real models' do)."""
+    from transformers import Qwen3VLMoeConfig, Qwen3VLMoeForConditionalGeneration
+
+    dense = tiny_vl3_model(seed).config.to_dict()
+    text = {k: v for k, v in dense["text_config"].items() if k not in ("model_type", "dtype", "architectures")}
+    vision = {k: v for k, v in dense["vision_config"].items() if k not in ("model_type", "dtype")}
+    config = Qwen3VLMoeConfig(text_config={**text, "num_experts": 4, "num_experts_per_tok": 2,
+                                           "moe_intermediate_size": 48, "decoder_sparse_step": 1},
+                              vision_config=vision, image_token_id=IMAGE, video_token_id=VIDEO,
+                              vision_start_token_id=START, vision_end_token_id=END, tie_word_embeddings=False)
+    model = Qwen3VLMoeForConditionalGeneration(config)
+    randomize_(model, seed)
+    return model.eval()
+
+
 # the tiny model of each vision family and its patch size (a row of pixel_values)
-FAMILIES = {"qwen2_5_vl": (tiny_vl_model, PATCH_DIM), "qwen3_vl": (tiny_vl3_model, PATCH_DIM3)}
+FAMILIES = {"qwen2_5_vl": (tiny_vl_model, PATCH_DIM), "qwen3_vl": (tiny_vl3_model, PATCH_DIM3),
+            "qwen3_vl_moe": (tiny_vl3_moe_model, PATCH_DIM3)}
 
 
-def save_tiny_family(family: str, out_dir: Path) -> Path:
+def family_in(vl_dir) -> str:
+    """The family of a saved tiny directory (its config.json's model_type: a key of `FAMILIES`)."""
+    import json
+
+    return json.loads((Path(vl_dir) / "config.json").read_text())["model_type"]
+
+
+def save_tiny_family(family: str, out_dir: Path, hub_layout: bool = True) -> Path:
+    """transformers' `save_pretrained` of the family's tiny model. Fused experts (Qwen3-VL-MoE) are then stored in the
+    Hub's layout ([E, H, 2I], [E, I, H]: transposed from what transformers 5 writes) unless not `hub_layout`."""
+    from safetensors.torch import load_file, save_file
+
     FAMILIES[family][0]().save_pretrained(str(out_dir))
+    path = Path(out_dir) / "model.safetensors"
+    tensors = load_file(str(path))
+    fused = [k for k in tensors if k.endswith(("experts.gate_up_proj", "experts.down_proj"))]
+    if hub_layout and fused:
+        save_file({k: v.transpose(1, 2).contiguous() if k in fused else v for k, v in tensors.items()}, str(path),
+                  metadata={"format": "pt"})
     return Path(out_dir)
 
 

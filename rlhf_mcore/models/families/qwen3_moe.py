@@ -26,16 +26,25 @@ EXPERTS = (
 DENSE_MLP = tuple(r for r in BASE_WEIGHTS if ".mlp." not in r.mcore)
 
 
-def check(hf: dict, source: str) -> None:
-    no_attention_bias(hf, source)
+def expert_errors(hf: dict, source: str) -> list[str]:
+    """config.json's expert fields this family cannot convert, one line each."""
+    errs = []
     if hf.get("decoder_sparse_step", 1) != 1 or hf.get("mlp_only_layers"):
-        raise ValueError(f"{source}: decoder_sparse_step={hf.get('decoder_sparse_step')} / mlp_only_layers="
-                         f"{hf.get('mlp_only_layers')} (dense layers between MoE layers) are not supported. Use a "
-                         "model whose every layer is MoE.")
+        errs.append(f"{source}: decoder_sparse_step={hf.get('decoder_sparse_step')} / mlp_only_layers="
+                    f"{hf.get('mlp_only_layers')} (dense layers between MoE layers) are not supported. Use a model "
+                    "whose every layer is MoE.")
     for key, value in (("num_experts", num_experts(hf)), ("num_experts_per_tok", hf.get("num_experts_per_tok")),
                        ("moe_intermediate_size", hf.get("moe_intermediate_size"))):
         if not isinstance(value, int) or value <= 0:
-            raise ValueError(f"{source}: config field '{key}' is missing or not a positive int (got {value!r}).")
+            errs.append(f"{source}: config field '{key}' is missing or not a positive int (got {value!r}).")
+    return errs
+
+
+def check(hf: dict, source: str) -> None:
+    no_attention_bias(hf, source)
+    errs = expert_errors(hf, source)
+    if errs:
+        raise ValueError("\n".join(errs))
 
 
 def config_fields(hf: dict) -> dict:

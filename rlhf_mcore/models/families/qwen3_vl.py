@@ -31,7 +31,7 @@ def section(hf: dict) -> list[int]:
     return mrope_section(hf) or list(DEFAULT_SECTION)
 
 
-def check(hf: dict, source: str) -> None:
+def errors(hf: dict, source: str) -> list[str]:
     """What this converter cannot honour, one line each (config.json fields of the flat config)."""
     errs = mrope_errors(hf, source, section(hf), "Qwen3-VL")
     if any(p.get("mrope_interleaved") is False for _, p in rope_fields(hf)):
@@ -41,6 +41,11 @@ def check(hf: dict, source: str) -> None:
         if hf.get(field):
             errs.append(f"{source}: config field '{field}'=true is not supported for Qwen3-VL (got true). Use the "
                         "model's own config.json.")
+    return errs
+
+
+def check(hf: dict, source: str) -> None:
+    errs = errors(hf, source)
     if errs:
         raise ValueError("\n".join(errs))
 

@@ -12,7 +12,7 @@ import torch
 from safetensors.torch import load_file
 
 from tests.support.tiny_hf import diff_state_dicts, load_tensors
-from tests.support.tiny_vl import FAMILIES, image_batch, save_tiny_family
+from tests.support.tiny_vl import FAMILIES, family_in, image_batch, save_tiny_family
 from tools.convert_checkpoint import run
 
 
@@ -22,7 +22,7 @@ def vl_dir(tmp_path_factory, request):
 
 
 def family_batch(vl_dir) -> dict:
-    return image_batch(0, next(dim for f, (_, dim) in FAMILIES.items() if f"export_{f}" in str(vl_dir)))
+    return image_batch(0, FAMILIES[family_in(vl_dir)][1])
 
 
 def tower_prefix(names) -> str:

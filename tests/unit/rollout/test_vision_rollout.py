@@ -1,6 +1,6 @@
-"""The native engine rolls out a vision LM (rollout/vision_decode.py; Qwen2.5-VL, and Qwen3-VL with DeepStack in the
-prefill only), eagerly and with the static decoder: prompts with images (prefilled with the tower's embeddings,
-decoded at M-RoPE positions) give the log-probs the trainer's old-log-prob pass
+"""The native engine rolls out a vision LM (rollout/vision_decode.py; Qwen2.5-VL, Qwen3-VL with DeepStack in the
+prefill only, and Qwen3-VL-MoE, eagerly only), eagerly and with the static decoder: prompts with images (prefilled
+with the tower's embeddings, decoded at M-RoPE positions) give the log-probs the trainer's old-log-prob pass
 computes on the same rows (fp32, <= 1e-5) with the tower run once per prompt (its samples share the embeddings),
 and the batch carries each row's images on to the trainer."""
 from functools import partial
@@ -8,12 +8,13 @@ from functools import partial
 import pytest
 import torch
 
+from rlhf_mcore.models.registry import spec_for_hf_config
 from rlhf_mcore.models.vision import vision_side
 from rlhf_mcore.rollout.native import NativeRolloutEngine
 from rlhf_mcore.rollout.types import SamplingParams
 from rlhf_mcore.trainer.losses import actor_loss
 from rlhf_mcore.trainer.schedule import forward_collect, split_micro_batches
-from tests.support.tiny_vl import FAMILIES, GRIDS, image_batch, save_tiny_family, vl_actor
+from tests.support.tiny_vl import FAMILIES, GRIDS, family_in, image_batch, save_tiny_family, vl_actor
 
 TOL = 1e-5
 
@@ -25,7 +26,7 @@ def vl_dir(tmp_path_factory, request):
 
 def prompts_and_images(vl_dir):
     """Three prompts of different lengths: an image each in the first two (4 and 6 tokens), text only in the third."""
-    b = image_batch(0, next(dim for f, (_, dim) in FAMILIES.items() if f"vl_rollout_{f}" in str(vl_dir)))
+    b = image_batch(0, FAMILIES[family_in(vl_dir)][1])
     ids = [row[:int(n)].tolist() for row, n in zip(b["input_ids"], b["attention_mask"].sum(1))]
     ids = [ids[0][:-2], ids[1], ids[2][:-4]]  # ragged: the chunk is left-padded
     first = GRIDS[0][0] * GRIDS[0][1] * GRIDS[0][2]
@@ -44,7 +45,8 @@ def test_rollout_log_probs_are_the_trainers(vl_dir, mcore_ctx, micro_batch_size,
     cfg, state = vl_actor(vl_dir, mcore_ctx)
     engine = NativeRolloutEngine(state.model[0], mcore_ctx, pad_id=0, micro_batch_size=micro_batch_size,
                                  **DECODERS[decoder])
-    assert (engine.static is not None) == (decoder == "static")
+    static = decoder == "static" and "static" in spec_for_hf_config({"model_type": family_in(vl_dir)}).decode_paths
+    assert (engine.static is not None) == static  # an MoE (Qwen3-VL-MoE) decodes eagerly: the static one is dense
     ids, images = prompts_and_images(vl_dir)
     params = SamplingParams(n=2, max_new_tokens=7, temperature=1.0, seed=3)
     seen = []  # the patches the tower embeds: each prompt's image once per chunk, not once per sample

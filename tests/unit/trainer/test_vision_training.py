@@ -9,7 +9,7 @@ import torch
 
 from rlhf_mcore.trainer.losses import actor_loss
 from rlhf_mcore.trainer.schedule import forward_collect, run_schedule, split_micro_batches, to_device
-from tests.support.tiny_vl import FAMILIES, image_batch, save_tiny_family, vl_actor, vl_step_batch
+from tests.support.tiny_vl import FAMILIES, family_in, image_batch, save_tiny_family, vl_actor, vl_step_batch
 
 TOL = 1e-5
 
@@ -21,7 +21,7 @@ def vl_dir(tmp_path_factory, request):
 
 def family_of(vl_dir) -> tuple:
     """(tiny model builder, patch size) of the family saved in `vl_dir`."""
-    return FAMILIES[next(f for f in FAMILIES if f"vl_train_{f}" in str(vl_dir))]
+    return FAMILIES[family_in(vl_dir)]
 
 
 @pytest.fixture(autouse=True)

@@ -1,0 +1,37 @@
+"""Qwen3-VL-MoE (Qwen3-VL-30B-A3B, -235B-A22B): Qwen3-VL's vision tower (DeepStack) and interleaved M-RoPE around a
+Qwen3-MoE language model, every layer a mixture of experts on megatron-core's MoE layer (`qwen3_moe.py`).
+
+- Router: transformers' `Qwen3VLMoeTextTopKRouter` always renormalises the top-k probabilities (it has no
+  `norm_topk_prob` switch): megatron's default, softmax over the top-k logits (`moe_router_pre_softmax=False`).
+- Checkpoints store each layer's experts fused (`model.language_model.layers.N.mlp.experts.gate_up_proj` and
+  `down_proj`), in the Hub's layout or transformers 5's (`models.fused_experts`): both load, read as the per-expert
+  tensors of Qwen3-MoE's table; exports (and SGLang's start-up directory) write the Hub's layout.
+- Decoded eagerly, like every MoE (the functional decode layer has dense MLPs only).
+"""
+from rlhf_mcore.models.families import qwen3_moe, qwen3_vl
+from rlhf_mcore.models.spec import QK_NORMS, ModelSpec
+
+
+def check(hf: dict, source: str) -> None:
+    """Both halves' checks (Qwen3-VL's M-RoPE and biases, Qwen3-MoE's expert fields), one line each."""
+    errs = qwen3_vl.errors(hf, source) + qwen3_moe.expert_errors(hf, source)
+    if errs:
+        raise ValueError("\n".join(errs))
+
+
+def config_fields(hf: dict) -> dict:
+    return {**qwen3_vl.config_fields(hf), **qwen3_moe.config_fields(hf), "moe_router_pre_softmax": False}
+
+
+def tower_class():
+    from transformers.models.qwen3_vl_moe.modeling_qwen3_vl_moe import Qwen3VLMoeVisionModel
+
+    return Qwen3VLMoeVisionModel
+
+
+SPEC = ModelSpec("qwen3_vl_moe", ("qwen3_vl_moe",), ("Qwen3VLMoeForConditionalGeneration",),
+                 qwen3_moe.DENSE_MLP + QK_NORMS + qwen3_moe.EXPERTS, check=check, config_fields=config_fields,
+                 layer_options=qwen3_moe.layer_options, decode_paths=("eager",), text_config=qwen3_vl.text_config,
+                 run_errors=qwen3_vl.run_errors, stage_errors=qwen3_vl.stage_errors, vision_prefix="visual.",
+                 vision_tower=tower_class, checkpoint_aliases=qwen3_vl.SPEC.checkpoint_aliases,
+                 export_prefixes=qwen3_vl.SPEC.export_prefixes, fused_experts=True)
