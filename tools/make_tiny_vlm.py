@@ -3,6 +3,7 @@
     python -m tools.make_tiny_vlm --out data/tiny_vlm            # config, tokenizer, image processor (init: random)
     python -m tools.make_tiny_vlm --out /tmp/vlm --weights       # + random weights (model.safetensors)
     python -m tools.make_tiny_vlm --family qwen3_vl --out data/tiny_vlm3   # Qwen3-VL: patch 16, DeepStack
+    python -m tools.make_tiny_vlm --family qwen3_vl_moe --out data/tiny_vlm3_moe   # Qwen3-VL-MoE: 4 experts
 
 - config.json: Qwen2_5_VLConfig, LM 2 layers, hidden 64, 4 heads / 2 KV heads (head_dim 16, M-RoPE 2 + 3 + 3);
   vision tower depth 2, hidden 32, patch 14, merge 2 (a 56 x 56 image is a 4 x 4 patch grid: 4 LM tokens).
@@ -12,6 +13,8 @@
 - preprocessor_config.json: transformers' Qwen2-VL image processor, every image resized to 56 x 56 pixels.
 - `--family qwen3_vl`: Qwen3VLConfig, the same LM shape with interleaved M-RoPE 2 + 3 + 3; tower depth 2, hidden 32,
   patch 16, merge 2, DeepStack from both blocks into LM layers 0 and 1; images resized to 64 x 64 (4 LM tokens).
+- `--family qwen3_vl_moe`: Qwen3VLMoeConfig, Qwen3-VL's with 3 LM layers of 4 experts (top-2, 48 wide) and a tower of
+  depth 3 with DeepStack from every block into LM layers 0-2 (SGLang's Qwen3-VL-MoE model adds exactly 3 levels).
 """
 from __future__ import annotations
 
@@ -79,9 +82,25 @@ def tiny_vlm3_config():
         tie_word_embeddings=False)
 
 
+def tiny_vlm3_moe_config():
+    from transformers import Qwen3VLMoeConfig
+
+    dense = tiny_vlm3_config().to_dict()
+    text = {k: v for k, v in dense["text_config"].items() if k not in ("model_type", "dtype", "architectures")}
+    vision = {k: v for k, v in dense["vision_config"].items() if k not in ("model_type", "dtype")}
+    return Qwen3VLMoeConfig(
+        text_config={**text, "num_hidden_layers": 3, "num_experts": 4, "num_experts_per_tok": 2,
+                     "moe_intermediate_size": 48, "decoder_sparse_step": 1},
+        vision_config={**vision, "depth": 3, "deepstack_visual_indexes": [0, 1, 2]},
+        image_token_id=IDS["<|image_pad|>"], video_token_id=IDS["<|video_pad|>"],
+        vision_start_token_id=IDS["<|vision_start|>"], vision_end_token_id=IDS["<|vision_end|>"],
+        tie_word_embeddings=False)
+
+
 # family -> (config builder, transformers model class, preprocessor_config.json)
 FAMILIES = {"qwen2_5_vl": (tiny_vlm_config, "Qwen2_5_VLForConditionalGeneration", PROCESSOR),
-            "qwen3_vl": (tiny_vlm3_config, "Qwen3VLForConditionalGeneration", PROCESSOR3)}
+            "qwen3_vl": (tiny_vlm3_config, "Qwen3VLForConditionalGeneration", PROCESSOR3),
+            "qwen3_vl_moe": (tiny_vlm3_moe_config, "Qwen3VLMoeForConditionalGeneration", PROCESSOR3)}
 
 
 def byte_chars() -> dict[int, str]:

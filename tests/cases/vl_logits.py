@@ -1,10 +1,11 @@
-"""torchrun worker of tests/dist/models/test_hf_layouts.py: a tiny HF Qwen2.5-VL or Qwen3-VL directory loaded straight
-into our model at tensor parallelism --tp (the LM split, the vision tower whole on every rank), fp32 logits of the image
-batch of tests/support/tiny_vl.py against transformers'; then the trainer's old-log-prob pass (the actor, DDP-wrapped,
-through trainer/schedule.py, padded and packed micro-batches) against transformers' log-probs, at --tp or at pipeline
-parallelism --pp (the tower on the first stage, M-RoPE positions on every stage; the direct logits check is TP only).
-Prints `vl FAMILY tp=N rank=R logits_max=X` and `vl FAMILY train tp=N pp=M rank=R logp_max=X` per rank (FAMILY:
-config.json's model_type); exits 1 past 1e-5."""
+"""torchrun worker of tests/dist/models/test_hf_layouts.py: a tiny HF Qwen2.5-VL, Qwen3-VL or Qwen3-VL-MoE directory
+loaded straight into our model at tensor parallelism --tp (the LM split, the vision tower whole on every rank) or
+expert parallelism --ep (an MoE's experts split, tokens exchanged by the dispatcher), fp32 logits of the image batch
+of tests/support/tiny_vl.py against transformers'; then the trainer's old-log-prob pass (the actor, DDP-wrapped,
+through trainer/schedule.py, padded and packed micro-batches) against transformers' log-probs, at --tp / --ep or at
+pipeline parallelism --pp (the tower on the first stage, M-RoPE positions on every stage; the direct logits check is
+TP/EP only). Prints `vl FAMILY tp=N[ ep=E] rank=R logits_max=X` and `vl FAMILY train tp=N pp=M[ ep=E] rank=R
+logp_max=X` per rank (FAMILY: config.json's model_type; ep shown past 1); exits 1 past 1e-5."""
 from __future__ import annotations
 
 import argparse
@@ -24,9 +25,11 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--hf-dir", required=True)
     parser.add_argument("--tp", type=int, required=True)
     parser.add_argument("--pp", type=int, default=1)
+    parser.add_argument("--ep", type=int, default=1)
     args = parser.parse_args(argv)
     init_logger(torchrun_env()[0])
-    ctx = init_distributed(args.tp, args.pp)
+    ctx = init_distributed(args.tp, args.pp, ep=args.ep)
+    ep = f" ep={args.ep}" if args.ep > 1 else ""
     from transformers import AutoModelForImageTextToText
 
     hf = AutoModelForImageTextToText.from_pretrained(args.hf_dir, dtype=torch.float32).eval()
@@ -38,15 +41,15 @@ def main(argv: list[str]) -> int:
     err = 0.0
     if args.pp == 1:
         vlm = build_vision_lm(args.hf_dir, "actor", ModelConfig(dtype="fp32", attention_backend="sdpa"),
-                              ParallelConfig(tp=args.tp, pp=1), ctx)
+                              ParallelConfig(tp=args.tp, pp=1, ep=args.ep), ctx)
         with torch.no_grad():
             hidden = vision_lm_forward(vlm, batch["input_ids"], batch["pixel_values"], batch["image_grid_thw"],
                                        batch["attention_mask"])
             got = full_logits(vlm.lm, hidden, ctx.pgs.tp)
         err = (want - got).abs()[batch["attention_mask"].bool()].max().item()
-        print(f"vl {family} tp={args.tp} rank={ctx.rank} logits_max={err:.3e}", flush=True)
+        print(f"vl {family} tp={args.tp}{ep} rank={ctx.rank} logits_max={err:.3e}", flush=True)
     train_err = trainer_logp_error(args.hf_dir, ctx, want, batch, patch_dim)
-    print(f"vl {family} train tp={args.tp} pp={args.pp} rank={ctx.rank} logp_max={train_err:.3e}", flush=True)
+    print(f"vl {family} train tp={args.tp} pp={args.pp}{ep} rank={ctx.rank} logp_max={train_err:.3e}", flush=True)
     destroy_distributed()
     return int(max(err, train_err) > 1e-5)
 

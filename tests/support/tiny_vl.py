@@ -134,6 +134,7 @@ def vl_actor(vl_dir, mcore_ctx, freeze: bool = True):
 
     cfg = load_config(None, [f"model.hf_path={vl_dir}", "model.attention_backend=sdpa",
                              f"parallel.tp={mcore_ctx.dims.tp}", f"parallel.pp={mcore_ctx.dims.pp}",
+                             f"parallel.ep={mcore_ctx.dims.ep}",
                              f"model.freeze_vision_tower={str(freeze).lower()}",
                              "trainer.export_hf=false"],
                       check=False)

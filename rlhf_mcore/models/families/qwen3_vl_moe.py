@@ -7,6 +7,8 @@ Qwen3-MoE language model, every layer a mixture of experts on megatron-core's Mo
   `down_proj`), in the Hub's layout or transformers 5's (`models.fused_experts`): both load, read as the per-expert
   tensors of Qwen3-MoE's table; exports (and SGLang's start-up directory) write the Hub's layout.
 - Decoded eagerly, like every MoE (the functional decode layer has dense MLPs only).
+- Layouts: EP and PP (and DP); tp = 1, since megatron's MoE layer trains at tp > 1 only with sequence parallelism,
+  which vision LMs do not take yet.
 """
 from rlhf_mcore.models.families import qwen3_moe, qwen3_vl
 from rlhf_mcore.models.spec import QK_NORMS, ModelSpec
@@ -23,6 +25,17 @@ def config_fields(hf: dict) -> dict:
     return {**qwen3_vl.config_fields(hf), **qwen3_moe.config_fields(hf), "moe_router_pre_softmax": False}
 
 
+def run_errors(cfg) -> list[str]:
+    """Qwen3-VL's, and tp = 1: megatron's MoE layer trains at tp > 1 only with sequence parallelism, which no vision LM
+    takes yet (`vision_family.layout_errors`)."""
+    errs = qwen3_vl.run_errors(cfg)
+    if cfg.parallel.tp > 1:
+        errs.append(f"parallel.tp: Qwen3-VL-MoE trains at tp=1 for now (got {cfg.parallel.tp}): megatron's MoE layer "
+                    "needs sequence parallelism at tp > 1, which vision LMs do not take yet. Split the experts with "
+                    "parallel.ep and the layers with parallel.pp.")
+    return errs
+
+
 def tower_class():
     from transformers.models.qwen3_vl_moe.modeling_qwen3_vl_moe import Qwen3VLMoeVisionModel
 
@@ -32,6 +45,6 @@ def tower_class():
 SPEC = ModelSpec("qwen3_vl_moe", ("qwen3_vl_moe",), ("Qwen3VLMoeForConditionalGeneration",),
                  qwen3_moe.DENSE_MLP + QK_NORMS + qwen3_moe.EXPERTS, check=check, config_fields=config_fields,
                  layer_options=qwen3_moe.layer_options, decode_paths=("eager",), text_config=qwen3_vl.text_config,
-                 run_errors=qwen3_vl.run_errors, stage_errors=qwen3_vl.stage_errors, vision_prefix="visual.",
+                 run_errors=run_errors, stage_errors=qwen3_vl.stage_errors, vision_prefix="visual.",
                  vision_tower=tower_class, checkpoint_aliases=qwen3_vl.SPEC.checkpoint_aliases,
                  export_prefixes=qwen3_vl.SPEC.export_prefixes, fused_experts=True)

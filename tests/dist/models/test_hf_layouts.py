@@ -9,8 +9,9 @@
   at TP2 and PP2 (dense, a reward model included) and EP2 and TP2 (Qwen3-MoE, Mixtral).
 - Qwen3-MoE loaded straight at EP2 (four experts per rank, different tokens per rank: the dispatcher exchanges
   them) gives transformers' logits.
-- Qwen2.5-VL loaded straight at TP2 (the vision tower whole on each rank) gives transformers' logits with images;
-  the trainer's log-prob pass gives transformers' log-probs at TP2 and PP2.
+- Qwen2.5-VL and Qwen3-VL loaded straight at TP2 (the vision tower whole on each rank) give transformers' logits
+  with images; the trainer's log-prob pass gives transformers' log-probs at TP2 and PP2. Qwen3-VL-MoE (tp = 1):
+  the trainer's log-probs at PP2, and logits and log-probs at EP2.
 
 The module fixture runs every case in two launches of the shared worker (2 ranks, then 4); the tests read what
 the cases printed, and convert back in this process (the converter's CLI is tested in tests/e2e/tools/).
@@ -30,7 +31,10 @@ pytestmark = pytest.mark.dist
 ONE_THREAD = {"OMP_NUM_THREADS": "1"}
 DENSE = {2: ("2x1", "1x2"), 4: ("2x2",)}
 # work dir -> (ranks, layouts, cases) of convert_layouts
-VL_FAMILIES = ("qwen2_5_vl", "qwen3_vl")  # tests/support/tiny_vl.py FAMILIES
+VL_FAMILIES = ("qwen2_5_vl", "qwen3_vl", "qwen3_vl_moe")  # tests/support/tiny_vl.py FAMILIES
+# (tp, pp, ep) of each family's vl_logits runs: an MoE VLM trains at tp = 1 (qwen3_vl_moe.run_errors)
+VL_LAYOUTS = {"qwen2_5_vl": ((2, 1, 1), (1, 2, 1)), "qwen3_vl": ((2, 1, 1), (1, 2, 1)),
+              "qwen3_vl_moe": ((1, 2, 1), (1, 1, 2))}
 CONVERT = {"moe2": (2, "1x1,1x1x2,2x1,1x2", "qwen3_moe,mixtral"), "moe4": (4, "1x1,2x1x2,1x2x2", "qwen3_moe"),
            "qwen3": (2, "2x1,1x2", "qwen3,qwen3_window")}
 
@@ -40,7 +44,7 @@ def converted(tiny_work, hf_load_work, hf_load_moe_work, tmp_path_factory) -> di
     """{"work": {name: dir}, "rows": {ranks: the verify rows of that launch}, "out": {ranks: its stdout}}."""
     root = tmp_path_factory.mktemp("hf_layouts")
     works = {"dense": tiny_work, "moe2": root / "moe2", "moe4": root / "moe4", "qwen3": root / "qwen3",
-             "ep_logits": root / "ep_logits", "qwen2_5_vl": root / "qwen2_5_vl", "qwen3_vl": root / "qwen3_vl"}
+             "ep_logits": root / "ep_logits", **{family: root / family for family in VL_FAMILIES}}
     tiny_moe(False).save_pretrained(str(works["moe2"] / "hf" / "qwen3_moe"))
     tiny_mixtral().save_pretrained(str(works["moe2"] / "hf" / "mixtral"))
     tiny_moe(True).save_pretrained(str(works["moe4"] / "hf" / "qwen3_moe"))
@@ -57,8 +61,8 @@ def converted(tiny_work, hf_load_work, hf_load_moe_work, tmp_path_factory) -> di
                  for name, (n, layouts, cases) in CONVERT.items() if n == nproc]
         if nproc == 2:
             runs += [("moe_logits", "--hf-dir", works["ep_logits"], "--ep", 2),
-                     *[("vl_logits", "--hf-dir", works[family], "--tp", tp, "--pp", pp)
-                       for family in VL_FAMILIES for tp, pp in ((2, 1), (1, 2))],
+                     *[("vl_logits", "--hf-dir", works[family], "--tp", tp, "--pp", pp, "--ep", ep)
+                       for family, layouts in VL_LAYOUTS.items() for tp, pp, ep in layouts],
                      ("hf_load", "--work", hf_load_work, "--layouts", "1x1,2x1,1x2", "--cases", ",".join(HF_LOAD_CASES)),
                      ("hf_load", "--work", hf_load_moe_work, "--layouts", "1x1,1x1x2,2x1", "--cases",
                       "qwen3_moe,mixtral")]
@@ -167,15 +171,15 @@ def test_moe_direct_load_equals_converter_then_load_at_ep2_and_tp2(converted):
     assert len(lines) == 6 and all("mismatched=0" in line for line in lines)
 
 
-@pytest.mark.parametrize("family", VL_FAMILIES)
+@pytest.mark.parametrize("family", ("qwen2_5_vl", "qwen3_vl"))
 def test_vision_lm_logits_match_transformers_with_images_at_tp2(converted, family):
     rows = re.findall(rf"vl {family} tp=2 rank=(\d) logits_max=(\d\.\d+e[-+]\d+)", converted["out"][2])
     print(rows)
     assert sorted(r[0] for r in rows) == ["0", "1"] and all(float(r[1]) <= 1e-5 for r in rows)
 
 
-@pytest.mark.parametrize("family", VL_FAMILIES)
-@pytest.mark.parametrize("layout", ["tp=2 pp=1", "tp=1 pp=2"])
+@pytest.mark.parametrize("family, layout", [(f, f"tp={tp} pp={pp}") for f, layouts in VL_LAYOUTS.items()
+                                            for tp, pp, ep in layouts if ep == 1])
 def test_vision_lm_trainer_log_probs_match_transformers_with_images_at_tp2_and_pp2(converted, layout, family):
     """The old-log-prob pass (tower, image scatter, M-RoPE, Qwen3-VL's DeepStack; padded and packed) at TP2, and at
     PP2: the tower, the image rows and the DeepStack layers on the first stage, the M-RoPE positions on both
@@ -183,3 +187,12 @@ def test_vision_lm_trainer_log_probs_match_transformers_with_images_at_tp2_and_p
     rows = re.findall(rf"vl {family} train {layout} rank=(\d) logp_max=(\d\.\d+e[-+]\d+)", converted["out"][2])
     print(rows)
     assert sorted(r[0] for r in rows) == ["0", "1"] and all(float(r[1]) <= 1e-5 for r in rows)
+
+
+def test_qwen3_vl_moe_logits_and_trainer_log_probs_match_transformers_at_ep2(converted):
+    """Qwen3-VL-MoE at EP2 (two of the four experts a rank; each rank's tokens reach the other's experts through the
+    dispatcher), the tower whole on both ranks: logits and the old-log-prob pass equal transformers'."""
+    out = converted["out"][2]
+    rows = re.findall(r"vl qwen3_vl_moe (?:train )?tp=1 (?:pp=1 )?ep=2 rank=(\d) \w+=(\d\.\d+e[-+]\d+)", out)
+    print(rows)
+    assert sorted(r[0] for r in rows) == ["0", "0", "1", "1"] and all(float(r[1]) <= 1e-5 for r in rows)

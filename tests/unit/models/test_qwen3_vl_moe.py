@@ -140,3 +140,22 @@ def test_what_neither_half_supports_is_refused_one_line_each(dirs):
     lines = str(err.value).splitlines()
     assert len(lines) == 3 and all(line.startswith("config.json: ") for line in lines)
     assert "mrope_section" in lines[0] and "'attention_bias'=true" in lines[1] and "mlp_only_layers=[1]" in lines[2]
+
+
+def test_the_preset_at_tp2_is_refused_at_validation_and_ep2_pp2_pass():
+    """tp > 1 would need sequence parallelism for the MoE layer, which no vision LM takes: one line naming tp and the
+    layouts that work, before any process builds a model; EP2 and PP2 (DeepStack's 3 levels need all 3 LM layers on
+    the first stage: refused at pp=2 as for Qwen3-VL) validate as expected."""
+    from rlhf_mcore.config import load_config
+    from rlhf_mcore.config.validate import validate
+    from tests.support.paths import CONFIGS
+
+    def errors(overrides, world):
+        return validate(load_config(str(CONFIGS / "tiny_vlm3_moe_grpo.yaml"), overrides, check=False), world)
+
+    tp2 = [e for e in errors(["parallel.tp=2"], 2) if e.startswith("parallel.tp: Qwen3-VL-MoE")]
+    assert tp2 == ["parallel.tp: Qwen3-VL-MoE trains at tp=1 for now (got 2): megatron's MoE layer needs sequence "
+                   "parallelism at tp > 1, which vision LMs do not take yet. Split the experts with parallel.ep and "
+                   "the layers with parallel.pp."]
+    assert errors(["parallel.ep=2"], 2) == [] and errors([], 1) == []
+    assert any("DeepStack" in e for e in errors(["parallel.pp=2"], 2))
