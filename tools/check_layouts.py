@@ -30,6 +30,8 @@ from rlhf_mcore.config.load import ConfigError, load_config
 from rlhf_mcore.logs import init_logger
 from rlhf_mcore.models.build import build_model
 from rlhf_mcore.models.lora import LoraSettings
+from rlhf_mcore.models.registry import language_config
+from rlhf_mcore.models.spec import num_experts
 from rlhf_mcore.models.transformer_config import load_hf_config
 from rlhf_mcore.parallel import destroy_distributed, init_distributed, reset_model_parallel, torchrun_env
 from rlhf_mcore.trainer.losses import actor_loss, critic_loss
@@ -106,14 +108,19 @@ def parse_layouts(text: str, packing: str) -> list[tuple[int, int, int, bool]]:
     return layouts
 
 
+def expert_count(hf: dict) -> int:
+    """The experts of config.json's language model (a vision LM nests its fields under text_config); 0: dense."""
+    return num_experts(language_config(hf))
+
+
 def is_moe(hf: dict) -> bool:
-    return bool(hf.get("num_experts") or hf.get("num_local_experts"))
+    return expert_count(hf) > 0
 
 
 def layout_errors(hf: dict, layouts: list[tuple[int, int, int, bool]], world: int) -> list[str]:
     """One line per layout the model or the world cannot take (EP on a dense model or not dividing the
     experts, a world not divisible by tp*pp*ep), before any model is built."""
-    experts, errs = hf.get("num_experts") or hf.get("num_local_experts") or 0, []
+    experts, errs = expert_count(hf), []
     for tp, pp, ep, _ in dict.fromkeys(layouts):
         name = f"{tp}x{pp}x{ep}"
         if ep > 1 and (not experts or experts % ep):

@@ -8,6 +8,8 @@ the tower trained exports the trained tower."""
 import json
 import os
 
+import pytest
+
 from tests.launch import cli
 from tests.support.paths import ROOT_STR as ROOT
 
@@ -31,18 +33,28 @@ def test_tiny_vlm_grpo_learns_the_colour_of_the_shape_and_exports_its_tower(tmp_
     check_the_export(tmp_path, 40)  # the frozen tower: the export takes vision.safetensors
 
 
-def test_tiny_qwen3_vl_grpo_learns_the_colour_and_exports(tmp_path):
-    """configs/tiny_vlm3_grpo.yaml (a random Qwen3-VL: interleaved M-RoPE, DeepStack into LM layers 0 and 1) learns
-    the same task past the 1/3 a blind policy gets (measured on CPU: 0 -> 0.5 at step 20 -> 0.67 at step 40), and its
-    HF export (model.language_model.*, model.visual.*) loads in transformers with every tensor in place."""
-    cli("rlhf_mcore.train", "--config", os.path.join(ROOT, "configs", "tiny_vlm3_grpo.yaml"),
+@pytest.mark.parametrize("preset", ["tiny_vlm3_grpo", "tiny_vlm3_moe_grpo"])
+def test_tiny_qwen3_vl_grpo_learns_the_colour_and_exports(tmp_path, preset):
+    """configs/tiny_vlm3_grpo.yaml (a random Qwen3-VL: interleaved M-RoPE, DeepStack into LM layers 0 and 1) and
+    configs/tiny_vlm3_moe_grpo.yaml (a random Qwen3-VL-MoE: 3 MoE layers of 4 experts, DeepStack into all three) learn
+    the same task past the 1/3 a blind policy gets (measured on CPU: dense 0 -> 0.5 at step 20 -> 0.67 at step 40,
+    MoE 0 -> 0.33 -> 1.0 in 27 s), and their HF exports (model.language_model.*, model.visual.*; the MoE's experts
+    fused in the Hub's layout) load in transformers with every tensor in place."""
+    cli("rlhf_mcore.train", "--config", os.path.join(ROOT, "configs", f"{preset}.yaml"),
         f"trainer.output_dir={tmp_path}", "trainer.save_freq=-1", "trainer.resume=disable", "trainer.export_hf=true",
         "trainer.logger=jsonl", extra_env={"OMP_NUM_THREADS": "1"})
     records = [json.loads(line) for line in open(tmp_path / "metrics.jsonl")]
     val = {r["step"]: r[KEY] for r in records if KEY in r}
-    print(f"tiny Qwen3-VL GRPO: held-out reward {val}")
+    print(f"{preset}: held-out reward {val}")
     assert sorted(val) == [0, 20, 40] and val[0] < 0.2 and val[40] >= 0.6, val
     check_the_export(tmp_path, 40)
+    if "moe" in preset:  # the Hub's layout, read back by safetensors alone: [E, H, 2I] and [E, I, H]
+        from safetensors import safe_open
+
+        with safe_open(str(tmp_path / "hf_export" / "global_step_40" / "model.safetensors"), "pt") as f:
+            shapes = {k: f.get_slice(k).get_shape() for k in f.keys() if ".mlp.experts." in k}
+        assert len(shapes) == 6 and all(s == ([4, 64, 96] if k.endswith("gate_up_proj") else [4, 48, 64])
+                                        for k, s in shapes.items()), shapes
 
 
 ONE_STEP = ("trainer.total_steps=1", "trainer.val_before_train=false", "trainer.test_freq=0", "trainer.resume=disable",
