@@ -8,7 +8,9 @@ when its peak leaves `MARGIN` of the device free (the CUDA context and the alloc
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import sys
+from typing import Callable
 
 from rlhf_mcore.plan.params import Shape
 from rlhf_mcore.plan.phases import MARGIN, as_engine_runs, phase_terms, rank_peak
@@ -25,11 +27,28 @@ def parse_args(argv):
     return p.parse_known_args(argv)
 
 
-def rows(cfg, shape: Shape, gpus: int, gpu_bytes: float, experts_per_token: int = 1
-         ) -> list[tuple[Layout, str, int, bool]]:
-    """(layout, peak phase, its bytes per rank, fits) for every valid layout, best first."""
+def family_allows(cfg, hf: dict) -> Callable[[Layout], bool]:
+    """Whether the model's family runs at a layout: its `run_errors` and `stage_errors` there add nothing to the
+    config's own at 1 x 1 x 1 (Qwen3-VL-MoE trains at tp 1; Qwen3-VL's DeepStack layers stay on the first stage)."""
+    from rlhf_mcore.models.registry import spec_for_hf_config
+
+    spec = spec_for_hf_config(hf)
+    flat = spec.text_config(hf)
+
+    def errors(tp: int, pp: int, ep: int) -> set[str]:
+        parallel = dataclasses.replace(cfg.parallel, tp=tp, pp=pp, ep=ep)
+        run = spec.run_errors(dataclasses.replace(cfg, parallel=parallel))
+        return set(run) | set(spec.stage_errors(flat, parallel))
+
+    base = errors(1, 1, 1)
+    return lambda layout: not errors(layout.tp, layout.pp, layout.ep) - base
+
+
+def rows(cfg, shape: Shape, gpus: int, gpu_bytes: float, experts_per_token: int = 1,
+         allowed: Callable[[Layout], bool] = lambda layout: True) -> list[tuple[Layout, str, int, bool]]:
+    """(layout, peak phase, its bytes per rank, fits) for every valid layout the family allows, best first."""
     found = []
-    for layout in layouts(shape, gpus):
+    for layout in filter(allowed, layouts(shape, gpus)):
         phase, peak, _ = rank_peak(cfg, shape, layout, gpu_bytes, experts_per_token)
         found.append((layout, phase, peak, not gpu_bytes or peak <= gpu_bytes * (1 - MARGIN)))
     return sorted(found, key=lambda r: (not r[3], r[0].tp * r[0].pp, r[2]))  # fits, least model parallelism, headroom
@@ -53,7 +72,7 @@ def main(argv=None) -> int:
     gpu_bytes = args.gpu_memory * GIB
     top_k = int(hf.get("num_experts_per_tok") or 1)
     cfg, released = as_engine_runs(cfg, gpu_bytes, gpus) if gpu_bytes else (cfg, "")  # as on this device
-    found = rows(cfg, shape, gpus, gpu_bytes, top_k)
+    found = rows(cfg, shape, gpus, gpu_bytes, top_k, family_allows(cfg, hf))
     roles = ", ".join(r.name for r in roles_of(cfg))
     print(f"memory plan: {gpus} GPU(s){f' of {args.gpu_memory:g} GiB' if args.gpu_memory else ''}, "
           f"{cfg.model.dtype}, roles {roles}, rollout {cfg.rollout.engine}, distributed optimizer "

@@ -20,4 +20,19 @@ HF_SHAPES = {"smollm2": dict(num_hidden_layers=30, hidden_size=576, intermediate
                                    moe_intermediate_size=768, num_experts=128, num_experts_per_tok=8,
                                    norm_topk_prob=True, num_attention_heads=32, num_key_value_heads=4, head_dim=128,
                                    vocab_size=151936, max_position_embeddings=40960, decoder_sparse_step=1,
-                                   mlp_only_layers=[])}
+                                   mlp_only_layers=[]),
+             # Qwen3-VL-30B-A3B (docs/qwen3_vl_research.md section 1): Qwen3-30B-A3B's LM with interleaved M-RoPE,
+             # Qwen3-VL-8B's tower (depth 27, DeepStack from blocks 8, 16, 24) merging into 2048
+             "qwen3-vl-30b-a3b": {
+                 "architectures": ["Qwen3VLMoeForConditionalGeneration"], "model_type": "qwen3_vl_moe",
+                 "tie_word_embeddings": False, "image_token_id": 151655, "video_token_id": 151656,
+                 "text_config": {"hidden_size": 2048, "intermediate_size": 6144, "num_hidden_layers": 48,
+                                 "num_attention_heads": 32, "num_key_value_heads": 4, "head_dim": 128,
+                                 "vocab_size": 151936, "tie_word_embeddings": False, "num_experts": 128,
+                                 "num_experts_per_tok": 8, "moe_intermediate_size": 768, "decoder_sparse_step": 1,
+                                 "rope_parameters": {"rope_type": "default", "rope_theta": 5000000,
+                                                     "mrope_section": [24, 20, 20], "mrope_interleaved": True}},
+                 "vision_config": {"depth": 27, "hidden_size": 1152, "intermediate_size": 4304, "num_heads": 16,
+                                   "patch_size": 16, "spatial_merge_size": 2, "temporal_patch_size": 2,
+                                   "out_hidden_size": 2048, "num_position_embeddings": 2304,
+                                   "deepstack_visual_indexes": [8, 16, 24]}}}

@@ -163,12 +163,14 @@ def vl_step_batch(seed: int = 0, patch_dim: int = PATCH_DIM) -> dict:
 
 
 def hf_param_count(hf: dict) -> int:
-    """The parameters of transformers' whole vision LM (Qwen2.5-VL or Qwen3-VL) of config.json dict `hf` (built on
+    """The parameters of transformers' whole vision LM (Qwen2.5-VL, Qwen3-VL, -MoE) of config.json dict `hf` (built on
     the meta device)."""
     import transformers
 
-    config_cls, model_cls = {"qwen2_5_vl": ("Qwen2_5_VLConfig", "Qwen2_5_VLForConditionalGeneration"),
-                             "qwen3_vl": ("Qwen3VLConfig", "Qwen3VLForConditionalGeneration")}[hf["model_type"]]
+    classes = {"qwen2_5_vl": ("Qwen2_5_VLConfig", "Qwen2_5_VLForConditionalGeneration"),
+               "qwen3_vl": ("Qwen3VLConfig", "Qwen3VLForConditionalGeneration"),
+               "qwen3_vl_moe": ("Qwen3VLMoeConfig", "Qwen3VLMoeForConditionalGeneration")}
+    config_cls, model_cls = classes[hf["model_type"]]
     config = getattr(transformers, config_cls)(**{k: v for k, v in hf.items() if k not in ("architectures",
                                                                                             "model_type")})
     with torch.device("meta"):

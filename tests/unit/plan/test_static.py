@@ -65,3 +65,22 @@ def test_a_missing_model_is_one_line(tmp_path, capsys):
     assert main(["--config", str(CONFIGS / "qwen3-30b-a3b_gsm8k_grpo.yaml"), f"model.hf_path={tmp_path}"]) == 2
     assert capsys.readouterr().err.strip() == (f"model.hf_path: no config.json in {str(tmp_path)!r}. Point it at an "
                                                 "HF model directory.")
+
+
+def test_the_command_lists_only_the_layouts_the_family_runs(tmp_path, capsys, monkeypatch):
+    """configs/qwen3-vl-30b-a3b_geo3k_grpo.yaml at Qwen3-VL-30B-A3B's shape: the shape alone allows TP2/TP4 and PP
+    2-8, but an MoE vision LM trains at tp 1 and, with full recompute, DeepStack at pp 1 (`run_errors`): only
+    TP1 PP1 layouts are listed; with selective recompute the pipeline splits come back (DeepStack's 3 levels fit
+    every stage of 6 or more layers), still at TP1."""
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "config.json").write_text(json.dumps(HF_SHAPES["qwen3-vl-30b-a3b"]))
+    listed = {}
+    for recompute in ("full", "selective"):
+        assert main(["--config", str(CONFIGS / "qwen3-vl-30b-a3b_geo3k_grpo.yaml"), f"model.hf_path={tmp_path}",
+                     f"model.recompute={recompute}", "--gpus", "8", "--gpu-memory", "141"]) == 0
+        listed[recompute] = [" ".join(line.split()[:4]) for line in capsys.readouterr().out.splitlines()
+                             if line.startswith("  TP")]
+    assert listed["full"] == ["TP1 PP1 EP8 DP8", "TP1 PP1 EP4 DP8", "TP1 PP1 EP2 DP8", "TP1 PP1 EP1 DP8"]
+    assert {x.split()[1] for x in listed["selective"]} == {"PP1", "PP2", "PP4", "PP8"}
+    assert all(x.startswith("TP1 ") for x in listed["selective"]) and len(layouts(Shape.of(
+        HF_SHAPES["qwen3-vl-30b-a3b"]), 8)) > len(listed["selective"])

@@ -13,6 +13,7 @@ from rlhf_mcore.plan.params import Shape, rank_params, vision_params
 from rlhf_mcore.plan.phases import phase_terms
 from rlhf_mcore.plan.static import ADAM_BYTES, GRAD_BYTES, Layout
 from tests.support.paths import CONFIGS, ROOT
+from tests.support.shapes import HF_SHAPES
 from tests.support.tiny_vl import hf_param_count
 from tools.bench.vision_bench import QWEN25_VL_3B
 
@@ -30,13 +31,16 @@ QWEN3_VL_8B = {"architectures": ["Qwen3VLForConditionalGeneration"], "model_type
                                  "out_hidden_size": 4096, "num_position_embeddings": 2304,
                                  "deepstack_visual_indexes": [8, 16, 24]}}
 
+QWEN3_VL_30B_A3B = HF_SHAPES["qwen3-vl-30b-a3b"]
+
 
 def meta_params(module_fn) -> int:
     with torch.device("meta"):
         return sum(p.numel() for p in module_fn().parameters())
 
 
-@pytest.mark.parametrize("hf", [TINY, QWEN25_VL_3B, QWEN3_VL_8B], ids=["tiny", "qwen2.5-vl-3b", "qwen3-vl-8b"])
+@pytest.mark.parametrize("hf", [TINY, QWEN25_VL_3B, QWEN3_VL_8B, QWEN3_VL_30B_A3B],
+                         ids=["tiny", "qwen2.5-vl-3b", "qwen3-vl-8b", "qwen3-vl-30b-a3b"])
 def test_lm_and_tower_are_transformers_whole_model(hf):
     tower = meta_params(lambda: build_vision_tower(hf, torch.float32, "meta"))
     assert vision_params(hf) == Shape.of(hf).tower == tower
