@@ -15,7 +15,9 @@ A spec carries everything that differs between families:
 - `text_config(hf)`: the language model's fields as one flat dict (a vision-language config.json nests them under
   `text_config`); `registry.language_config` applies it where config.json is read;
 - `run_errors(cfg)`: run settings the family cannot take yet (one line each, asked by `config.validate`);
-  `stage_errors(hf, parallel)`: the same for a layout that depends on config.json (Qwen3-VL's DeepStack layers).
+  `stage_errors(hf, parallel)`: the same for a layout that depends on config.json (Qwen3-VL's DeepStack layers);
+- `fused_experts`: its checkpoints store each layer's experts in one tensor per projection (Qwen3-VL-MoE); they are
+  read as the table's per-expert tensors and exports write them fused (`models.fused_experts`).
 """
 from __future__ import annotations
 
@@ -171,6 +173,18 @@ BASE_WEIGHTS = (
                (("ffn", "h"), ("ffn", "h")), "gate_up"),
     WeightRule(L + "mlp.linear_fc2.weight", (H + "mlp.down_proj.weight",), (("h", "ffn"),)),
     WeightRule("decoder.final_layernorm.weight", ("model.norm.weight",), (("h",),)),
+)
+# The base table without its dense MLP (every layer of an MoE family has experts instead).
+NO_MLP = tuple(r for r in BASE_WEIGHTS if ".mlp." not in r.mcore)
+# Qwen's experts (Qwen3-MoE, Qwen3-VL-MoE): router `mlp.gate`, expert e's gate / up / down projections; megatron's
+# SequentialMLP expert e holds [gate; up] in linear_fc1. Fused checkpoints are read as these (`models.fused_experts`).
+_EXPERT = "mlp.experts.local_experts.{e}."
+QWEN_EXPERTS = (
+    WeightRule(L + "mlp.router.weight", (H + "mlp.gate.weight",), (("experts", "h"),)),
+    WeightRule(L + _EXPERT + "linear_fc1.weight",
+               (H + "mlp.experts.{e}.gate_proj.weight", H + "mlp.experts.{e}.up_proj.weight"),
+               (("moe_ffn", "h"), ("moe_ffn", "h")), "gate_up"),
+    WeightRule(L + _EXPERT + "linear_fc2.weight", (H + "mlp.experts.{e}.down_proj.weight",), (("h", "moe_ffn"),)),
 )
 # Per-head RMSNorm of queries and keys (megatron qk_layernorm; Qwen3 and Qwen3-MoE), [head_dim] each.
 QK_NORMS = (

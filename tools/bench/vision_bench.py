@@ -1,6 +1,6 @@
-"""The vision-language side of tools/bench/bench_grpo_step.py (`--images N`, issue 43): a Qwen2.5-VL or Qwen3-VL
-directory (config.json + preprocessor_config.json, no weights: model.init=random), prompts carrying N synthetic
-images of a fixed size, the tower's FLOPs for MFU, and the tower drawn on the GPU under --gpu-init.
+"""The vision-language side of tools/bench/bench_grpo_step.py (`--images N`, issue 43): a Qwen2.5-VL, Qwen3-VL or
+Qwen3-VL-MoE directory (config.json + preprocessor_config.json, no weights: model.init=random), prompts carrying N
+synthetic images of a fixed size, the tower's FLOPs for MFU, and the tower drawn on the GPU under --gpu-init.
 
     python -m tools.bench.bench_grpo_step --hf-path DIR --images 1 --image-side 448 ...   # DIR: write_vlm_dir
 
@@ -56,7 +56,22 @@ QWEN3_VL_4B = {
                       "spatial_merge_size": 2, "temporal_patch_size": 2, "num_position_embeddings": 2304,
                       "deepstack_visual_indexes": [5, 11, 17], "hidden_act": "gelu_pytorch_tanh"},
 }
-SHAPES = {"qwen2.5-vl-3b": QWEN25_VL_3B, "qwen3-vl-4b": QWEN3_VL_4B}  # tools/gpu/gpu_vlm.sh SHAPE=
+# Qwen3-VL-30B-A3B's layers (docs/qwen3_vl_research.md: LM hidden 2048, 128 experts top-8 of 768, 32 heads / 4 KV;
+# tower 27 x 1152 with DeepStack from blocks 8, 16, 24, out 2048; untied), cut to 4 LM layers to train on one GPU
+# (DeepStack adds into LM layers 0-2): 3.6 B parameters, the experts 2.4 B of them
+QWEN3_VL_30B_A3B_4L = {
+    **QWEN3_VL_4B, "architectures": ["Qwen3VLMoeForConditionalGeneration"], "model_type": "qwen3_vl_moe",
+    "tie_word_embeddings": False,
+    "text_config": {**QWEN3_VL_4B["text_config"], "model_type": "qwen3_vl_moe_text", "num_hidden_layers": 4,
+                    "hidden_size": 2048, "intermediate_size": 6144, "num_key_value_heads": 4,
+                    "tie_word_embeddings": False, "num_experts": 128, "num_experts_per_tok": 8,
+                    "moe_intermediate_size": 768, "decoder_sparse_step": 1},
+    "vision_config": {**QWEN3_VL_4B["vision_config"], "model_type": "qwen3_vl_moe_vision", "depth": 27,
+                      "hidden_size": 1152, "intermediate_size": 4304, "out_hidden_size": 2048,
+                      "deepstack_visual_indexes": [8, 16, 24]},
+}
+SHAPES = {"qwen2.5-vl-3b": QWEN25_VL_3B, "qwen3-vl-4b": QWEN3_VL_4B,  # tools/gpu/gpu_vlm.sh SHAPE=
+          "qwen3-vl-30b-a3b-4l": QWEN3_VL_30B_A3B_4L}
 MEAN, STD = [0.48145466, 0.4578275, 0.40821073], [0.26862954, 0.26130258, 0.27577711]
 TEXT_IDS_BELOW = 151643  # random text ids stay under Qwen's special tokens (no stray image or vision id)
 

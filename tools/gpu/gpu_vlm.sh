@@ -20,7 +20,9 @@
 # sglang_part part1' (carry .gpu-speed-w1), then this script with SGL2=.gpu-speed-w2 (carry .gpu-speed-w2).
 # BENCH_SET=A.B=VALUE: one more config override for (c) (e.g. rollout.native.keep_graphs=false).
 # FAMILY=qwen3_vl: (b) is configs/tiny_vlm3_grpo.yaml and (c) the Qwen3-VL-4B shape (LM 36 x 2560, tower 24 x 1024 with
-# DeepStack, patch 16: a 448 x 448 image is 196 LM tokens).
+# DeepStack, patch 16: a 448 x 448 image is 196 LM tokens). FAMILY=qwen3_vl_moe: configs/tiny_vlm3_moe_grpo.yaml and
+# Qwen3-VL-30B-A3B's layers cut to 4 LM layers (128 experts top-8, tower 27 x 1152; 3.6 B parameters: an H200), the
+# MoE decoded eagerly (GRAPHS has no effect on it).
 # $OUT: tests.log, tiny_vlm/ (the preset's run: metrics.jsonl), LABEL/grpo_step_part_<engine>_LABEL.json and
 # vlm_LABEL.json (LABEL: qwen25vl3b or qwen3vl4b).
 # CPU dry run (the tiny VLM's shape, fp32, 56 x 56 images; seconds):
@@ -40,11 +42,11 @@ else
 fi
 ENGINE=${ENGINE:-native}
 FAMILY=${FAMILY:-qwen2_5_vl}  # qwen3_vl: the tiny Qwen3-VL preset and the Qwen3-VL-4B shape (patch 16: 196 tokens)
-declare -A PRESETS=([qwen2_5_vl]=tiny_vlm_grpo [qwen3_vl]=tiny_vlm3_grpo)
-declare -A SHAPES=([qwen2_5_vl]=qwen2.5-vl-3b [qwen3_vl]=qwen3-vl-4b)
-declare -A TINY_DIRS=([qwen2_5_vl]="tiny_vlm 56" [qwen3_vl]="tiny_vlm3 64")
-SHAPE_NAME=${SHAPES[$FAMILY]:?FAMILY: qwen2_5_vl or qwen3_vl}
-LABEL=${SHAPE_NAME//[.-]/}  # qwen25vl3b, qwen3vl4b
+declare -A PRESETS=([qwen2_5_vl]=tiny_vlm_grpo [qwen3_vl]=tiny_vlm3_grpo [qwen3_vl_moe]=tiny_vlm3_moe_grpo)
+declare -A SHAPES=([qwen2_5_vl]=qwen2.5-vl-3b [qwen3_vl]=qwen3-vl-4b [qwen3_vl_moe]=qwen3-vl-30b-a3b-4l)
+declare -A TINY_DIRS=([qwen2_5_vl]="tiny_vlm 56" [qwen3_vl]="tiny_vlm3 64" [qwen3_vl_moe]="tiny_vlm3_moe 64")
+SHAPE_NAME=${SHAPES[$FAMILY]:?FAMILY: qwen2_5_vl, qwen3_vl or qwen3_vl_moe}
+LABEL=${SHAPE_NAME//[.-]/}  # qwen25vl3b, qwen3vl4b, qwen3vl30ba3b4l
 if [[ $ENGINE == sglang && -z "${DRY:-}" ]]; then
   source tools/gpu/gpu_env.sh && sglang_part part2  # SGLang's second half (the first: see the header)
 fi

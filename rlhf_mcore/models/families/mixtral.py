@@ -3,7 +3,7 @@ experts in every layer on megatron-core's MoE layer. HF routes by softmax over a
 the top-k: megatron's default (softmax over the top-k logits, `moe_router_pre_softmax=False`). Each expert's MLP is
 intermediate_size wide (w1 gate, w3 up, w2 down). Decoded eagerly (the functional decode layer has dense MLPs only)."""
 from rlhf_mcore.models.spec import (
-    BASE_WEIGHTS,
+    NO_MLP,
     H,
     L,
     ModelSpec,
@@ -20,7 +20,6 @@ EXPERTS = (
                (("ffn", "h"), ("ffn", "h")), "gate_up"),
     WeightRule(L + E + "linear_fc2.weight", (H + X + "experts.{e}.w2.weight",), (("h", "ffn"),)),
 )
-DENSE_MLP = tuple(r for r in BASE_WEIGHTS if ".mlp." not in r.mcore)
 
 
 def check(hf: dict, source: str) -> None:
@@ -43,5 +42,5 @@ def layer_options(hf: dict) -> dict:
 
 
 SPEC = ModelSpec("mixtral", ("mixtral",), ("MixtralForCausalLM", "MixtralForSequenceClassification"),
-                 DENSE_MLP + EXPERTS, sliding_layers=every_layer_slides, check=check, config_fields=config_fields,
+                 NO_MLP + EXPERTS, sliding_layers=every_layer_slides, check=check, config_fields=config_fields,
                  layer_options=layer_options, decode_paths=("eager",))

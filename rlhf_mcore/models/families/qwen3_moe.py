@@ -4,26 +4,14 @@ MoE layer (router + SequentialMLP experts, no Transformer Engine needed). Router
 over the top-k logits), false keeps the full softmax's values (`moe_router_pre_softmax=True`). No load-balancing
 loss in the forward (RL: coefficient 0). Decoded eagerly (the functional decode layer has dense MLPs only)."""
 from rlhf_mcore.models.spec import (
-    BASE_WEIGHTS,
+    NO_MLP,
     QK_NORMS,
-    H,
-    L,
+    QWEN_EXPERTS,
     ModelSpec,
-    WeightRule,
     no_attention_bias,
     num_experts,
     switched_layers_slide,
 )
-
-E = "mlp.experts.local_experts.{e}."  # megatron SequentialMLP expert e; HF mlp.experts.{e}.
-EXPERTS = (
-    WeightRule(L + "mlp.router.weight", (H + "mlp.gate.weight",), (("experts", "h"),)),
-    WeightRule(L + E + "linear_fc1.weight",
-               (H + "mlp.experts.{e}.gate_proj.weight", H + "mlp.experts.{e}.up_proj.weight"),
-               (("moe_ffn", "h"), ("moe_ffn", "h")), "gate_up"),
-    WeightRule(L + E + "linear_fc2.weight", (H + "mlp.experts.{e}.down_proj.weight",), (("h", "moe_ffn"),)),
-)
-DENSE_MLP = tuple(r for r in BASE_WEIGHTS if ".mlp." not in r.mcore)
 
 
 def expert_errors(hf: dict, source: str) -> list[str]:
@@ -60,6 +48,6 @@ def layer_options(hf: dict) -> dict:
 
 
 SPEC = ModelSpec("qwen3_moe", ("qwen3_moe",), ("Qwen3MoeForCausalLM", "Qwen3MoeForSequenceClassification"),
-                 DENSE_MLP + QK_NORMS + EXPERTS, check=check, config_fields=config_fields,
+                 NO_MLP + QK_NORMS + QWEN_EXPERTS, check=check, config_fields=config_fields,
                  layer_options=layer_options, decode_paths=("eager",),
                  sliding_layers=switched_layers_slide)

@@ -15,6 +15,8 @@ config.json) with *interleaved* M-RoPE, the vision tower transformers' `Qwen3VLV
 Docs: docs/qwen3_vl_research.md.
 """
 from rlhf_mcore.models.families.vision_family import (
+    NESTED_ALIASES,
+    NESTED_EXPORT,
     mrope_errors,
     mrope_section,
     rope_fields,
@@ -90,5 +92,4 @@ SPEC = ModelSpec("qwen3_vl", ("qwen3_vl",), ("Qwen3VLForConditionalGeneration",)
                  check=check, config_fields=config_fields, layer_options=qk_layernorm,
                  text_config=text_config, run_errors=run_errors, stage_errors=stage_errors, vision_prefix="visual.",
                  vision_tower=tower_class,
-                 checkpoint_aliases=(("model.language_model.", "model."), ("model.visual.", "visual.")),
-                 export_prefixes=(("model.", "model.language_model."), ("visual.", "model.visual.")))
+                 checkpoint_aliases=NESTED_ALIASES, export_prefixes=NESTED_EXPORT)

@@ -10,30 +10,49 @@ Qwen3-MoE language model, every layer a mixture of experts on megatron-core's Mo
 - Layouts: EP and PP (and DP); tp = 1, since megatron's MoE layer trains at tp > 1 only with sequence parallelism,
   which vision LMs do not take yet.
 """
-from rlhf_mcore.models.families import qwen3_moe, qwen3_vl
-from rlhf_mcore.models.spec import QK_NORMS, ModelSpec
+from rlhf_mcore.models.families.vision_family import NESTED_ALIASES, NESTED_EXPORT, text_config
+from rlhf_mcore.models.spec import NO_MLP, QK_NORMS, QWEN_EXPERTS, ModelSpec, num_experts
+
+# Qwen3-VL's and Qwen3-MoE's own checks and fields are imported where called: a family file imports only leaves (the
+# module-level import chain from the trainer stays within tests/unit/test_import_graph.py's limit)
 
 
 def check(hf: dict, source: str) -> None:
     """Both halves' checks (Qwen3-VL's M-RoPE and biases, Qwen3-MoE's expert fields), one line each."""
+    from rlhf_mcore.models.families import qwen3_moe, qwen3_vl
+
     errs = qwen3_vl.errors(hf, source) + qwen3_moe.expert_errors(hf, source)
     if errs:
         raise ValueError("\n".join(errs))
 
 
 def config_fields(hf: dict) -> dict:
+    from rlhf_mcore.models.families import qwen3_moe, qwen3_vl
+
     return {**qwen3_vl.config_fields(hf), **qwen3_moe.config_fields(hf), "moe_router_pre_softmax": False}
+
+
+def layer_options(hf: dict) -> dict:
+    return {"qk_layernorm": True, "num_experts": num_experts(hf)}
 
 
 def run_errors(cfg) -> list[str]:
     """Qwen3-VL's, and tp = 1: megatron's MoE layer trains at tp > 1 only with sequence parallelism, which no vision LM
     takes yet (`vision_family.layout_errors`)."""
+    from rlhf_mcore.models.families import qwen3_vl
+
     errs = qwen3_vl.run_errors(cfg)
     if cfg.parallel.tp > 1:
         errs.append(f"parallel.tp: Qwen3-VL-MoE trains at tp=1 for now (got {cfg.parallel.tp}): megatron's MoE layer "
                     "needs sequence parallelism at tp > 1, which vision LMs do not take yet. Split the experts with "
                     "parallel.ep and the layers with parallel.pp.")
     return errs
+
+
+def stage_errors(hf: dict, parallel) -> list[str]:
+    from rlhf_mcore.models.families import qwen3_vl
+
+    return qwen3_vl.stage_errors(hf, parallel)
 
 
 def tower_class():
@@ -43,8 +62,7 @@ def tower_class():
 
 
 SPEC = ModelSpec("qwen3_vl_moe", ("qwen3_vl_moe",), ("Qwen3VLMoeForConditionalGeneration",),
-                 qwen3_moe.DENSE_MLP + QK_NORMS + qwen3_moe.EXPERTS, check=check, config_fields=config_fields,
-                 layer_options=qwen3_moe.layer_options, decode_paths=("eager",), text_config=qwen3_vl.text_config,
-                 run_errors=run_errors, stage_errors=qwen3_vl.stage_errors, vision_prefix="visual.",
-                 vision_tower=tower_class, checkpoint_aliases=qwen3_vl.SPEC.checkpoint_aliases,
-                 export_prefixes=qwen3_vl.SPEC.export_prefixes, fused_experts=True)
+                 NO_MLP + QK_NORMS + QWEN_EXPERTS, check=check, config_fields=config_fields,
+                 layer_options=layer_options, decode_paths=("eager",), text_config=text_config, run_errors=run_errors,
+                 stage_errors=stage_errors, vision_prefix="visual.", vision_tower=tower_class,
+                 checkpoint_aliases=NESTED_ALIASES, export_prefixes=NESTED_EXPORT, fused_experts=True)

@@ -6,6 +6,12 @@ Qwen2.5-VL files); `text_config` flattens both.
 """
 
 
+# Qwen3-VL's checkpoints (dense and MoE) nest the LM as `model.language_model.*` and the tower as `model.visual.*`,
+# where the weight table reads `model.*` and `visual.*`; transformers loads only the nested names
+NESTED_ALIASES = (("model.language_model.", "model."), ("model.visual.", "visual."))
+NESTED_EXPORT = (("model.", "model.language_model."), ("visual.", "model.visual."))
+
+
 def rope_fields(hf: dict) -> list[tuple[str, dict]]:
     return [(f, hf[f]) for f in ("rope_parameters", "rope_scaling") if isinstance(hf.get(f), dict)]
 

@@ -29,7 +29,7 @@ def test_tower_flops_are_torchs_count_of_the_eager_tower(grid, hf):
     assert vision_bench.tower_flops_per_image(hf["vision_config"], grid) == counter.get_total_flops()
 
 
-@pytest.mark.parametrize("name, tokens", [("qwen2.5-vl-3b", 256), ("qwen3-vl-4b", 196)])
+@pytest.mark.parametrize("name, tokens", [("qwen2.5-vl-3b", 256), ("qwen3-vl-4b", 196), ("qwen3-vl-30b-a3b-4l", 196)])
 def test_prompts_carry_the_image_tokens_the_processor_makes(tmp_path, name, tokens):
     hf = vision_bench.SHAPES[name]
     processor = VisionProcessor.from_hf_dir(vision_bench.write_vlm_dir(tmp_path, hf, 448), hf)
