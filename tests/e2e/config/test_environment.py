@@ -74,7 +74,7 @@ def test_an_unsupported_architecture_names_the_supported_ones(tmp_path):
                     "Qwen2ForCausalLM, Qwen2ForSequenceClassification, Qwen2_5_VLForConditionalGeneration, "
                     "Qwen3ForCausalLM, "
                     "Qwen3ForSequenceClassification, Qwen3MoeForCausalLM, Qwen3MoeForSequenceClassification, "
-                    "Qwen3VLForConditionalGeneration.")
+                    "Qwen3VLForConditionalGeneration, Qwen3VLMoeForConditionalGeneration.")
 
 
 def test_tp_must_divide_the_mlp_size(tmp_path):

@@ -3,7 +3,8 @@
 and transformers 5's [E, 2I, H] / [E, H, I]) into the same parameters, with transformers' logits with images (fp32,
 TP1, within 1e-5); each expert's megatron weights are transformers' expert slices; the router renormalises its top-k
 whatever config.json says; SGLang's start-up directory holds the Hub's layout, which SGLang's loader (as written in
-0.5.17) splits back into our experts; a fused pair of neither layout, and what neither half supports, are refused."""
+0.5.17) splits back into our experts, and the interleaved M-RoPE its config class reads; a fused pair of neither
+layout, and what neither half supports, are refused."""
 import json
 
 import pytest
@@ -95,6 +96,8 @@ def test_sglangs_start_directory_holds_the_hub_layout_it_reads(dirs, ours, tmp_p
             assert torch.equal(torch.cat([gate[e], up[e]]), fc1)
             assert torch.equal(w2[e], lm[f"decoder.layers.{i}.mlp.experts.local_experts.{e}.linear_fc2.weight"])
     assert not any(".experts.0." in k for k in written)  # never per-expert and fused in one load (SGLang's flag)
+    rope = json.loads(open(f"{path}/config.json").read())["text_config"]["rope_scaling"]  # SGLang's config class
+    assert rope["mrope_interleaved"] is True and rope["mrope_section"] == [3, 3, 2]  # reads rope_scaling only
 
 
 def test_a_fused_pair_of_neither_layout_is_one_error(tmp_path):
