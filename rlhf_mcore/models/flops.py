@@ -7,6 +7,8 @@ and token forward, 3x that for forward + backward) plus attention's QK^T and AV 
 """
 from __future__ import annotations
 
+from rlhf_mcore.models.families.vision_family import text_config
+
 # dense bf16 tensor-core peaks (vendor figures, no sparsity), matched by substring of the device name
 PEAK_BF16_FLOPS = {"H200": 989e12, "H100": 989e12, "H800": 989e12, "A100": 312e12, "A800": 312e12,
                    "L40S": 362e12, "B200": 2250e12}
@@ -32,13 +34,15 @@ def mlp_params_per_token(hf: dict) -> int:
 
 
 def forward_flops_per_token(hf: dict, seq_len: float) -> float:
-    """Forward FLOPs of one token at a context of `seq_len` (the mean row length of the batch).
+    """Forward FLOPs of one token at a context of `seq_len` (the mean row length of the batch). A vision LM's
+    config.json (its LM's fields under `text_config`) counts its language model; the tower's FLOPs are not here.
 
     >>> hf = {"hidden_size": 4, "num_hidden_layers": 1, "intermediate_size": 8, "num_attention_heads": 2,
     ...       "num_key_value_heads": 1, "vocab_size": 10}
     >>> forward_flops_per_token(hf, 3)  # 2 x (32 q/o + 16 k/v + 96 mlp + 40 head) + 2 x 2 x 4 x 3 attention
     416.0
     """
+    hf = text_config(hf)
     h, layers, vocab = hf["hidden_size"], hf["num_hidden_layers"], hf["vocab_size"]
     heads = hf["num_attention_heads"]
     head_dim = hf.get("head_dim") or h // heads

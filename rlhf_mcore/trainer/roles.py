@@ -12,11 +12,13 @@ import torch
 
 from rlhf_mcore.algorithms.advantages import estimator_needs
 from rlhf_mcore.models.build import build_model, count_parameters
+from rlhf_mcore.models.families.vision_family import text_config
 from rlhf_mcore.models.hf_load import has_hf_weights, load_hf_weights, weight_source
 from rlhf_mcore.models.lora import AdaptersOff, LoraSettings, is_adapter_name, is_lora_model
 from rlhf_mcore.models.lora_budget import describe, lora_budget
 from rlhf_mcore.models.registry import spec_for_hf_config
 from rlhf_mcore.models.roles import ROLES
+from rlhf_mcore.models.spec import num_experts
 from rlhf_mcore.models.vision import TOWER_NAME, attach_tower, build_run_tower, vision_side
 from rlhf_mcore.trainer.optim import TrainState, build_train_state
 
@@ -148,7 +150,7 @@ def build_roles(cfg, hf: dict, ctx) -> Roles:
     _init_actor(actor_model, cfg, hf, ctx, source)
     attach_run_tower(actor_model, cfg, hf, ctx)
     log.info("actor: %.1fM parameters on this rank", count_parameters(actor_model) / 1e6)
-    experts = hf.get("num_experts") or hf.get("num_local_experts") or 0
+    experts = num_experts(text_config(hf))  # a vision LM nests the LM's fields under text_config
     if experts:
         log.info("actor: MoE, %d experts, %d on this rank (parallel.ep=%d); routing replay: %s", experts,
                  experts // cfg.parallel.ep, cfg.parallel.ep,
