@@ -45,10 +45,12 @@ class LoraBudget:
 
 def lora_budget(hf: dict, settings, dtype: str, tp: int = 1, pp: int = 1, dp: int = 1,
                 distributed_optimizer: bool = False, ref_shared: bool = True) -> LoraBudget:
+    from rlhf_mcore.models.families.vision_family import text_config
     from rlhf_mcore.models.full_weights import num_params
     from rlhf_mcore.models.spec import num_experts
     from rlhf_mcore.models.weights import model_dims
 
+    hf = text_config(hf)  # a vision LM's config.json nests its LM's fields (the budget counts the LM)
     dims = model_dims(hf, "config.json")
     trainable = lora_param_count(dims, settings.rank, settings.target_modules, moe=bool(num_experts(hf)))
     total = num_params(hf)

@@ -72,15 +72,25 @@ def split_dim(linear, ab: str) -> int:
     return -1 if row else 0
 
 
+# a vision LM's transformers module tree nests its language model (Qwen2.5-VL, Qwen3-VL, -MoE in transformers 5);
+# a PEFT adapter names the modules themselves, where checkpoints may use legacy names (transformers converts those)
+VISION_LM_MODULES = ("model.", "model.language_model.")
+
+
 def hf_module_names(hf_config: dict) -> dict[tuple[str, str], str]:
     """(full-model megatron linear path, sub-projection) -> HF module path, from the family's weight table:
-    ('decoder.layers.0.self_attention.linear_qkv', 'q_proj') -> 'model.layers.0.self_attn.q_proj'."""
+    ('decoder.layers.0.self_attention.linear_qkv', 'q_proj') -> 'model.layers.0.self_attn.q_proj' (a vision LM's:
+    'model.language_model.layers.0.self_attn.q_proj')."""
+    from rlhf_mcore.models.registry import spec_for_hf_config
     from rlhf_mcore.models.weights import rules_for
 
+    spec = spec_for_hf_config(hf_config)
+    old, new = VISION_LM_MODULES if spec.vision_prefix else ("", "")
     out = {}
-    for rule in rules_for(hf_config, "actor", "config.json"):
+    for rule in rules_for(spec.text_config(hf_config), "actor", "config.json"):
         for key in rule.hf:
             module = key.removesuffix(".weight")
+            module = new + module[len(old):] if old and module.startswith(old) else module
             out[(rule.mcore.removesuffix(".weight"), module.rsplit(".", 1)[-1])] = module
     return out
 
