@@ -77,7 +77,11 @@ class SGLangRouting:
 
     @classmethod
     def for_model(cls, model, hf_config: dict) -> SGLangRouting:
-        """From the HF config, and the layers of this rank's routers (megatron's 1-based global layer_number)."""
+        """From the HF config (a vision LM's LM fields: under text_config), and the layers of this rank's routers
+        (megatron's 1-based global layer_number)."""
+        from rlhf_mcore.models.families.vision_family import text_config
+
+        hf_config = text_config(hf_config)
         return cls(hf_config["num_hidden_layers"], hf_config["num_experts_per_tok"], num_experts(hf_config),
                    [r.layer_number - 1 for r in moe_routers(model)])
 

@@ -162,3 +162,14 @@ def test_the_preset_at_tp2_is_refused_at_validation_and_ep2_pp2_pass():
                    "the layers with parallel.pp."]
     assert errors(["parallel.ep=2"], 2) == [] and errors([], 1) == []
     assert any("DeepStack" in e for e in errors(["parallel.pp=2"], 2))
+
+
+def test_sglangs_routing_record_reads_the_nested_moe_fields():
+    """actor.router_replay=R3 through SGLang records [tokens, layers, top-k] per row: the shape comes from the LM's
+    fields under text_config (read at the top level it raised KeyError before the first rollout)."""
+    from rlhf_mcore.rollout.sglang_routing import SGLangRouting
+    from tests.support.paths import ROOT
+
+    hf = json.loads((ROOT / "data" / "tiny_vlm3_moe" / "config.json").read_text())
+    routing = SGLangRouting.for_model(torch.nn.Module(), hf)  # no routers on this (empty) stage
+    assert (routing.num_layers, routing.topk, routing.num_experts, routing.layers) == (3, 2, 4, [])
