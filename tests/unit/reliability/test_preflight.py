@@ -147,3 +147,7 @@ def test_engine_model_size_of_a_vision_lm_counts_its_tower_as_transformers_does(
     kv = 2 * text["num_hidden_layers"] * text["num_key_value_heads"] * (
         text["hidden_size"] // text["num_attention_heads"]) * 2
     assert engine_model_size(hf, 2) == (hf_param_count(hf), kv)
+    from tests.support.shapes import HF_SHAPES
+
+    moe = HF_SHAPES["qwen3-vl-30b-a3b"]  # every expert, the tower with its DeepStack mergers: 31.07 B
+    assert engine_model_size(moe, 2)[0] == hf_param_count(moe) == 31_070_754_032
