@@ -3,8 +3,9 @@ tower frozen, the colour task of tools/make_shapes_dataset.py) raises the greedy
 to at least 0.6 within 40 steps with a fixed seed, past the 1/3 that no policy blind to the image can beat
 (balanced colours): the language model reads the image embeddings that the rollout prefills and the trainer
 scatters (measured on CPU: 0 -> 0.67 at step 20 -> 1.0 at step 40, about 20 s). Its last checkpoint holds the frozen
-tower (vision.safetensors) and its HF export loads in transformers with every tensor in place; a one-step run with
-the tower trained exports the trained tower."""
+tower (vision.safetensors) and its HF export loads in transformers with every tensor in place; `rlhf_mcore.generate`
+on it with the held-out images gives what `rlhf_mcore.evaluate` decodes; a one-step run with the tower trained exports
+the trained tower."""
 import json
 import os
 
@@ -31,6 +32,31 @@ def test_tiny_vlm_grpo_learns_the_colour_of_the_shape_and_exports_its_tower(tmp_
     assert val[0] < 0.2 and val[40] >= 0.6, val
     assert sum(rewards[-5:]) / 5 > sum(rewards[:5]) / 5 + 0.3, rewards
     check_the_export(tmp_path, 40)  # the frozen tower: the export takes vision.safetensors
+    generate_with_images(tmp_path, "tiny_vlm_grpo.yaml", 40)
+
+
+def generate_with_images(run_dir, config: str, step: int) -> None:
+    """`python -m rlhf_mcore.generate` on the run's last checkpoint with the held-out parquet's prompts and images,
+    and a --prompt with an --image file (row 0's image): greedy, the responses `rlhf_mcore.evaluate` dumps for the
+    same checkpoint (the trainer's validation path), and row 0's again for the command-line prompt."""
+    import pyarrow.parquet as pq
+
+    from rlhf_mcore.config.load import load_config
+
+    config = os.path.join(ROOT, "configs", config)
+    checkpoint, val = run_dir / f"global_step_{step}", load_config(config, []).data.val_files
+    cli("rlhf_mcore.evaluate", "--config", config, "--checkpoint", checkpoint, "--out", run_dir / "eval",
+        "model.init=auto")
+    want = [json.loads(line)["output"] for line in (run_dir / "eval" / "generations" / "0.jsonl").read_text()
+            .splitlines()]
+    row0 = pq.read_table(os.path.join(ROOT, val)).to_pylist()[0]
+    (run_dir / "row0.png").write_bytes(row0["images"][0]["bytes"])
+    cli("rlhf_mcore.generate", "--config", config, "--checkpoint", checkpoint, "--prompts", os.path.join(ROOT, val),
+        "--prompt", row0["prompt"][0]["content"], "--image", run_dir / "row0.png", "--out", run_dir / "gen.jsonl",
+        "model.init=auto")
+    got = [json.loads(line)["response"] for line in (run_dir / "gen.jsonl").read_text().splitlines()]
+    print(f"generate with images: {got[:4]} ..., evaluate: {want[:3]} ...")
+    assert got[1:] == want and got[0] == got[1] and len(want) > 10
 
 
 @pytest.mark.parametrize("preset", ["tiny_vlm3_grpo", "tiny_vlm3_moe_grpo"])
