@@ -187,6 +187,9 @@ VERL_KEYS: dict[str, VerlKey] = {
     f"{_ARR}.actor.optim.lr_warmup_steps": alias("actor.optim.lr_warmup_steps"),
     f"{_ARR}.actor.optim.min_lr_ratio": alias("actor.optim.min_lr_ratio"),
     f"{_ARR}.actor.optim.lr_warmup_steps_ratio": rejected("set actor.optim.lr_warmup_steps (a step count)"),
+    f"{_ARR}.actor.optim.override_optimizer_config.": ignored(
+        "megatron's optimizer is built from actor.optim.* and parallel.use_distributed_optimizer; its CPU offload "
+        "is not supported: " + _OFFLOAD),
     f"{_ARR}.actor.grad_clip": alias("actor.optim.grad_clip"),
     f"{_ARR}.actor.optim.clip_grad": alias("actor.optim.grad_clip"),  # verl's newer name
     f"{_ARR}.actor.ppo_mini_batch_size": alias("actor.ppo_mini_batch_size"),
@@ -233,6 +236,8 @@ VERL_KEYS: dict[str, VerlKey] = {
     f"{_ARR}.rollout.log_prob_micro_batch_size_per_gpu": ignored(_LOGPROB_MB),
     f"{_ARR}.rollout.log_prob_micro_batch_size": ignored(_LOGPROB_MB),
     f"{_ARR}.rollout.log_prob_use_dynamic_bsz": ignored(_LOGPROB_MB),
+    f"{_ARR}.rollout.engine_kwargs.": ignored("vLLM / SGLang server arguments: the embedded SGLang engine takes "
+                                              "rollout.sglang.*, the native engine none"),
     f"{_ARR}.rollout.log_prob_max_token_len_per_gpu": alias("actor.log_prob_max_tokens_per_gpu", note=_LOGPROB_TOK),
     f"{_ARR}.hybrid_engine": ignored("actor, reference and rollout always share the ranks here (one SPMD program)",
                                      only="True"),
@@ -260,6 +265,7 @@ VERL_KEYS: dict[str, VerlKey] = {
     f"{_ARR}.ref.log_prob_micro_batch_size_per_gpu": ignored(_LOGPROB_MB),
     f"{_ARR}.ref.log_prob_micro_batch_size": ignored(_LOGPROB_MB),
     f"{_ARR}.ref.log_prob_max_token_len_per_gpu": alias("actor.log_prob_max_tokens_per_gpu", note=_LOGPROB_TOK),
+    f"{_ARR}.ref.log_prob_use_dynamic_bsz": ignored(_LOGPROB_MB),
     f"{_ARR}.ref.fsdp_config.": ignored(_FSDP),
     # data
     "data.max_response_length": alias("rollout.max_response_length"),

@@ -370,3 +370,78 @@ def test_verls_qwen2_5_vl_3b_megatron_script_loads_as_is(tmp_path):
     assert (cfg.rollout.n, cfg.data.train_batch_size, cfg.actor.ppo_mini_batch_size, cfg.actor.kl_loss_type) == (
         5, 1024, 256, "low_var_kl")
     assert cfg.model.freeze_vision_tower and cfg.rollout.engine == "native"  # vllm: our native engine
+
+
+# examples/grpo_trainer/run_qwen3_vl-30b-megatron.sh (verl's Qwen3-VL-30B-A3B on Geometry3K, megatron backend, its
+# defaults: TP2 CP2 EP8 on 8 GPUs, vLLM at TP4), after `main_ppo` and its --config-path/--config-name; paths filled
+# in, trainer.logger's wandb dropped (not installed here)
+VERL_QWEN3_VL_30B_MEGATRON = (
+    "algorithm.adv_estimator=grpo data.train_files={data}/train.parquet data.val_files={data}/test.parquet "
+    "data.train_batch_size=512 data.max_prompt_length=1024 data.max_response_length=2048 "
+    "data.filter_overlong_prompts=True data.truncation='error' actor_rollout_ref.model.path={model} "
+    "actor_rollout_ref.actor.optim.lr=1e-6 actor_rollout_ref.actor.ppo_mini_batch_size=128 "
+    "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=1 "
+    "actor_rollout_ref.actor.megatron.pipeline_model_parallel_size={pp} "
+    "actor_rollout_ref.actor.megatron.tensor_model_parallel_size={tp} "
+    "actor_rollout_ref.actor.megatron.context_parallel_size={cp} "
+    "actor_rollout_ref.actor.megatron.expert_model_parallel_size=8 "
+    "actor_rollout_ref.actor.megatron.expert_tensor_parallel_size=1 actor_rollout_ref.actor.use_kl_loss=True "
+    "actor_rollout_ref.actor.kl_loss_coef=0.01 actor_rollout_ref.actor.kl_loss_type=low_var_kl "
+    "actor_rollout_ref.actor.entropy_coeff=0 actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu=1 "
+    "actor_rollout_ref.rollout.tensor_model_parallel_size=4 actor_rollout_ref.actor.use_dynamic_bsz=True "
+    "actor_rollout_ref.actor.ppo_max_token_len_per_gpu=4096 actor_rollout_ref.ref.log_prob_use_dynamic_bsz=True "
+    "actor_rollout_ref.ref.log_prob_max_token_len_per_gpu=4096 "
+    "actor_rollout_ref.rollout.log_prob_use_dynamic_bsz=True "
+    "actor_rollout_ref.rollout.log_prob_max_token_len_per_gpu=4096 actor_rollout_ref.rollout.name=vllm "
+    "+actor_rollout_ref.rollout.engine_kwargs.vllm.disable_mm_preprocessor_cache=True "
+    "actor_rollout_ref.rollout.gpu_memory_utilization=0.7 actor_rollout_ref.rollout.n=5 "
+    "actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu=1 actor_rollout_ref.actor.megatron.use_mbridge=True "
+    "actor_rollout_ref.actor.megatron.param_offload=True actor_rollout_ref.actor.megatron.optimizer_offload=True "
+    "actor_rollout_ref.actor.megatron.grad_offload=True actor_rollout_ref.ref.megatron.param_offload=True "
+    "+actor_rollout_ref.actor.optim.override_optimizer_config.optimizer_offload_fraction=1 "
+    "+actor_rollout_ref.actor.optim.override_optimizer_config.overlap_cpu_optimizer_d2h_h2d=True "
+    "+actor_rollout_ref.actor.optim.override_optimizer_config.use_precision_aware_optimizer=True "
+    "+actor_rollout_ref.actor.optim.override_optimizer_config.optimizer_cpu_offload=True "
+    "+actor_rollout_ref.actor.megatron.override_transformer_config.moe_router_dtype=fp32 "
+    "+actor_rollout_ref.actor.megatron.override_transformer_config.moe_enable_deepep=True "
+    "+actor_rollout_ref.actor.megatron.override_transformer_config.moe_token_dispatcher_type=flex "
+    "+actor_rollout_ref.actor.megatron.override_transformer_config.recompute_method=uniform "
+    "+actor_rollout_ref.actor.megatron.override_transformer_config.recompute_granularity=full "
+    "+actor_rollout_ref.actor.megatron.override_transformer_config.recompute_num_layers=1 "
+    "+actor_rollout_ref.actor.megatron.override_transformer_config.gradient_accumulation_fusion=True "
+    "+actor_rollout_ref.actor.megatron.override_transformer_config.moe_permute_fusion=True "
+    "+actor_rollout_ref.actor.megatron.override_transformer_config.moe_aux_loss_coeff=0.01 "
+    "+actor_rollout_ref.actor.megatron.override_transformer_config.moe_z_loss_coeff=0.001 "
+    "algorithm.use_kl_in_reward=False trainer.critic_warmup=0 trainer.logger=['console'] "
+    "trainer.project_name='verl_grpo_example_geo3k' trainer.experiment_name='qwen3_vl_30b_megatron' "
+    "trainer.n_gpus_per_node=8 trainer.nnodes=1 trainer.save_freq=20 trainer.test_freq=5 trainer.total_epochs=15")
+
+
+def test_verls_qwen3_vl_30b_megatron_script_is_understood_and_its_layout_refused_one_line_each(tmp_path):
+    """verl's Qwen3-VL-30B-A3B script: every key is understood (its ref's dynamic batch, vLLM engine kwargs and
+    megatron optimizer overrides included); at its defaults (TP2, CP2) what we cannot honour is one line each, naming
+    the key and the layout that works; with TP=1 CP=1 (its own variables) it loads: EP8 x DP8, the fused-expert
+    vision MoE from model.hf_path (a stand-in directory at the model's shape), verl's batch and KL loss."""
+    from rlhf_mcore.config.load import ConfigError
+    from rlhf_mcore.train import parse_args
+    from tests.support.shapes import HF_SHAPES
+    from tools.bench.vision_bench import write_vlm_dir
+
+    model = write_vlm_dir(tmp_path / "Qwen3-VL-30B-A3B-Instruct", HF_SHAPES["qwen3-vl-30b-a3b"], 448)
+
+    def load(tp: int, cp: int):
+        script = VERL_QWEN3_VL_30B_MEGATRON.format(data=os.path.join(ROOT, "data", "shapes"), model=model, tp=tp,
+                                                   cp=cp, pp=1)
+        args = parse_args(["--config-path=config", "--config-name=ppo_megatron_trainer.yaml", *script.split()])
+        return load_config(args.config, args.overrides, world_size=8)
+
+    with pytest.raises(ConfigError) as err:
+        load(2, 2)
+    lines = [line.removeprefix("  - ") for line in str(err.value).splitlines()[1:]]
+    print("\n".join(lines))
+    assert any(line.startswith("parallel.tp: Qwen3-VL-MoE trains at tp=1") for line in lines), lines
+    assert all(line.startswith(("parallel.", "data.")) for line in lines), lines  # no unknown verl key
+    cfg = load(1, 1)
+    assert (cfg.parallel.tp, cfg.parallel.ep, cfg.parallel.cp, cfg.model.hf_path) == (1, 8, 1, str(model))
+    assert (cfg.rollout.n, cfg.data.train_batch_size, cfg.actor.ppo_mini_batch_size, cfg.actor.kl_loss_type,
+            cfg.model.recompute) == (5, 512, 128, "low_var_kl", "full")
