@@ -112,3 +112,34 @@ def test_native_engine_decodes_moe_eagerly_and_says_why(tmp_path, mcore_ctx):
     start = batch.prompt_lengths[:, None]
     mask = (cols >= start) & (cols < start + batch.response_lengths[:, None])
     assert mask.sum() == 2 * 5 and (logp - batch.rollout_logprobs).abs()[mask].max() <= 1e-5
+
+
+@pytest.mark.parametrize("layout", ["hub", "transformers"])
+def test_a_qwen3_moe_checkpoint_with_fused_experts_loads_the_same_weights(tmp_path, layout):
+    """Qwen3-MoE's experts stored fused (`mlp.experts.gate_up_proj` / `down_proj`, as transformers 5 holds them, or
+    transposed as Qwen3-VL-MoE's Hub files are): the checkpoint reader lists them per expert (models/fused_experts.py),
+    so the converter gives bitwise the weights of the per-expert checkpoint, and the export writes Qwen3-MoE's own
+    per-expert names back."""
+    from safetensors.torch import save_file
+
+    from rlhf_mcore.models.hf_io import load_hf_state_dict, read_hf_config
+
+    tiny_moe(True).save_pretrained(str(tmp_path / "per_expert"))
+    sd, config = load_hf_state_dict(tmp_path / "per_expert")[0], read_hf_config(tmp_path / "per_expert")
+    fused = {k: v for k, v in sd.items() if ".experts." not in k}
+    for i in range(2):
+        p = f"model.layers.{i}.mlp.experts."
+        gate_up = torch.stack([torch.cat([sd[f"{p}{e}.gate_proj.weight"], sd[f"{p}{e}.up_proj.weight"]])
+                               for e in range(8)])  # [E, 2I, H]
+        down = torch.stack([sd[f"{p}{e}.down_proj.weight"] for e in range(8)])  # [E, H, I]
+        hub = layout == "hub"
+        fused[p + "gate_up_proj"] = gate_up.transpose(1, 2).contiguous() if hub else gate_up
+        fused[p + "down_proj"] = down.transpose(1, 2).contiguous() if hub else down
+    (tmp_path / "fused").mkdir()
+    save_file(fused, str(tmp_path / "fused" / "model.safetensors"))
+    (tmp_path / "fused" / "config.json").write_text((tmp_path / "per_expert" / "config.json").read_text())
+    from_fused = hf_to_mcore(load_hf_state_dict(tmp_path / "fused")[0], config)
+    want = hf_to_mcore(sd, config)
+    assert from_fused.keys() == want.keys() and all(torch.equal(from_fused[k], want[k]) for k in want)
+    back = mcore_to_hf(from_fused, config)
+    assert set(back) == set(sd) and all(torch.equal(back[k], sd[k]) for k in sd)
