@@ -12,8 +12,7 @@ import dataclasses
 import sys
 from typing import Callable
 
-from rlhf_mcore.models.families.vision_family import text_config
-from rlhf_mcore.plan.params import Shape
+from rlhf_mcore.plan.params import Shape, experts_per_token
 from rlhf_mcore.plan.phases import MARGIN, as_engine_runs, phase_terms, rank_peak
 from rlhf_mcore.plan.static import Layout, layouts, roles_of
 
@@ -71,7 +70,7 @@ def main(argv=None) -> int:
     p = cfg.parallel
     gpus = args.gpus or p.tp * p.pp
     gpu_bytes = args.gpu_memory * GIB
-    top_k = int(text_config(hf).get("num_experts_per_tok") or 1)  # a vision LM nests it under text_config
+    top_k = experts_per_token(hf)
     cfg, released = as_engine_runs(cfg, gpu_bytes, gpus) if gpu_bytes else (cfg, "")  # as on this device
     found = rows(cfg, shape, gpus, gpu_bytes, top_k, family_allows(cfg, hf))
     roles = ", ".join(r.name for r in roles_of(cfg))

@@ -108,6 +108,18 @@ TOWER_PARAMS = {"qwen2_5_vl": tower_params, "qwen3_vl": qwen3_vl_tower_params,  
                 "qwen3_vl_moe": qwen3_vl_tower_params}  # the same tower
 
 
+def experts_per_token(hf: dict) -> int:
+    """The experts each token is routed to (config.json's `num_experts_per_tok`, a vision LM's under text_config);
+    1 for a dense model.
+
+    >>> experts_per_token({"text_config": {"num_experts_per_tok": 8}}), experts_per_token({"hidden_size": 4})
+    (8, 1)
+    """
+    from rlhf_mcore.models.families.vision_family import text_config
+
+    return int(text_config(hf).get("num_experts_per_tok") or 1)
+
+
 def vision_params(hf: dict) -> int:
     """A vision LM's tower parameters from its whole config.json (its family's count); 0 for a text model."""
     from rlhf_mcore.models.registry import spec_for_hf_config

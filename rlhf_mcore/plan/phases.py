@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import dataclasses
 
-from rlhf_mcore.models.families.vision_family import text_config
 from rlhf_mcore.plan.dynamic import (
     Batch,
     activation_bytes,
@@ -27,7 +26,7 @@ from rlhf_mcore.plan.dynamic import (
     logprob_backward_bytes,
     logprob_bytes,
 )
-from rlhf_mcore.plan.params import WEIGHT_BYTES, Shape
+from rlhf_mcore.plan.params import WEIGHT_BYTES, Shape, experts_per_token
 from rlhf_mcore.plan.rollout import lora_on_fc1, resident_cache_bytes, rollout_terms
 from rlhf_mcore.plan.static import Layout, main_param_bytes, roles_of, stage_bytes, tower_bytes
 
@@ -143,7 +142,7 @@ def run_plan(cfg, world_size: int | None = None, gpu_bytes: float = 0.0) -> RunP
     hf = load_hf_config(cfg.model)
     shape, p = Shape.of(hf), cfg.parallel
     layout = Layout(p.tp, p.pp, p.ep, max((world_size or p.tp * p.pp) // (p.tp * p.pp), 1))
-    top_k = int(text_config(hf).get("num_experts_per_tok") or 1)  # a vision LM nests it under text_config
+    top_k = experts_per_token(hf)
     phase, total, stage = rank_peak(cfg, shape, layout, gpu_bytes, top_k)
     return RunPlan(layout, phase, total, phase_terms(cfg, shape, layout, gpu_bytes, stage, top_k)[phase])
 

@@ -85,9 +85,9 @@ FAMILIES = {"qwen2_5_vl": (tiny_vl_model, PATCH_DIM), "qwen3_vl": (tiny_vl3_mode
 
 def family_in(vl_dir) -> str:
     """The family of a saved tiny directory (its config.json's model_type: a key of `FAMILIES`)."""
-    import json
+    from rlhf_mcore.models.hf_io import read_hf_config
 
-    return json.loads((Path(vl_dir) / "config.json").read_text())["model_type"]
+    return read_hf_config(vl_dir)["model_type"]
 
 
 def save_tiny_family(family: str, out_dir: Path, hub_layout: bool = True) -> Path:

@@ -60,14 +60,13 @@ def compare(cfg, hf: dict, peaks: dict[str, float], gpu_bytes: float = 0.0,
     the config's TP x PP x EP, DP 1). `peaks`: GiB per trainer phase (`trainer_peaks`). With SGLang the rollout's
     measure is the device's memory in use during the generation (`device_used["gen"]`): the engine's KV pool lives
     in its scheduler process, which this process's allocator does not see."""
-    from rlhf_mcore.models.families.vision_family import text_config
-    from rlhf_mcore.plan.params import Shape
+    from rlhf_mcore.plan.params import Shape, experts_per_token
     from rlhf_mcore.plan.phases import phase_terms
     from rlhf_mcore.plan.static import Layout
 
     p = cfg.parallel
     terms = phase_terms(cfg, Shape.of(hf), Layout(p.tp, p.pp, p.ep, 1), gpu_bytes, 0,
-                        int(text_config(hf).get("num_experts_per_tok") or 1))
+                        experts_per_token(hf))
     measured = measured_peaks(peaks)
     if cfg.rollout.engine == "sglang":
         measured.pop("rollout", None)
