@@ -19,6 +19,7 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
+from rlhf_mcore.config.schema import ep_fits
 from rlhf_mcore.cpu_compat import apply_cpu_patches
 
 log = logging.getLogger(__name__)
@@ -26,7 +27,9 @@ log = logging.getLogger(__name__)
 
 @dataclasses.dataclass(frozen=True, slots=True)
 class ParallelDims:
-    """tp x pp x dp = world_size (cp is reserved and must be 1); ep (MoE experts) splits each dp group."""
+    """tp x pp x dp = world_size (cp is reserved and must be 1). ep (MoE experts) splits the tp x dp ranks of each
+    pipeline stage: megatron's expert grid (whole experts, etp 1) is ep x (tp*dp/ep) expert-data-parallel copies,
+    so an expert group may span TP ranks (slime's TP4 x EP8 on 8 GPUs: dp 2) as well as DP ranks."""
 
     tp: int
     pp: int
@@ -47,9 +50,9 @@ class ParallelDims:
                 f"parallel: tp*pp*cp = {tp}*{pp}*{cp} = {model_parallel} must divide the world size "
                 f"(got {world_size}). Choose tp and pp whose product divides the number of ranks."
             )
-        if ep < 1 or (world_size // model_parallel) % ep:
-            raise ValueError(f"parallel.ep: must divide dp = world / (tp*pp*cp) = {world_size // model_parallel} "
-                             f"(got {ep}). Make the world size divisible by tp*pp*ep.")
+        if ep < 1 or not ep_fits(world_size, tp, pp, ep, cp):
+            raise ValueError(f"parallel.ep: must divide tp*dp = world / pp = {world_size // (pp * cp)} (got {ep}). "
+                             "Make the world size divisible by pp*ep.")
         return cls(tp=tp, pp=pp, dp=world_size // model_parallel, cp=cp, ep=ep)
 
 

@@ -3,7 +3,7 @@
     torchrun --nproc_per_node 4 -m tools.check_layouts --config configs/tiny_grpo.yaml --layouts 1x1,2x1,1x2,2x2
     torchrun --nproc_per_node 4 -m tools.check_layouts --config configs/tiny_moe_grpo.yaml --layouts 1x1,1x1x2,2x1x2
 
-Layouts are TPxPP or TPxPPxEP (EP: an MoE model's experts split over ep ranks of the data-parallel group); DP fills
+Layouts are TPxPP or TPxPPxEP (EP: an MoE model's experts split over ep of a stage's TP x DP ranks); DP fills
 the rest of the world. An MoE layout at tp > 1 runs with sequence parallelism (megatron's MoE layer needs it).
 With --packing on every layout runs packed micro-batches (data.use_sequence_packing), with --packing both each
 layout runs padded and then packed, all compared against the first (padded) one. Micro-batches are the trainer's
@@ -27,6 +27,7 @@ from functools import partial
 import torch
 
 from rlhf_mcore.config.load import ConfigError, load_config
+from rlhf_mcore.config.schema import ep_fits
 from rlhf_mcore.logs import init_logger
 from rlhf_mcore.models.build import build_model
 from rlhf_mcore.models.lora import LoraSettings
@@ -119,16 +120,16 @@ def is_moe(hf: dict) -> bool:
 
 def layout_errors(hf: dict, layouts: list[tuple[int, int, int, bool]], world: int) -> list[str]:
     """One line per layout the model or the world cannot take (EP on a dense model or not dividing the
-    experts, a world not divisible by tp*pp*ep), before any model is built."""
+    experts, a world not divisible by tp*pp or by pp*ep), before any model is built."""
     experts, errs = expert_count(hf), []
     for tp, pp, ep, _ in dict.fromkeys(layouts):
         name = f"{tp}x{pp}x{ep}"
         if ep > 1 and (not experts or experts % ep):
             errs.append(f"--layouts: {name}: ep={ep} must divide the expert count (got {experts or 'a dense model'})."
                         " Use an MoE config and a divisor of its num_experts.")
-        if world % (tp * pp * ep):
-            errs.append(f"--layouts: {name}: tp*pp*ep = {tp * pp * ep} must divide the world size {world}. "
-                        "Launch a multiple of it.")
+        if world % (tp * pp) or not ep_fits(world, tp, pp, ep):
+            errs.append(f"--layouts: {name}: tp*pp = {tp * pp} and pp*ep = {pp * ep} must divide the world size "
+                        f"{world}. Launch a multiple of both.")
     return errs
 
 

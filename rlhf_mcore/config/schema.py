@@ -105,6 +105,12 @@ class ModelConfig:
         return errs
 
 
+def ep_fits(world_size: int, tp: int, pp: int, ep: int, cp: int = 1) -> bool:
+    """Whether ep ranks can hold one copy of the experts: ep divides the tp x dp (x cp) ranks of a pipeline stage
+    (megatron's `initialize_model_parallel`: world % (etp * ep * pp) with etp 1), tp*pp*cp dividing the world."""
+    return not world_size % (tp * pp * cp) and not (world_size // (pp * cp)) % ep
+
+
 @dataclass(**DC)
 class ParallelConfig:
     """tp x pp (x cp) model parallelism; dp = world_size / (tp * pp * cp) is derived, never set."""
@@ -112,7 +118,7 @@ class ParallelConfig:
     tp: int = 1
     pp: int = 1
     cp: int = 1  # reserved: context parallelism is not supported yet
-    ep: int = 1  # expert parallelism (MoE models): the experts split over ep ranks of each data-parallel group
+    ep: int = 1  # expert parallelism (MoE models): the experts split over ep of a stage's tp x dp ranks (ep_fits)
     etp: int = 1  # expert tensor parallelism: only 1 (each expert whole on its rank, also at tp > 1)
     sequence_parallel: bool = False  # GPU only (needs a fused norm)
     use_distributed_optimizer: bool = False

@@ -8,7 +8,7 @@ import os
 import re
 
 from rlhf_mcore.config.environment import environment_errors
-from rlhf_mcore.config.schema import Config
+from rlhf_mcore.config.schema import Config, ep_fits
 from rlhf_mcore.registry import suggest
 
 REQUIRED_INLINE = ("num_layers", "hidden_size", "ffn_hidden_size", "num_attention_heads", "vocab_size")
@@ -106,9 +106,10 @@ def _parallel_rules(cfg: Config, shape: dict, world_size: int | None) -> list[st
     if p.ep > 1 and (not experts or experts % p.ep):
         what = f"the expert count {experts}" if experts else "the experts of an MoE model (this model is dense)"
         errs.append(f"parallel.ep: must divide {what} (got {p.ep}). Pick a divisor of num_experts, or ep=1.")
-    if world_size is not None and not world_size % (p.tp * p.pp * p.cp) and world_size % (p.tp * p.pp * p.cp * p.ep):
-        errs.append(f"parallel.ep: tp*pp*ep = {p.tp * p.pp * p.ep} must divide the world size {world_size} "
-                    f"(got ep={p.ep}). Launch a multiple of tp*pp*ep ranks.")
+    if world_size is not None and not world_size % (p.tp * p.pp * p.cp) and \
+            not ep_fits(world_size, p.tp, p.pp, p.ep, p.cp):  # the expert group may span TP ranks as well as DP
+        errs.append(f"parallel.ep: must divide tp*dp = world / pp = {world_size // (p.pp * p.cp)} "
+                    f"(got ep={p.ep}). Launch a multiple of pp*ep ranks, or pick a divisor.")
     if experts and p.tp > 1 and not p.sequence_parallel:  # megatron's MoE layer refuses to train at tp>1 without it
         errs.append(f"parallel.sequence_parallel: an MoE model at tp > 1 needs sequence parallelism (got false with "
                     f"tp={p.tp}). Set parallel.sequence_parallel=true, or split the experts with parallel.ep at tp=1.")

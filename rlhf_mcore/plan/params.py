@@ -151,6 +151,18 @@ def layer_params(s: Shape, tp: int, ep: int) -> int:
     return norms + attention + mlp
 
 
+def rank_expert_params(s: Shape, pp: int, ep: int) -> int:
+    """The routed experts' parameters on a rank (whole experts: the same at every TP rank); 0 for a dense model.
+
+    >>> rank_expert_params(Shape(layers=4, hidden=8, ffn=16, heads=2, groups=1, head_dim=4, vocab=10, experts=8,
+    ...                          moe_ffn=4), pp=2, ep=4)
+    384
+
+    (2 layers x 2 experts x gate/up/down 3 x 4 x 8.)
+    """
+    return (s.layers // pp) * (s.experts // ep) * 3 * s.moe_ffn * s.hidden if s.experts else 0
+
+
 def rank_params(s: Shape, tp: int, pp: int, ep: int, pp_rank: int, lm_head: bool = True,
                 vocab_divisible_by: int = 128) -> int:
     """Parameters on a rank of pipeline stage `pp_rank` (every TP / EP rank of a stage holds as many).

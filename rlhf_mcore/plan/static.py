@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import dataclasses
 
-from rlhf_mcore.plan.params import WEIGHT_BYTES, Shape, rank_params
+from rlhf_mcore.plan.params import WEIGHT_BYTES, Shape, rank_expert_params, rank_params
 
 GRAD_BYTES = 4
 ADAM_BYTES = {"bf16": 12, "fp32": 8}
@@ -39,6 +39,11 @@ class Layout:
 
     def __str__(self) -> str:
         return f"TP{self.tp} PP{self.pp} EP{self.ep} DP{self.dp}"
+
+    @property
+    def expert_dp(self) -> int:
+        """Ranks holding the same routed experts (megatron's expert-data-parallel group, etp 1): tp x dp / ep."""
+        return self.tp * self.dp // self.ep
 
 
 def roles_of(cfg) -> list[Role]:
@@ -79,15 +84,22 @@ def reward_shape(path: str) -> Shape:
     return Shape.of(reward_model_config(path)[0])
 
 
-def role_bytes(params: int, role: Role, dtype: str, dp: int, distributed_optimizer: bool) -> dict[str, int]:
-    """{weights, grads, optimizer} bytes of one role's `params` on one rank.
+def role_bytes(params: int, role: Role, dtype: str, dp: int, distributed_optimizer: bool, experts: int = 0,
+               expert_dp: int = 1) -> dict[str, int]:
+    """{weights, grads, optimizer} bytes of one role's `params` on one rank. `experts` of them are routed experts:
+    the distributed optimizer shards those over the expert-data-parallel group (`expert_dp` ranks, megatron's
+    expert buffers), the rest over dp.
 
     >>> role_bytes(1000, Role("actor", trained=True), "bf16", dp=4, distributed_optimizer=True)
     {'weights': 2000, 'grads': 4000, 'optimizer': 3000}
+    >>> role_bytes(1000, Role("actor", trained=True), "bf16", 4, True, experts=800, expert_dp=1)["optimizer"]
+    10200
+
+    (200 dense parameters x 12 B / 4 ranks = 600, 800 expert parameters x 12 B on their one rank = 9600.)
     """
     optimizer = params * ADAM_BYTES[dtype] if role.trained else 0
-    if distributed_optimizer:
-        optimizer = -(-optimizer // dp)
+    if distributed_optimizer and optimizer:
+        optimizer = -(-(params - experts) * ADAM_BYTES[dtype] // dp) - (-experts * ADAM_BYTES[dtype] // expert_dp)
     return {"weights": params * WEIGHT_BYTES[dtype], "grads": params * GRAD_BYTES if role.trained else 0,
             "optimizer": optimizer}
 
@@ -109,7 +121,11 @@ def stage_bytes(shape: Shape, layout: Layout, pp_rank: int, roles: list[Role], d
         if r.whole:
             return -(-r.whole // (layout.tp * layout.pp))
         return rank_params(r.shape or shape, layout.tp, layout.pp, layout.ep, pp_rank, r.lm_head, vocab_divisible_by)
-    return {r.name: role_bytes(params(r), r, dtype, layout.dp, distributed_optimizer) for r in roles}
+
+    def experts(r: Role) -> int:
+        return 0 if r.whole else rank_expert_params(r.shape or shape, layout.pp, layout.ep)
+    return {r.name: role_bytes(params(r), r, dtype, layout.dp, distributed_optimizer, experts(r), layout.expert_dp)
+            for r in roles}
 
 
 def tower_bytes(shape: Shape, roles: list[Role], dtype: str, dp: int, distributed_optimizer: bool,
@@ -141,7 +157,7 @@ def peak_bytes(shape: Shape, layout: Layout, roles: list[Role], dtype: str, dist
 
 def layouts(shape: Shape, gpus: int) -> list[Layout]:
     """Every TP x PP x EP x DP of `gpus` that the model allows: TP divides the heads, KV groups and MLP size, PP the
-    layers; EP divides the experts and DP (experts are spread over data-parallel ranks)."""
+    layers; EP divides the experts and TP x DP (an expert group spans a stage's tensor- and data-parallel ranks)."""
     found = []
     for tp in _divisors(gpus):
         if shape.heads % tp or shape.groups % tp or shape.ffn % tp:
@@ -150,7 +166,7 @@ def layouts(shape: Shape, gpus: int) -> list[Layout]:
             if shape.layers % pp:
                 continue
             dp = gpus // (tp * pp)
-            for ep in _divisors(dp) if shape.experts else [1]:
+            for ep in _divisors(tp * dp) if shape.experts else [1]:
                 if not shape.experts % ep:
                     found.append(Layout(tp, pp, ep, dp))
     return found

@@ -34,7 +34,8 @@ LORA = ("model.lora_rank=8", "model.lora_alpha=16", "critic.lora_rank=4", "actor
 RUNS = {
     "four_ranks": (4, "tiny_grpo.yaml", "1x1,2x1,1x2,2x2", ()),
     "packed_tp2pp2": (4, "tiny_grpo.yaml", "1x1,2x2", ("--packing", "both", "--max-tokens", "40")),
-    "ep": (4, MOE, "1x1,1x1x2,1x1x4,2x1x2,1x2x2", ()),
+    # 2x1x4: an expert group wider than DP (its 4 ranks span TP2 x DP2), as slime's TP4 x EP8 on 8 GPUs
+    "ep": (4, MOE, "1x1,1x1x2,1x1x4,2x1x2,2x1x4,1x2x2", ()),
     "lora": (4, "tiny_grpo.yaml", "1x1,2x1,1x2,2x2", ("--steps", "3", *LORA)),
     "sp_entropy": (2, "tiny_grpo.yaml", "1x1,2x1,1x2", ("--sequence-parallel", "actor.use_kl_loss=false",
                                                          "actor.entropy_coeff=0.01",
@@ -56,7 +57,7 @@ RUNS = {
     "lora_moe": (2, MOE, "1x1,1x1x2,2x1", ("--steps", "3", *LORA, "critic.optim.lr=1e-2")),
     # actor lr 1e-3 (the preset's 1e-2 also passes): Adam's first steps scale each gradient element by
     # 1/(|g| + eps), so elements with |g| ~ eps turn fp32 summation-order noise into ~1e-5 log-prob differences
-    "moe_tp2_sp": (2, MOE, "1x1,2x1", ("--steps", "3", "actor.optim.lr=1e-3")),
+    "moe_tp2_sp": (2, MOE, "1x1,2x1,2x1x2", ("--steps", "3", "actor.optim.lr=1e-3")),  # 2x1x2: EP over TP, dp 1
 }
 
 
@@ -172,8 +173,8 @@ def test_ep_layouts_agree_with_1x1(runs):
     rows = parse_table(out.stdout)
     assert [r[:4] for r in rows] == [["tp1", "pp1", "dp4", rows[0][3]], ["tp1", "pp1", "ep2", "dp4"],
                                      ["tp1", "pp1", "ep4", "dp4"], ["tp2", "pp1", "ep2", "dp2"],
-                                     ["tp1", "pp2", "ep2", "dp2"]]
-    assert rows[3][4] == "sp"  # megatron's MoE layer at tp > 1 runs with sequence parallelism
+                                     ["tp2", "pp1", "ep4", "dp2"], ["tp1", "pp2", "ep2", "dp2"]]
+    assert rows[3][4] == rows[4][4] == "sp"  # megatron's MoE layer at tp > 1 runs with sequence parallelism
     losses = [float(r[-8]) for r in rows]
     assert max(losses) - min(losses) <= 1e-6 * abs(losses[0]) and "PASS" in out.stdout
 
@@ -187,8 +188,10 @@ def test_layouts_the_model_cannot_take_are_one_line_each_exit_2():
     assert bad.returncode == 2 and "Traceback" not in bad.stderr
     assert lines == ["--layouts: 1x1x3: ep=3 must divide the expert count (got 8). Use an MoE config and a divisor "
                      "of its num_experts.",
-                     "--layouts: 1x1x3: tp*pp*ep = 3 must divide the world size 1. Launch a multiple of it.",
-                     "--layouts: 2x1x1: tp*pp*ep = 2 must divide the world size 1. Launch a multiple of it."]
+                     "--layouts: 1x1x3: tp*pp = 1 and pp*ep = 3 must divide the world size 1. Launch a multiple "
+                     "of both.",
+                     "--layouts: 2x1x1: tp*pp = 2 and pp*ep = 1 must divide the world size 1. Launch a multiple "
+                     "of both."]
 
 
 def test_lora_actor_and_critic_agree_at_every_layout_after_three_steps(runs):
@@ -227,6 +230,7 @@ def test_full_moe_at_tp2_sequence_parallel_equals_1x1_after_three_steps(runs):
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
     rows = parse_table(out.stdout)
     assert rows[0][:3] == ["tp1", "pp1", "dp2"] and rows[1][:4] == ["tp2", "pp1", "dp1", "sp"]
+    assert rows[2][:5] == ["tp2", "pp1", "ep2", "dp1", "sp"]  # the expert group is the TP pair (dp 1)
     moved = re.search(r"actor logp ([0-9.e+-]+), values ([0-9.e+-]+)", out.stdout)
     assert float(moved[1]) > 1e-1 and float(moved[2]) > 1e-2  # the experts trained: the comparison means something
     assert "PASS" in out.stdout

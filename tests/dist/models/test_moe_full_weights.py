@@ -51,11 +51,11 @@ def same_full_weights(work, layout: str) -> bool:
     return list(full) == list(ref) and all(torch.equal(full[k], ref[k]) for k in ref)
 
 
-def test_full_weights_and_hf_export_at_ep2_and_tp2(tmp_path):
+def test_full_weights_and_hf_export_at_ep2_tp2_and_ep_over_tp(tmp_path):
     tiny_moe(False).save_pretrained(str(tmp_path / "hf"))
-    run_worker(tmp_path, 2, "1x1,1x2,2x1")
-    assert same_full_weights(tmp_path, "1x2") and same_full_weights(tmp_path, "2x1")
-    for layout in ("1x1", "1x2"):
+    run_worker(tmp_path, 2, "1x1,1x2,2x1,2x2")  # 2x2: the expert group is the TP pair (dp 1)
+    assert all(same_full_weights(tmp_path, layout) for layout in ("1x2", "2x1", "2x2"))
+    for layout in ("1x1", "1x2", "2x2"):
         vs_hf, vs_ep1 = check_export(tmp_path, layout)
         print(f"moe export {layout} (TPxEP): logits max |transformers - ours| = {vs_hf:.2e}, |ours - ours 1x1| = "
               f"{vs_ep1:.2e}")

@@ -41,8 +41,8 @@ def test_training_cli_stops_at_bad_expert_layouts_before_anything_is_built(tmp_p
     assert proc.returncode == 2 and "Traceback" not in proc.stderr and not out.exists()
     lines = [line.strip() for line in proc.stderr.splitlines() if "parallel.ep" in line]
     assert lines == ["- parallel.ep: must divide the expert count 8 (got 3). Pick a divisor of num_experts, or ep=1.",
-                     "- parallel.ep: tp*pp*ep = 3 must divide the world size 1 (got ep=3). Launch a multiple of "
-                     "tp*pp*ep ranks."]
+                     "- parallel.ep: must divide tp*dp = world / pp = 1 (got ep=3). Launch a multiple of pp*ep "
+                     "ranks, or pick a divisor."]
 
 
 def test_verls_val_kwargs_give_mean_best_and_worst_at_n(tmp_path):

@@ -68,11 +68,23 @@ def test_expert_parallel_checks_before_build(tmp_path):
         info.value.errors
     with pytest.raises(ConfigError) as info:
         load_config(tiny, blank + [f"model.hf_path={tmp_path}", "parallel.ep=4"], world_size=2)
-    assert any(e.startswith("parallel.ep: tp*pp*ep = 4 must divide the world size 2") for e in info.value.errors)
+    assert "parallel.ep: must divide tp*dp = world / pp = 2 (got ep=4). Launch a multiple of pp*ep ranks, or pick " \
+        "a divisor." in info.value.errors
     assert json.loads((tmp_path / "config.json").read_text())["num_local_experts"] == 8
     load_config(tiny, blank + [f"model.hf_path={tmp_path}", "parallel.ep=2", "rollout.mode=multi_turn",
                                "rollout.multi_turn.tools=[calculator]"], world_size=2)  # EP ranks agree per turn
     load_config(tiny, blank + [f"model.hf_path={tmp_path}", "parallel.ep=2"], world_size=2)  # single_turn: fine
+    from rlhf_mcore.parallel import ParallelDims
+
+    sp = ["parallel.tp=2", "parallel.sequence_parallel=true"]  # expert groups across TP ranks (SGLang rolls out
+    for ep, world in ((2, 2), (4, 4), (8, 8)):  # at tp > 1 with sequence parallelism: the CPU has no SGLang)
+        with pytest.raises(ConfigError) as info:
+            load_config(tiny, blank + [f"model.hf_path={tmp_path}", f"parallel.ep={ep}"] + sp, world_size=world)
+        assert [e for e in info.value.errors if e.startswith("parallel.ep")] == [], info.value.errors
+        assert ParallelDims.from_world(world, 2, 1, ep=ep) == ParallelDims(tp=2, pp=1, dp=world // 2, ep=ep)
+    assert ParallelDims.from_world(8, 4, 1, ep=8).dp == 2  # slime's Qwen3-30B-A3B layout on 8 GPUs
+    with pytest.raises(ValueError, match=r"parallel.ep: must divide tp\*dp = world / pp = 4 \(got 8\)"):
+        ParallelDims.from_world(8, 2, 2, ep=8)
 
 
 def test_router_losses_are_config_keys_default_off():

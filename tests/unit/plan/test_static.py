@@ -4,7 +4,7 @@ import json
 import re
 
 from rlhf_mcore.plan.__main__ import main
-from rlhf_mcore.plan.params import Shape, rank_params
+from rlhf_mcore.plan.params import Shape, rank_expert_params, rank_params
 from rlhf_mcore.plan.static import Layout, Role, layouts, peak_bytes
 from tests.support.paths import CONFIGS
 from tests.support.shapes import HF_SHAPES
@@ -18,15 +18,21 @@ def test_params_per_rank_of_the_30b_moe_at_ep8_by_hand():
              + 128 * 2048 + (128 // 8) * 3 * 768 * 2048)  # router, 16 whole experts of 128
     total = 48 * layer + 2 * 151936 * 2048 + 2048  # embedding, untied head, final norm
     assert rank_params(QWEN3_30B, tp=1, pp=1, ep=8, pp_rank=0) == total == 5_164_972_032
-    # bf16 weights 2 B, fp32 grads 4 B, Adam + main weights 12 B sharded over DP8
-    want = total * 2 + total * 4 + total * 12 // 8
+    # bf16 weights 2 B, fp32 grads 4 B, Adam + main weights 12 B: the dense part's sharded over DP8, the 16 local
+    # experts' over their expert-data-parallel group, 1 x 8 / 8 = 1 rank (megatron's expert buffers): not sharded
+    experts = 48 * 16 * 3 * 768 * 2048
+    assert rank_expert_params(QWEN3_30B, pp=1, ep=8) == experts
+    want = total * 2 + total * 4 + (total - experts) * 12 // 8 + experts * 12
     assert peak_bytes(QWEN3_30B, Layout(1, 1, 8, 8), [Role("actor", True)], "bf16", True) == want
+    # TP4 x EP8 on 8 GPUs (slime's layout; dp 2): the expert group spans TP, and the experts' Adam is again unsharded
+    assert Layout(4, 1, 8, 2).expert_dp == 1 and Layout(2, 1, 4, 4).expert_dp == 2
 
 
 def test_layouts_respect_heads_layers_and_experts():
     found = {str(x) for x in layouts(QWEN3_30B, 8)}
     assert "TP1 PP1 EP8 DP8" in found and "TP8 PP1 EP1 DP1" not in found  # 4 KV groups: TP <= 4
-    assert all(x.dp % x.ep == 0 and x.tp * x.pp * x.dp == 8 for x in layouts(QWEN3_30B, 8))
+    assert "TP4 PP1 EP8 DP2" in found and "TP1 PP2 EP8 DP4" not in found  # EP spans TP x DP, not PP
+    assert all(x.tp * x.dp % x.ep == 0 and x.tp * x.pp * x.dp == 8 for x in layouts(QWEN3_30B, 8))
 
 
 def test_the_command_lists_what_fits_best_first(tmp_path, capsys, monkeypatch):
@@ -38,12 +44,14 @@ def test_the_command_lists_what_fits_best_first(tmp_path, capsys, monkeypatch):
     out = capsys.readouterr().out.splitlines()
     assert out[0] == ("memory plan: 8 GPU(s) of 141 GiB, bf16, roles actor, rollout native, distributed optimizer on, "
                       "recompute full")
-    assert out[2] == "  TP1 PP1 EP8 DP8              63.22 GiB  rollout   fits"
+    assert out[2] == "  TP1 PP1 EP8 DP8              98.66 GiB  rollout   fits"
     # MoE decodes eagerly (Qwen3-MoE's decode_paths): kv_cache 2 x 48 layers x 128 rows x 4 groups x 1536 x 128 x 2 B
     # = 18 GiB, dropped after the rollout; prefill: 65,536 prompt tokens x (3 x 2048 + 8 x (3 x 2048 + 3 x 768)) x 2 B
-    # (9 GiB) + 16 local experts' stacked weights 16 x 3 x 768 x 2048 x 2 B (0.14 GiB)
+    # (9 GiB) + 16 local experts' stacked weights 16 x 3 x 768 x 2048 x 2 B (0.14 GiB); grads+optimizer: 4 B of
+    # gradient per parameter (19.24 GiB), Adam's 12 B over DP8 for the dense 1.54 B parameters (2.15 GiB) and
+    # unsharded for the 3.62 B expert parameters (40.50 GiB; their expert-data-parallel group is 1 rank)
     rollout = next(line for line in out if line.startswith("  rollout "))
-    assert rollout == "  rollout      63.22 GiB = weights 9.62 + grads+optimizer 26.46 + kv_cache 18.00 + prefill 9.14"
+    assert rollout == "  rollout      98.66 GiB = weights 9.62 + grads+optimizer 61.89 + kv_cache 18.00 + prefill 9.14"
     table = [line for line in out if "GiB  " in line and line.startswith("  TP")]
     fits = [line.endswith(" fits") for line in table]
     assert fits == sorted(fits, reverse=True) and not fits[-1]  # fitting layouts first; some do not fit
@@ -90,7 +98,7 @@ def test_the_command_lists_only_the_layouts_the_family_runs(tmp_path, capsys, mo
 def test_a_vision_moes_plan_routes_each_token_to_its_top_k_experts(tmp_path, capsys, monkeypatch):
     """Qwen3-VL-MoE nests `num_experts_per_tok` under text_config: the plan reads it there (top-8), so its MoE prefill
     term is the text Qwen3-30B-A3B's under the same run settings (the same LM shape); read at the top level it was
-    top-1, and the rollout's peak 7.6 GiB short (66.5 instead of 74.1 GiB at EP8)."""
+    top-1, and the rollout's peak 7.6 GiB short (then 66.5 instead of 74.1 GiB at EP8)."""
     monkeypatch.chdir(tmp_path)
     terms = {}
     for name in ("qwen3-vl-30b-a3b", "qwen3-30b-a3b"):
