@@ -111,8 +111,11 @@ def _parallel_rules(cfg: Config, shape: dict, world_size: int | None) -> list[st
         errs.append(f"parallel.ep: must divide tp*dp = world / pp = {world_size // (p.pp * p.cp)} "
                     f"(got ep={p.ep}). Launch a multiple of pp*ep ranks, or pick a divisor.")
     if experts and p.tp > 1 and not p.sequence_parallel:  # megatron's MoE layer refuses to train at tp>1 without it
+        engine = "" if cfg.rollout.engine == "sglang" else " with rollout.engine=sglang (the native engine decodes " \
+                                                           "without it)"
         errs.append(f"parallel.sequence_parallel: an MoE model at tp > 1 needs sequence parallelism (got false with "
-                    f"tp={p.tp}). Set parallel.sequence_parallel=true, or split the experts with parallel.ep at tp=1.")
+                    f"tp={p.tp}; verl's megatron engine turns it on at tp > 1). Set parallel.sequence_parallel=true"
+                    f"{engine}, or split the experts with parallel.ep at tp=1.")
     if p.sequence_parallel and p.tp == 1:
         errs.append("parallel.sequence_parallel: needs tp > 1 (got true with tp=1). Set it to false.")
     errs += _router_replay_rules(cfg, experts)

@@ -22,7 +22,12 @@ def test_expert_tp_and_sequence_parallel_rules_before_build(tmp_path):
     with pytest.raises(ConfigError) as info:
         load_config(tiny, moe + ["parallel.tp=2", "rollout.engine=sglang"], world_size=2)
     assert [e for e in info.value.errors if e.startswith("parallel.sequence_parallel")] == [
-        "parallel.sequence_parallel: an MoE model at tp > 1 needs sequence parallelism (got false with tp=2). Set "
-        "parallel.sequence_parallel=true, or split the experts with parallel.ep at tp=1."]
+        "parallel.sequence_parallel: an MoE model at tp > 1 needs sequence parallelism (got false with tp=2; verl's "
+        "megatron engine turns it on at tp > 1). Set parallel.sequence_parallel=true, or split the experts with "
+        "parallel.ep at tp=1."]
+    with pytest.raises(ConfigError) as info:  # the native engine: the line names the engine that decodes with it
+        load_config(tiny, moe + ["parallel.tp=2"], world_size=2)
+    assert any("Set parallel.sequence_parallel=true with rollout.engine=sglang (the native engine decodes without "
+               "it), or split" in e for e in info.value.errors), info.value.errors
     cfg = load_config(tiny, moe + ["actor_rollout_ref.actor.megatron.expert_model_parallel_size=2"], world_size=2)
     assert cfg.parallel.ep == 2 and cfg.parallel.etp == 1
