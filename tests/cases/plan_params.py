@@ -14,10 +14,9 @@ import json
 
 import torch
 import torch.distributed as dist
-
-from rlhf_mcore.convert.mcore import build_for_conversion
 from megatron.core import parallel_state
 
+from rlhf_mcore.convert.mcore import build_for_conversion
 from rlhf_mcore.plan.params import Shape, rank_expert_params, rank_params
 from rlhf_mcore.plan.static import Layout
 from tests.support.layouts import each_layout
