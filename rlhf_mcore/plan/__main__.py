@@ -28,17 +28,23 @@ def parse_args(argv):
 
 
 def family_allows(cfg, hf: dict) -> Callable[[Layout], bool]:
-    """Whether the model's family runs at a layout: its `run_errors` and `stage_errors` there add nothing to the
-    config's own at 1 x 1 x 1 (Qwen3-VL-MoE trains at tp 1; Qwen3-VL's DeepStack layers stay on the first stage)."""
+    """Whether the model's family and the config's rollout engine run at a layout: the family's `run_errors` and
+    `stage_errors` and the engine's `layout_errors` there add nothing to the config's own at 1 x 1 x 1 (Qwen3-VL-MoE
+    trains at tp 1; Qwen3-VL's DeepStack layers stay on the first stage; an MoE model at tp > 1 trains with
+    sequence parallelism, which the native engine cannot decode with)."""
     from rlhf_mcore.models.registry import spec_for_hf_config
+    from rlhf_mcore.models.spec import num_experts
+    from rlhf_mcore.rollout.base import ROLLOUT_ENGINES
 
     spec = spec_for_hf_config(hf)
     flat = spec.text_config(hf)
+    engine = ROLLOUT_ENGINES.get(cfg.rollout.engine) if cfg.rollout.engine in ROLLOUT_ENGINES else None
 
     def errors(tp: int, pp: int, ep: int) -> set[str]:
-        parallel = dataclasses.replace(cfg.parallel, tp=tp, pp=pp, ep=ep)
+        sp = tp > 1 and (cfg.parallel.sequence_parallel or bool(num_experts(flat)))  # MoE at tp > 1 needs it
+        parallel = dataclasses.replace(cfg.parallel, tp=tp, pp=pp, ep=ep, sequence_parallel=sp)
         run = spec.run_errors(dataclasses.replace(cfg, parallel=parallel))
-        return set(run) | set(spec.stage_errors(flat, parallel))
+        return set(run) | set(spec.stage_errors(flat, parallel)) | set(engine.layout_errors(parallel) if engine else ())
 
     base = errors(1, 1, 1)
     return lambda layout: not errors(layout.tp, layout.pp, layout.ep) - base

@@ -110,3 +110,19 @@ def test_a_vision_moes_plan_routes_each_token_to_its_top_k_experts(tmp_path, cap
         terms[name] = dict(re.findall(r"([a-z_+]+) (\d+\.\d+)", rollout.split("=", 1)[1]))
     assert terms["qwen3-vl-30b-a3b"]["prefill"] == terms["qwen3-30b-a3b"]["prefill"] == "11.39"
     assert "tower" in terms["qwen3-vl-30b-a3b"] and "tower" not in terms["qwen3-30b-a3b"]
+
+
+def test_an_moe_at_tp_above_1_is_listed_only_for_the_engine_that_decodes_with_sequence_parallelism(
+        tmp_path, capsys, monkeypatch):
+    """Qwen3-30B-A3B trains at tp > 1 only with sequence parallelism, which the native engine cannot decode with: with
+    the preset's native rollout every listed layout is TP1; with SGLang the TP2/TP4 layouts (EP spanning TP x DP,
+    e.g. TP4 x EP8 x DP2) are listed too."""
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "config.json").write_text(json.dumps(HF_SHAPES["qwen3-30b-a3b"]))
+    listed = {}
+    for engine in ("native", "sglang"):
+        assert main(["--config", str(CONFIGS / "qwen3-30b-a3b_gsm8k_grpo.yaml"), f"model.hf_path={tmp_path}",
+                     f"rollout.engine={engine}", "--gpus", "8"]) == 0
+        listed[engine] = [line.split()[:4] for line in capsys.readouterr().out.splitlines() if line.startswith("  TP")]
+    assert listed["native"] and all(row[0] == "TP1" for row in listed["native"])
+    assert ["TP4", "PP1", "EP8", "DP2"] in listed["sglang"] and len(listed["sglang"]) > len(listed["native"])
