@@ -60,6 +60,19 @@ def rows(cfg, shape: Shape, gpus: int, gpu_bytes: float, experts_per_token: int 
     return sorted(found, key=lambda r: (not r[3], r[0].tp * r[0].pp, r[2]))  # fits, least model parallelism, headroom
 
 
+def offload_hint(cfg, shape: Shape, gpus: int, gpu_bytes: float, top_k: int,
+                 allowed: Callable[[Layout], bool]) -> str:
+    """What to change when no layout fits: the best layout with the optimizer states on the host during the rollout
+    (`trainer.offload_during_rollout`), where the rollout set every peak; else more GPUs."""
+    if not cfg.trainer.offload_during_rollout:
+        offloaded = dataclasses.replace(cfg, trainer=dataclasses.replace(cfg.trainer, offload_during_rollout=True))
+        layout, phase, peak, fits = rows(offloaded, shape, gpus, gpu_bytes, top_k, allowed)[0]
+        if fits:
+            return (f"  no layout fits; with trainer.offload_during_rollout=true (Adam's state on the host while the "
+                    f"rollout runs) {layout} peaks at {peak / GIB:.2f} GiB ({phase}) and fits")
+    return f"  no layout fits {gpus} GPU(s) of {gpu_bytes / GIB:g} GiB: plan more GPUs (--gpus) or a smaller batch"
+
+
 def main(argv=None) -> int:
     from rlhf_mcore.config.load import ConfigError, load_config
 
@@ -93,6 +106,8 @@ def main(argv=None) -> int:
     if not found:
         print(f"  no valid layout of {gpus} GPU(s) for this model")
         return 1
+    if gpu_bytes and not found[0][3]:
+        print(offload_hint(cfg, shape, gpus, gpu_bytes, top_k, family_allows(cfg, hf)))
     best = found[0][0]
     print(f"phases at {best} (first pipeline stage):")
     for phase, terms in phase_terms(cfg, shape, best, gpu_bytes, 0, top_k).items():

@@ -42,8 +42,9 @@ class Layout:
 
     @property
     def expert_dp(self) -> int:
-        """Ranks holding the same routed experts (megatron's expert-data-parallel group, etp 1): tp x dp / ep."""
-        return self.tp * self.dp // self.ep
+        """Ranks holding the same routed experts (megatron's expert-data-parallel group, etp 1): tp x dp / ep; 1 for
+        a config's own ep planned on too few GPUs (`phases.run_plan` at --gpus), which validation refuses anyway."""
+        return max(self.tp * self.dp // self.ep, 1)
 
 
 def roles_of(cfg) -> list[Role]:

@@ -126,3 +126,21 @@ def test_an_moe_at_tp_above_1_is_listed_only_for_the_engine_that_decodes_with_se
         listed[engine] = [line.split()[:4] for line in capsys.readouterr().out.splitlines() if line.startswith("  TP")]
     assert listed["native"] and all(row[0] == "TP1" for row in listed["native"])
     assert ["TP4", "PP1", "EP8", "DP2"] in listed["sglang"] and len(listed["sglang"]) > len(listed["native"])
+
+
+def test_when_nothing_fits_the_plan_says_what_would(tmp_path, capsys, monkeypatch):
+    """The 30B preset with SGLang (a whole copy of the model on every GPU beside the resident Adam state) fits no
+    layout of 8 x 141 GiB; the plan names the offload that makes EP8 fit. On 2 GPUs (fewer than the preset's ep=8:
+    its own layout there has no expert-data-parallel rank, which once divided by zero) nothing fits either way."""
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "config.json").write_text(json.dumps(HF_SHAPES["qwen3-30b-a3b"]))
+    preset = ["--config", str(CONFIGS / "qwen3-30b-a3b_gsm8k_grpo.yaml"), f"model.hf_path={tmp_path}"]
+    assert main([*preset, "rollout.engine=sglang", "--gpus", "8", "--gpu-memory", "141"]) == 0
+    out = capsys.readouterr().out
+    assert "  no layout fits; with trainer.offload_during_rollout=true (Adam's state on the host while the rollout " \
+           "runs) TP1 PP1 EP8 DP8 peaks at 94.34 GiB (rollout) and fits" in out
+    assert main([*preset, "rollout.engine=sglang", "trainer.offload_during_rollout=true", "--gpus", "8",
+                 "--gpu-memory", "141"]) == 0
+    assert "no layout fits" not in capsys.readouterr().out
+    assert main([*preset, "--gpus", "2", "--gpu-memory", "80"]) == 0
+    assert "  no layout fits 2 GPU(s) of 80 GiB: plan more GPUs (--gpus) or a smaller batch" in capsys.readouterr().out
