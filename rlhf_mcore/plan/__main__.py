@@ -63,7 +63,7 @@ def rows(cfg, shape: Shape, gpus: int, gpu_bytes: float, experts_per_token: int 
 def offload_hint(cfg, shape: Shape, gpus: int, gpu_bytes: float, top_k: int,
                  allowed: Callable[[Layout], bool]) -> str:
     """What to change when no layout fits: the best layout with the optimizer states on the host during the rollout
-    (`trainer.offload_during_rollout`), where the rollout set every peak; else more GPUs."""
+    (`trainer.offload_during_rollout`) where one then fits; else more GPUs or a smaller batch."""
     if not cfg.trainer.offload_during_rollout:
         offloaded = dataclasses.replace(cfg, trainer=dataclasses.replace(cfg.trainer, offload_during_rollout=True))
         layout, phase, peak, fits = rows(offloaded, shape, gpus, gpu_bytes, top_k, allowed)[0]
