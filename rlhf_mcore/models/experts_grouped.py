@@ -171,8 +171,10 @@ class GroupedExperts(SequentialMLP):
         kernel, why = (self.kernel, "asked") if self.kernel == "reference" else kernel_for(x.device, x.dtype)
         if kernel != self.kernel:
             log_once(log, f"fallback {why}", "MoE experts: grouped, torch reference loop (%s)", why)
-        fc1 = [e.linear_fc1.weight for e in self.local_experts]
-        fc2 = [e.linear_fc2.weight for e in self.local_experts]
+        from rlhf_mcore.models.lora import live_weight  # LoRA on the experts: W + scale * B A
+
+        fc1 = [live_weight(e.linear_fc1) for e in self.local_experts]
+        fc2 = [live_weight(e.linear_fc2) for e in self.local_experts]
         counts = [int(n) for n in tokens_per_expert.tolist()]
         return grouped_swiglu(x, probs, counts, fc1, fc2, kernel), None
 

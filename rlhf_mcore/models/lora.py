@@ -21,8 +21,8 @@ it over TP (`sequence_parallel` attribute, `finalize_model_grads`).
 B starts at zero (the model is the base, bitwise); A is drawn from a seed fixed by the global layer number and
 the sub-projection (kaiming-uniform as PEFT), then sliced: the same adapters at every TP/PP layout. Only
 adapters train (a scalar head, new for a critic, trains too); the base is frozen. Dropout hits the LoRA
-input only, in training forwards with gradients (log-prob passes are deterministic). MoE expert MLPs are not
-adapted yet (their attention is).
+input only, in training forwards with gradients (log-prob passes are deterministic). MoE expert MLPs get
+the same adapters per expert (`models.lora_experts`: expert TP 1, expert-parallel, no dropout).
 """
 from __future__ import annotations
 
@@ -35,6 +35,7 @@ from typing import Iterator
 import torch
 
 from rlhf_mcore.config.checks import LORA_TARGETS
+from rlhf_mcore.models.lora_experts import attach_expert_adapters
 from rlhf_mcore.models.roles import role_spec
 from rlhf_mcore.models.spec import join_fused
 
@@ -106,7 +107,7 @@ def _linears(model) -> Iterator[tuple[object, str, object]]:
         yield layer, "linear_qkv", layer.self_attention.linear_qkv
         yield layer, "linear_proj", layer.self_attention.linear_proj
         for name in ("linear_fc1", "linear_fc2"):
-            if hasattr(layer.mlp, name):  # MoE layers have experts instead: not adapted yet
+            if hasattr(layer.mlp, name):  # MoE layers have experts instead (models.lora_experts)
                 yield layer, name, getattr(layer.mlp, name)
 
 
@@ -121,25 +122,40 @@ def _sub_shapes(tc, name: str) -> dict[str, tuple[int, int]]:
             "linear_fc2": {"down_proj": (h, ffn)}}[name]
 
 
-def _init_a(rank: int, fan_in: int, layer_number: int, sub: str) -> torch.Tensor:
-    """Full A [rank, fan_in]: kaiming-uniform(a=sqrt(5)) as PEFT, from a seed of the global layer and sub."""
-    gen = torch.Generator().manual_seed(LORA_SEED + 16 * layer_number + list(TARGETS).index(sub))
+def _init_a(rank: int, fan_in: int, layer_number: int, sub: str, salt: int = 0) -> torch.Tensor:
+    """Full A [rank, fan_in]: kaiming-uniform(a=sqrt(5)) as PEFT, from a seed of the global layer and sub (and
+    `salt`: an expert's)."""
+    gen = torch.Generator().manual_seed(LORA_SEED + 16 * layer_number + list(TARGETS).index(sub) + salt)
     bound = 1.0 / math.sqrt(fan_in)
     return (torch.rand(rank, fan_in, generator=gen, dtype=torch.float64) * 2 - 1).mul_(bound).float()
 
 
-def _param(t: torch.Tensor, like: torch.Tensor, split_dim: int | None, sp_sum: bool = False):
+def _param(t: torch.Tensor, like: torch.Tensor, split_dim: int | None, sp_sum: bool = False,
+           expert: bool = False):
     from megatron.core.tensor_parallel.layers import set_tensor_model_parallel_attributes
 
     p = torch.nn.Parameter(t.to(device=like.device, dtype=like.dtype).contiguous())
+    if expert:  # as megatron's expert weights: TP-tagged over the (size-1) expert TP group, never all-reduced
+        set_tensor_model_parallel_attributes(p, True, 0 if split_dim is None else split_dim, 1)
+        p.allreduce = False
+        return p
     set_tensor_model_parallel_attributes(p, split_dim is not None, -1 if split_dim is None else split_dim, 1)
     if sp_sum:
         p.sequence_parallel = True  # replicated, but each TP rank sees only its sequence chunk: sum over TP
     return p
 
 
+@dataclasses.dataclass(frozen=True, slots=True)
+class _Where:
+    """Where a linear's adapters live: its TP rank, size and group (an expert's: 0, 1 and the expert TP group)."""
+    tp_rank: int
+    tp_size: int
+    tp_group: object
+    expert: bool = False
+
+
 def _attach(linear, name: str, subs: tuple[str, ...], settings: LoraSettings, tc, layer_number: int,
-            tp_rank: int, tp_size: int, tp_group) -> None:
+            where: _Where, shapes: dict | None = None, salt: int = 0) -> None:
     from megatron.core.tensor_parallel.layers import ColumnParallelLinear, RowParallelLinear
 
     column = name in COLUMN
@@ -148,26 +164,30 @@ def _attach(linear, name: str, subs: tuple[str, ...], settings: LoraSettings, tc
                          f"(got model.lora_rank={settings.rank}). Set model.attention_backend=sdpa.")
     if column and linear.gather_output:
         raise ValueError(f"LoRA: {name} gathers its output; only megatron's layer layout (no gather) is supported.")
-    sp = bool(linear.sequence_parallel)
-    shapes = _sub_shapes(tc, name)
+    tp_rank, tp_size, expert = where.tp_rank, where.tp_size, where.expert
+    sp = bool(linear.sequence_parallel) and not expert  # experts see routed tokens, not a sequence
+    shapes = shapes or _sub_shapes(tc, name)
     linear.lora_A, linear.lora_B = torch.nn.ParameterDict(), torch.nn.ParameterDict()
     for sub in subs:
         out, fan_in = shapes[sub]
-        a = _init_a(settings.rank, fan_in, layer_number, sub)
+        a = _init_a(settings.rank, fan_in, layer_number, sub, salt)
         if column:  # A replicated, B this rank's rows of the sub-projection
-            linear.lora_A[sub] = _param(a, linear.weight, None)
-            linear.lora_B[sub] = _param(torch.zeros(out // tp_size, settings.rank), linear.weight, 0)
+            linear.lora_A[sub] = _param(a, linear.weight, None, expert=expert)
+            linear.lora_B[sub] = _param(torch.zeros(out // tp_size, settings.rank), linear.weight, 0, expert=expert)
         else:  # A this rank's input columns, B replicated
             local = fan_in // tp_size
-            linear.lora_A[sub] = _param(a[:, tp_rank * local:(tp_rank + 1) * local], linear.weight, 1)
-            linear.lora_B[sub] = _param(torch.zeros(out, settings.rank), linear.weight, None, sp_sum=sp)
-    linear.lora_column = column
+            linear.lora_A[sub] = _param(a[:, tp_rank * local:(tp_rank + 1) * local], linear.weight, 1,
+                                        expert=expert)
+            linear.lora_B[sub] = _param(torch.zeros(out, settings.rank), linear.weight, None, sp_sum=sp,
+                                        expert=expert)
+    linear.lora_column, linear.lora_sp, linear.lora_expert = column, sp, expert
     linear.lora_subs = SUBS[name]  # every sub-projection of the fused output, adapted or not
     linear.lora_fuse = TARGETS[SUBS[name][0]][1]
     linear.lora_groups = (tc.num_query_groups or tc.num_attention_heads) // tp_size
     linear.lora_local_rows = {s: o // (tp_size if column else 1) for s, (o, _) in shapes.items()}
-    linear.lora_scale, linear.lora_dropout, linear.lora_enabled = settings.scale, settings.dropout, True
-    linear.lora_tp_group = tp_group
+    linear.lora_scale, linear.lora_enabled = settings.scale, True
+    linear.lora_dropout = 0.0 if expert else settings.dropout  # the grouped experts merge their adapters
+    linear.lora_tp_group = where.tp_group
     linear.register_forward_hook(_column_hook if column else _row_hook, with_kwargs=True)
     linear.sharded_state_dict = _sharded_state_dict.__get__(linear)
 
@@ -180,15 +200,13 @@ def apply_lora(model, settings: LoraSettings | None, ctx) -> object:
     tc = model.config
     model.requires_grad_(False)
     wanted = set(settings.target_modules)
-    skipped_moe = False
+    dense = _Where(ctx.tp_rank, ctx.dims.tp, ctx.pgs.tp)
     for layer, name, linear in _linears(model):
         subs = tuple(s for s in SUBS[name] if s in wanted)
         if subs:
-            _attach(linear, name, subs, settings, tc, layer.layer_number, ctx.tp_rank, ctx.dims.tp, ctx.pgs.tp)
-    for layer in model.decoder.layers:
-        skipped_moe |= not hasattr(layer.mlp, "linear_fc1")
-    if skipped_moe and wanted & {"gate_proj", "up_proj", "down_proj"}:
-        log.warning("lora: MoE expert MLPs are not adapted yet; attention projections only")
+            _attach(linear, name, subs, settings, tc, layer.layer_number, dense)
+    attach_expert_adapters(model, settings, lambda linear, name, subs, shapes, layer_number, salt: _attach(
+        linear, name, subs, settings, tc, layer_number, _Where(0, 1, linear.tp_group, expert=True), shapes, salt))
     role = getattr(model, "role", "actor")
     if role_spec(role).fresh_head and getattr(model, "post_process", False):
         model.output_layer.requires_grad_(True)
@@ -281,6 +299,12 @@ def effective_weight(linear) -> torch.Tensor:
     return linear.weight if delta is None else linear.weight + delta
 
 
+def live_weight(linear) -> torch.Tensor:
+    """The weight a forward that reads `linear.weight` itself must use: the effective one (with autograd to A
+    and B) while its adapters are on, else the base (the grouped experts, `models.experts_grouped`)."""
+    return effective_weight(linear) if getattr(linear, "lora_enabled", False) else linear.weight
+
+
 def _dropout(linear, x: torch.Tensor) -> torch.Tensor:
     if linear.lora_dropout and linear.training and torch.is_grad_enabled():
         return torch.nn.functional.dropout(x, p=linear.lora_dropout)
@@ -297,7 +321,7 @@ def _column_hook(linear, args, kwargs, output):
         return output
     x = args[0] if args else kwargs["input_"]  # [s(/tp), b, in], replicated over TP
     group = linear.lora_tp_group
-    if linear.sequence_parallel:  # the base gathers the sequence itself; the LoRA gradient is complete: split it
+    if linear.lora_sp:  # the base gathers the sequence itself; the LoRA gradient is complete: split it
         x = gather_from_sequence_parallel_region(x, tensor_parallel_output_grad=False, group=group)
     x = _dropout(linear, x)
     subs = [s for s in linear.lora_subs if s in linear.lora_A]
@@ -324,7 +348,7 @@ def _row_hook(linear, args, kwargs, output):
     (sub,) = linear.lora_subs
     u = torch.matmul(x, linear.lora_A[sub].t())  # [s, b, r], a partial sum over TP
     group = linear.lora_tp_group
-    h = reduce_scatter_to_sequence_parallel_region(u, group=group) if linear.sequence_parallel else \
+    h = reduce_scatter_to_sequence_parallel_region(u, group=group) if linear.lora_sp else \
         reduce_from_tensor_model_parallel_region(u, group=group)
     out, bias = output
     return out + torch.matmul(h, linear.lora_B[sub].t()) * linear.lora_scale, bias

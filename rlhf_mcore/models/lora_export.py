@@ -7,7 +7,8 @@ A PEFT adapter directory is what `peft.PeftModel.from_pretrained(base_model, ada
     adapter_model.safetensors  base_model.model.<HF module>.lora_A.weight [r, in]
                                base_model.model.<HF module>.lora_B.weight [out, r]
 
-where <HF module> is e.g. `model.layers.3.self_attn.q_proj` (the family's weight table names it). PEFT adds
+where <HF module> is e.g. `model.layers.3.self_attn.q_proj` (the family's weight table names it; an MoE expert's
+`model.layers.3.mlp.experts.5.gate_proj`, which peft fuses itself onto transformers 5's experts). PEFT adds
 (lora_alpha / r) * B @ A to the module's weight, as `models.lora` does.
 
 Our adapters (`models.lora`) sit on megatron's fused linears, one A/B pair per HF projection, registered as
@@ -66,6 +67,8 @@ def split_dim(linear, ab: str) -> int:
     on a column-parallel linear, A's columns on a row-parallel one."""
     from megatron.core.tensor_parallel import RowParallelLinear
 
+    if getattr(linear, "lora_expert", False):  # whole on its rank (expert TP 1)
+        return -1
     row = isinstance(linear, RowParallelLinear)
     if ab == "A":
         return 1 if row else -1
@@ -130,6 +133,10 @@ def lora_state_for_hf(model, hf_config: dict, ctx) -> dict[str, torch.Tensor]:
     model = unwrap_model(model)
     state = {key: _tp_gather(param.detach(), split_dim(linear, ab), ctx).cpu()
              for key, ab, linear, param in _peft_keys(model, hf_config)}
+    if ctx.dims.ep > 1:  # each rank of the stage's expert-parallel group holds other experts' adapters
+        parts = [None] * ctx.dims.ep
+        dist.all_gather_object(parts, state, group=ctx.pgs.ep)
+        state = {k: v for part in parts for k, v in part.items()}
     if ctx.dims.pp > 1:
         stages = [None] * ctx.dims.pp
         dist.all_gather_object(stages, state, group=ctx.pgs.pp)

@@ -1,0 +1,134 @@
+"""LoRA on MoE expert MLPs (models/lora_experts.py): the grouped experts (effective weights) and megatron's
+SequentialMLP (hooks) give the same logits and adapter gradients; adapters off give the base model; the
+expert adapters are expert-parallel parameters seeded by their global expert."""
+import dataclasses
+
+import pytest
+import torch
+
+from tests.support.tiny_moe import VOCAB, tiny_moe
+
+TOKENS = torch.randint(0, VOCAB, (2, 13), generator=torch.Generator().manual_seed(3))
+
+
+def build(hf_dir, hf_cfg, mcore_ctx, impl: str, targets=("all-linear",), dropout: float = 0.0):
+    from rlhf_mcore.config.schema import ModelConfig, ParallelConfig
+    from rlhf_mcore.models.build import build_model
+    from rlhf_mcore.models.hf_load import load_hf_weights
+
+    model_cfg = dataclasses.replace(ModelConfig(dtype="fp32", attention_backend="sdpa"), moe_expert_impl=impl,
+                                    lora_rank=4, lora_alpha=8.0, target_modules=list(targets), lora_dropout=dropout)
+    model = build_model("actor", hf_cfg, model_cfg, ParallelConfig(), mcore_ctx)
+    load_hf_weights(model, str(hf_dir), hf_cfg, 0, 1)
+    return model
+
+
+def randomize_adapters_(model, seed: int = 5) -> None:
+    from rlhf_mcore.models.lora import adapter_parameters
+
+    gen = torch.Generator().manual_seed(seed)
+    with torch.no_grad():  # as after some updates: B != 0
+        for _, p in adapter_parameters(model):
+            p.add_(torch.randn(p.shape, generator=gen) * 0.1)
+
+
+def forward(model, mcore_ctx):
+    from rlhf_mcore.models.logprobs import full_logits
+
+    pos = torch.arange(TOKENS.size(1)).unsqueeze(0).expand_as(TOKENS)
+    return full_logits(model, model(TOKENS, pos, None), mcore_ctx.pgs.tp)
+
+
+@pytest.fixture(scope="module")
+def moe_dir(tmp_path_factory):
+    from rlhf_mcore.models.hf_io import read_hf_config
+
+    path = tmp_path_factory.mktemp("lora_moe")
+    tiny_moe(norm_topk_prob=True).save_pretrained(str(path))
+    return path, read_hf_config(path)
+
+
+def test_expert_adapters_are_expert_parallel_and_seeded_per_expert(moe_dir, mcore_ctx):
+    from rlhf_mcore.models.lora import adapter_parameters, trainable_names
+
+    model = build(*moe_dir, mcore_ctx, "sequential")
+    names = dict(adapter_parameters(model))
+    a0 = names["decoder.layers.0.mlp.experts.local_experts.0.linear_fc1.lora_A.gate_proj"]
+    a1 = names["decoder.layers.0.mlp.experts.local_experts.1.linear_fc1.lora_A.gate_proj"]
+    b0 = names["decoder.layers.0.mlp.experts.local_experts.0.linear_fc2.lora_B.down_proj"]
+    up = names["decoder.layers.0.mlp.experts.local_experts.0.linear_fc1.lora_B.up_proj"]
+    assert a0.shape == (4, 64) and b0.shape == (64, 4) and up.shape == (32, 4)
+    assert not torch.equal(a0, a1) and not b0.any()
+    assert a0.allreduce is False and b0.allreduce is False  # megatron's DDP reduces them over expert-DP
+    assert a0.tensor_model_parallel  # counted on every rank by the grad norm, as the experts' weights
+    assert names["decoder.layers.0.self_attention.linear_qkv.lora_A.q_proj"].__dict__.get("allreduce", True)
+    experts = [n for n in trainable_names(model) if ".local_experts." in n]
+    assert len(experts) == 2 * 8 * 3 * 2  # layers x experts x (gate, up, down) x (A, B)
+    only_down = build(*moe_dir, mcore_ctx, "sequential", targets=("q_proj", "down_proj"))
+    assert not [n for n in trainable_names(only_down) if "linear_fc1" in n]
+    assert [n for n in trainable_names(only_down) if "linear_fc2.lora_A.down_proj" in n]
+
+
+def test_grouped_experts_with_adapters_equal_sequential_logits_and_gradients(moe_dir, mcore_ctx):
+    from rlhf_mcore.models.lora import adapter_parameters, adapters_disabled
+
+    models = {impl: build(*moe_dir, mcore_ctx, impl) for impl in ("sequential", "grouped-reference")}
+    logits, grads = {}, {}
+    for impl, model in models.items():
+        randomize_adapters_(model)
+        out = forward(model, mcore_ctx)
+        out.log_softmax(-1)[..., 7].sum().backward()
+        logits[impl] = out.detach()
+        grads[impl] = {n: p.grad for n, p in adapter_parameters(model)}
+        with torch.no_grad(), adapters_disabled(model):
+            logits[f"{impl} off"] = forward(model, mcore_ctx)
+    err = (logits["sequential"] - logits["grouped-reference"]).abs().max().item()
+    effect = (logits["sequential"] - logits["sequential off"]).abs().max().item()
+    print(f"grouped - sequential {err:.2e}, adapters' effect {effect:.2e}")
+    assert err < 1e-5 and effect > 0.05
+    assert torch.equal(logits["sequential off"], logits["grouped-reference off"])
+    moved = [bool(g.any()) for k, g in grads["sequential"].items() if ".local_experts." in k and "lora_B" in k]
+    assert len(moved) == 48 and sum(moved) >= 36, moved  # an expert no token chose gets no gradient
+    for key, want in grads["sequential"].items():
+        got = grads["grouped-reference"][key]
+        assert torch.allclose(want, got, atol=1e-5, rtol=1e-4), (key, (want - got).abs().max().item())
+
+
+def test_expert_adapters_export_to_peft_and_merged_weights_and_load_back(moe_dir, mcore_ctx, tmp_path):
+    """The PEFT adapter (per-expert modules, as transformers 4 names them) loads with peft onto transformers 5's
+    fused experts and gives the trainer's logits; so does the merged export; an actor started from the adapter
+    (sequential experts this time) gives them too."""
+    pytest.importorskip("peft")
+    from peft import PeftModel
+    from transformers import AutoModelForCausalLM
+
+    from rlhf_mcore.models.full_weights import FullWeights, hf_weights
+    from rlhf_mcore.models.hf_io import save_hf_checkpoint
+    from rlhf_mcore.models.lora_export import adapter_config, load_peft_adapter, lora_state_for_hf, save_peft_adapter
+
+    hf_dir, hf_cfg = moe_dir
+    model = build(hf_dir, hf_cfg, mcore_ctx, "grouped-reference").eval()
+    randomize_adapters_(model)
+    with torch.no_grad():
+        ours = forward(model, mcore_ctx)
+    state = lora_state_for_hf(model, hf_cfg, mcore_ctx)
+    assert state["base_model.model.model.layers.1.mlp.experts.7.up_proj.lora_B.weight"].shape == (32, 4)
+    assert len([k for k in state if ".experts." in k]) == 2 * 8 * 3 * 2
+    config = adapter_config(model.lora_settings, str(hf_dir))
+    save_peft_adapter(tmp_path / "peft", state, config)
+    save_hf_checkpoint(tmp_path / "merged", dict(hf_weights(FullWeights(model, mcore_ctx), hf_cfg)), hf_cfg)
+    with torch.no_grad():
+        base = AutoModelForCausalLM.from_pretrained(str(hf_dir), dtype=torch.float32).eval()
+        plain = base(TOKENS).logits
+        peft = PeftModel.from_pretrained(base, str(tmp_path / "peft")).eval()(TOKENS).logits
+        merged = AutoModelForCausalLM.from_pretrained(str(tmp_path / "merged"), dtype=torch.float32).eval()
+        merged = merged(TOKENS).logits
+    errors = {"peft": (peft - ours).abs().max().item(), "merged": (merged - ours).abs().max().item(),
+              "effect": (plain - ours).abs().max().item()}
+    print(errors)
+    assert errors["peft"] < 1e-4 and errors["merged"] < 1e-4 and errors["effect"] > 0.05, errors
+
+    fresh = build(hf_dir, hf_cfg, mcore_ctx, "sequential").eval()
+    load_peft_adapter(fresh, str(tmp_path / "peft"), hf_cfg, mcore_ctx)
+    with torch.no_grad():
+        assert (forward(fresh, mcore_ctx) - ours).abs().max().item() < 1e-5
