@@ -19,15 +19,18 @@ GIB = 2**30
 
 
 def lora_param_count(dims: dict, rank: int, targets, moe: bool = False) -> int:
-    """Adapter parameters of the whole model: rank x (in + out) per adapted projection and layer (MoE expert
-    MLPs are not adapted).
+    """Adapter parameters of the whole model: rank x (in + out) per adapted projection and layer; an MoE
+    layer's MLP projections once per expert (`models.lora_experts`), at the experts' width (moe_ffn, Mixtral's
+    ffn).
 
-    >>> dims = {"layers": 2, "h": 64, "q": 64, "kv": 32, "ffn": 128}
-    >>> lora_param_count(dims, 8, ["q_proj", "v_proj"])
-    3584
+    >>> dims = {"layers": 2, "h": 64, "q": 64, "kv": 32, "ffn": 128, "experts": 4, "moe_ffn": 16}
+    >>> lora_param_count(dims, 8, ["q_proj", "v_proj"]), lora_param_count(dims, 8, ["down_proj"], moe=True)
+    (3584, 5120)
     """
-    per_layer = sum(rank * (dims[HF_SHAPES[t][0]] + dims[HF_SHAPES[t][1]]) for t in targets
-                    if not (moe and t in MLP))
+    if moe:
+        dims = {**dims, "ffn": dims.get("moe_ffn") or dims["ffn"]}
+    per_layer = sum(rank * (dims[HF_SHAPES[t][0]] + dims[HF_SHAPES[t][1]]) * (dims["experts"] if moe and t in MLP
+                                                                             else 1) for t in targets)
     return per_layer * dims["layers"]
 
 

@@ -28,6 +28,7 @@ class Role:
     lm_head: bool = True
     shape: Shape | None = None  # another model's shape (the reward model); None: the run's model
     whole: int = 0  # parameters split evenly over TP x PP instead of a shape's count (LoRA's adapters)
+    whole_experts: int = 0  # of them, the routed experts' (LoRA on expert MLPs): split over EP x PP instead
 
 
 @dataclasses.dataclass(frozen=True)
@@ -58,24 +59,27 @@ def roles_of(cfg) -> list[Role]:
     if estimator_needs(cfg.algorithm.adv_estimator).critic:
         roles.append(Role("critic", trained=True, lm_head=False))
     if cfg.model.lora_rank:
-        roles.append(Role("adapters", trained=True, whole=adapter_params(cfg)))
+        roles.append(Role("adapters", trained=True, **adapter_params(cfg)))
     if cfg.reward.model_path:
         roles.append(Role("reward", trained=False, lm_head=False, shape=reward_shape(cfg.reward.model_path)))
     return roles
 
 
-def adapter_params(cfg) -> int:
-    """The actor's LoRA adapters over the whole model (`models.lora_budget`)."""
+def adapter_params(cfg) -> dict[str, int]:
+    """{whole, whole_experts}: the actor's LoRA adapters over the whole model, and those on routed experts
+    (`models.lora_budget`)."""
     from rlhf_mcore.models.lora import LoraSettings
-    from rlhf_mcore.models.lora_budget import lora_param_count
+    from rlhf_mcore.models.lora_budget import MLP, lora_param_count
     from rlhf_mcore.models.spec import num_experts
     from rlhf_mcore.models.transformer_config import load_hf_config
     from rlhf_mcore.models.weights import model_dims
 
     hf = load_hf_config(cfg.model)
     settings = LoraSettings.from_model_cfg(cfg.model)
-    return lora_param_count(model_dims(hf, "config.json"), settings.rank, settings.target_modules,
-                            moe=bool(num_experts(hf)))
+    dims, moe = model_dims(hf, "config.json"), bool(num_experts(hf))
+    experts = [t for t in settings.target_modules if t in MLP] if moe else []
+    return {"whole": lora_param_count(dims, settings.rank, settings.target_modules, moe=moe),
+            "whole_experts": lora_param_count(dims, settings.rank, experts, moe=True) if experts else 0}
 
 
 def reward_shape(path: str) -> Shape:
@@ -120,11 +124,13 @@ def stage_bytes(shape: Shape, layout: Layout, pp_rank: int, roles: list[Role], d
     """{role: {weights, grads, optimizer}} on a rank of pipeline stage `pp_rank`."""
     def params(r: Role) -> int:
         if r.whole:
-            return -(-r.whole // (layout.tp * layout.pp))
+            return -(-(r.whole - r.whole_experts) // (layout.tp * layout.pp)) + experts(r)
         return rank_params(r.shape or shape, layout.tp, layout.pp, layout.ep, pp_rank, r.lm_head, vocab_divisible_by)
 
     def experts(r: Role) -> int:
-        return 0 if r.whole else rank_expert_params(r.shape or shape, layout.pp, layout.ep)
+        if r.whole:
+            return -(-r.whole_experts // (layout.ep * layout.pp))
+        return rank_expert_params(r.shape or shape, layout.pp, layout.ep)
     return {r.name: role_bytes(params(r), r, dtype, layout.dp, distributed_optimizer, experts(r), layout.expert_dp)
             for r in roles}
 

@@ -132,3 +132,27 @@ def test_expert_adapters_export_to_peft_and_merged_weights_and_load_back(moe_dir
     load_peft_adapter(fresh, str(tmp_path / "peft"), hf_cfg, mcore_ctx)
     with torch.no_grad():
         assert (forward(fresh, mcore_ctx) - ours).abs().max().item() < 1e-5
+
+
+def test_budget_counts_the_built_adapters_and_the_plan_splits_experts_over_ep(moe_dir, mcore_ctx):
+    """models.lora_budget's count is the built model's (experts included, at their own width), and the memory
+    plan puts 1/ep of the expert adapters on a rank, their optimizer state over expert-DP."""
+    from rlhf_mcore.models.lora import adapter_parameters, expand_targets
+    from rlhf_mcore.models.lora_budget import lora_param_count
+    from rlhf_mcore.models.weights import model_dims
+    from rlhf_mcore.plan.params import Shape
+    from rlhf_mcore.plan.static import Layout, Role, stage_bytes
+
+    hf_dir, hf_cfg = moe_dir
+    built = sum(p.numel() for _, p in adapter_parameters(build(hf_dir, hf_cfg, mcore_ctx, "sequential")))
+    dims = model_dims(hf_cfg, "config.json")
+    assert lora_param_count(dims, 4, expand_targets(["all-linear"]), moe=True) == built
+    mlp = lora_param_count(dims, 4, ("gate_proj", "up_proj", "down_proj"), moe=True)
+    assert mlp == 2 * 8 * 4 * (3 * 64 + 3 * 32)  # layers x experts x r x (in + out of gate, up, down)
+    role = Role("adapters", trained=True, whole=built, whole_experts=mlp)
+    at = {ep: stage_bytes(Shape.of(hf_cfg), Layout(1, 1, ep, 2), 0, [role], "fp32", True)["adapters"]
+          for ep in (1, 2)}
+    dense = built - mlp
+    assert at[2]["weights"] == 4 * (dense + mlp // 2) and at[1]["weights"] == 4 * built
+    assert at[2]["optimizer"] == 8 * dense // 2 + 8 * mlp // 2  # dense over dp 2; experts' expert-DP is 1 at ep 2
+    assert at[1]["optimizer"] == 8 * built // 2
