@@ -2,6 +2,9 @@
 process at TP1 and under torchrun at TP2, gloo):
 
     torchrun --nproc_per_node 2 -m tests.worker lora_export --hf DIR --work DIR --tp 2
+    torchrun --nproc_per_node 2 -m tests.worker lora_export --hf MOE_DIR --work DIR --tp 1 --ep 2
+
+(an MoE checkpoint: every expert's gate / up / down adapters too, each EP rank holding half of them).
 
 The actor (fp32, from the tiny HF checkpoint `--hf`) gets rank-4 adapters on every projection, with random
 A and B (as after some updates: B != 0) read from one full PEFT adapter, so every layout holds the same ones.
@@ -40,13 +43,14 @@ TOKENS = torch.randint(0, 250, (2, 17), generator=torch.Generator().manual_seed(
 def random_adapter(hf_cfg: dict, settings: LoraSettings, seed: int = 1) -> dict[str, torch.Tensor]:
     """Full adapters under PEFT's names for every targeted HF module, A and B random (B as after training)."""
     gen = torch.Generator().manual_seed(seed)
-    h, ffn = hf_cfg["hidden_size"], hf_cfg["intermediate_size"]
+    h = hf_cfg["hidden_size"]
     d = hf_cfg.get("head_dim") or h // hf_cfg["num_attention_heads"]
     q, kv = hf_cfg["num_attention_heads"] * d, hf_cfg["num_key_value_heads"] * d
-    shapes = {"q_proj": (q, h), "k_proj": (kv, h), "v_proj": (kv, h), "o_proj": (h, q), "gate_proj": (ffn, h),
-              "up_proj": (ffn, h), "down_proj": (h, ffn)}
     out = {}
     for (_, sub), module in sorted(hf_module_names(hf_cfg).items()):
+        ffn = hf_cfg.get("moe_intermediate_size") if ".experts." in module else hf_cfg["intermediate_size"]
+        shapes = {"q_proj": (q, h), "k_proj": (kv, h), "v_proj": (kv, h), "o_proj": (h, q), "gate_proj": (ffn, h),
+                  "up_proj": (ffn, h), "down_proj": (h, ffn)}
         if sub in settings.target_modules:
             n_out, n_in = shapes[sub]
             out[peft_key(module, "A")] = torch.randn(settings.rank, n_in, generator=gen) * 0.2
@@ -78,7 +82,8 @@ def run(hf_dir: Path, work: Path, ctx) -> dict[str, float]:
 
     rank0 = dist.get_rank() == 0
     hf_cfg = read_hf_config(hf_dir)
-    seeded = work / f"seed_adapter_tp{ctx.dims.tp}"
+    tag = f"tp{ctx.dims.tp}" + (f"ep{ctx.dims.ep}" if ctx.dims.ep > 1 else "")
+    seeded = work / f"seed_adapter_{tag}"
     if rank0:
         save_peft_adapter(seeded, random_adapter(hf_cfg, SETTINGS), adapter_config(SETTINGS, str(hf_dir)))
     dist.barrier()
@@ -86,7 +91,7 @@ def run(hf_dir: Path, work: Path, ctx) -> dict[str, float]:
     ours = trainer_logits(model, ctx)
     merged = dict(hf_weights(FullWeights(model, ctx), hf_cfg))  # collective
     adapter = lora_state_for_hf(model, hf_cfg, ctx)  # collective
-    out_merged, out_peft = work / f"merged_tp{ctx.dims.tp}", work / f"peft_tp{ctx.dims.tp}"
+    out_merged, out_peft = work / f"merged_{tag}", work / f"peft_{tag}"
     if rank0:
         save_hf_checkpoint(out_merged, merged, hf_cfg, overwrite=True)
         save_peft_adapter(out_peft, adapter, adapter_config(SETTINGS, str(hf_dir)))
@@ -113,12 +118,14 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--hf", type=Path, required=True)
     parser.add_argument("--work", type=Path, required=True)
     parser.add_argument("--tp", type=int, default=2)
+    parser.add_argument("--ep", type=int, default=1)
     args = parser.parse_args(argv)
     init_logger(torchrun_env()[0])
-    ctx = init_distributed(args.tp, 1)
+    ctx = init_distributed(args.tp, 1, ep=args.ep)
     errors = run(args.hf, args.work, ctx)
     if errors:
-        print(f"lora_export tp={args.tp} " + " ".join(f"{k}={v:.3e}" for k, v in errors.items()), flush=True)
+        print(f"lora_export tp={args.tp} ep={args.ep} " + " ".join(f"{k}={v:.3e}" for k, v in errors.items()),
+              flush=True)
     destroy_distributed()
     return 0
 

@@ -214,8 +214,8 @@ def test_lora_packed_equals_padded_at_tp1_and_tp2(runs):
 
 
 def test_lora_on_an_moe_model_agrees_at_ep2_and_tp2(runs):
-    """LoRA on the tiny Qwen3-MoE (attention adapted, experts and router frozen): EP2 and TP2 (sequence parallel)
-    give the TP1 numbers after three steps, for the actor and a LoRA critic."""
+    """LoRA on the tiny Qwen3-MoE (attention and every expert adapted, router frozen): EP2 and TP2 (sequence
+    parallel) give the TP1 numbers after three steps, for the actor and a LoRA critic."""
     out = Out(runs["lora_moe"])
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
     assert "tp1 pp1 ep2 dp2" in out.stdout and "tp2 pp1 dp1 sp" in out.stdout and "PASS" in out.stdout

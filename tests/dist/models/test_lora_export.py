@@ -1,6 +1,7 @@
 """LoRA exports (models/lora_export.py, models/full_weights.py) against the real readers: the merged HF export
 loads with transformers and the PEFT adapter with peft, each giving the trainer's logits (fp32), at TP1 and
-TP2 (torchrun, gloo); an actor started from the exported adapter (model.lora_adapter_path) gives them too.
+TP2 (torchrun, gloo), and for a tiny MoE's expert adapters at EP2; an actor started from the exported adapter
+(model.lora_adapter_path) gives them too.
 The adapter directory checks of model.lora_adapter_path name the field and the fix."""
 import json
 import os
@@ -48,7 +49,22 @@ def test_merged_and_peft_exports_give_the_trainers_logits_tp2(hf_dir, tmp_path):
                   extra_env={"OMP_NUM_THREADS": "1"})
     line = next(line for line in proc.stdout.splitlines() if line.startswith("lora_export tp=2"))
     print(line)
-    _check({k: float(v) for k, v in re.findall(r"(\w+)=([0-9.e+-]+)", line) if k != "tp"})
+    _check({k: float(v) for k, v in re.findall(r"(\w+)=([0-9.e+-]+)", line) if k not in ("tp", "ep")})
+
+
+@pytest.mark.dist
+def test_expert_adapters_export_from_ep2_and_load_back(tmp_path):
+    """A tiny Qwen3-MoE at EP2: each rank holds half the experts' adapters; the export gathers them (peft fuses
+    them onto transformers 5's experts) and each rank loads its own half back."""
+    from tests.support.tiny_moe import tiny_moe
+
+    moe = tmp_path / "moe"
+    tiny_moe(norm_topk_prob=True).save_pretrained(str(moe))
+    proc = worker(2, ("lora_export", "--hf", moe, "--work", tmp_path, "--tp", "1", "--ep", "2"),
+                  extra_env={"OMP_NUM_THREADS": "1"})
+    line = next(line for line in proc.stdout.splitlines() if line.startswith("lora_export tp=1 ep=2"))
+    print(line)
+    _check({k: float(v) for k, v in re.findall(r"(\w+)=([0-9.e+-]+)", line) if k not in ("tp", "ep")})
 
 
 def test_adapter_dir_errors_name_the_key_and_the_fix(hf_dir, tmp_path):

@@ -156,3 +156,34 @@ def test_budget_counts_the_built_adapters_and_the_plan_splits_experts_over_ep(mo
     assert at[2]["weights"] == 4 * (dense + mlp // 2) and at[1]["weights"] == 4 * built
     assert at[2]["optimizer"] == 8 * dense // 2 + 8 * mlp // 2  # dense over dp 2; experts' expert-DP is 1 at ep 2
     assert at[1]["optimizer"] == 8 * built // 2
+
+
+def test_a_checkpoint_holds_the_expert_adapters_and_exports_them(moe_dir, mcore_ctx, tmp_path):
+    """The dist-checkpoint of a LoRA MoE actor saves the expert adapters (megatron's expert sharding of
+    SequentialMLP's state dict); the HF export loads them back and writes the merged model and the adapter."""
+    pytest.importorskip("peft")
+    from types import SimpleNamespace
+
+    from peft import PeftModel
+    from transformers import AutoModelForCausalLM
+
+    from rlhf_mcore.checkpoint import save_checkpoint
+    from rlhf_mcore.config import Config, ModelConfig
+    from rlhf_mcore.convert.export import export_actor_to_hf
+    from rlhf_mcore.models.lora_export import ADAPTER_DIR
+    from rlhf_mcore.trainer.optim import build_train_state
+
+    hf_dir, hf_cfg = moe_dir
+    model = build(hf_dir, hf_cfg, mcore_ctx, "sequential").eval()
+    randomize_adapters_(model, seed=9)
+    with torch.no_grad():
+        ours = forward(model, mcore_ctx)
+    cfg = Config(model=ModelConfig(hf_path=str(hf_dir), lora_rank=4, lora_alpha=8.0, attention_backend="sdpa"))
+    path = save_checkpoint(tmp_path / "run", 1, {"actor": build_train_state(model, cfg.actor.optim, cfg.parallel)},
+                           {}, mcore_ctx)
+    out = export_actor_to_hf(SimpleNamespace(cfg=cfg, run_dir=str(tmp_path / "run")), path)
+    with torch.no_grad():
+        merged = AutoModelForCausalLM.from_pretrained(str(out), dtype=torch.float32).eval()(TOKENS).logits
+        base = AutoModelForCausalLM.from_pretrained(str(hf_dir), dtype=torch.float32).eval()
+        peft = PeftModel.from_pretrained(base, f"{out}/{ADAPTER_DIR}").eval()(TOKENS).logits
+    assert (merged - ours).abs().max().item() < 1e-4 and (peft - ours).abs().max().item() < 1e-4
