@@ -229,7 +229,8 @@ def save_lora_adapter(model, out: Path, model_cfg, hf_cfg: dict, ctx) -> Path:
     from rlhf_mcore.models.lora_export import adapter_config, lora_state_for_hf, save_peft_adapter
 
     base = os.path.abspath(model_cfg.hf_path) if model_cfg.hf_path else ""
-    return save_peft_adapter(out, lora_state_for_hf(model, hf_cfg, ctx), adapter_config(model.lora_settings, base))
+    config = adapter_config(model.lora_settings, base, hf_cfg)
+    return save_peft_adapter(out, lora_state_for_hf(model, hf_cfg, ctx), config)
 
 
 class NonFiniteExportError(ValueError):

@@ -19,7 +19,10 @@ layout transformers 4 and the LoRA servers use, which peft converts when it load
 from __future__ import annotations
 
 import logging
+import re
 from typing import Iterator
+
+import torch
 
 log = logging.getLogger(__name__)
 
@@ -33,6 +36,14 @@ def is_expert_linear(path: str) -> bool:
     (True, False)
     """
     return ".local_experts." in f".{path}"
+
+
+def text_experts(hf_config: dict) -> int:
+    """The expert count of a config.json's language model (a vision LM's text_config), 0 for a dense one."""
+    from rlhf_mcore.models.registry import spec_for_hf_config
+    from rlhf_mcore.models.spec import num_experts
+
+    return num_experts(spec_for_hf_config(hf_config).text_config(hf_config))
 
 
 def expert_linears(model) -> Iterator[tuple[object, int, str, object]]:
@@ -68,3 +79,115 @@ def attach_expert_adapters(model, settings, attach) -> int:
         log.info("lora: expert adapters run without dropout (model.lora_dropout=%s applies to the others)",
                  settings.dropout)
     return count
+
+
+# ---- checkpoints that store experts fused (Qwen3-VL-MoE: ModelSpec.fused_experts) ----
+# transformers has no per-expert modules to name there, so peft adapts the fused parameters themselves
+# (`target_parameters`), wrapping a layer's `mlp.experts` once per targeted parameter, the first listed innermost:
+# with [gate_up_proj, down_proj], gate_up_proj's adapters are `mlp.experts.base_layer.lora_A/B`, down_proj's
+# `mlp.experts.lora_A/B`. A fused tensor holds every expert: A [E * R, in] stacks A_e (reshape (E, R, in)),
+# B [out, R * E] has B_e[:, j] at column j * E + e (reshape (out, R, E)). Our gate and up adapters (rank r each)
+# are one rank-2r gate_up_proj adapter, block-diagonal (A_e = [A_gate; A_up], B_e = diag(B_gate, B_up)), with
+# alpha 2 alpha for the same scale: what peft's own conversion of per-expert adapters builds.
+FUSED_PARTS = {"gate_up_proj": ("gate_proj", "up_proj"), "down_proj": ("down_proj",)}
+_PER_EXPERT = re.compile(r"^(?P<module>.+\.mlp\.experts)\.(?P<e>\d+)\.(?P<sub>gate_proj|up_proj|down_proj)"
+                         r"\.lora_(?P<ab>[AB])\.weight$")
+
+
+def stores_fused_experts(hf_config: dict) -> bool:
+    """The family's checkpoints store each layer's experts fused (`ModelSpec.fused_experts`: Qwen3-VL-MoE)."""
+    from rlhf_mcore.models.registry import spec_for_hf_config
+
+    return bool(getattr(spec_for_hf_config(hf_config), "fused_experts", False))
+
+
+def fused_adapter_fields(settings) -> dict:
+    """adapter_config.json's fields for fused experts: target_parameters, and gate_up_proj's rank and alpha
+    (2r, 2 alpha when both gate and up are adapted: peft's patterns, its own conversion's spelling)."""
+    plan = fused_params(settings.target_modules)
+    fields = {"target_parameters": [f"mlp.experts.{p}" for p, _ in plan]}
+    wide = {rf".*\.{p}": len(subs) for p, subs in plan if len(subs) > 1}
+    if wide:
+        fields["rank_pattern"] = {k: n * settings.rank for k, n in wide.items()}
+        fields["alpha_pattern"] = {k: n * settings.alpha for k, n in wide.items()}
+    return fields if plan else {}
+
+
+def fused_params(targets) -> tuple[tuple[str, tuple[str, ...]], ...]:
+    """((fused parameter, the targeted projections it holds), ...) in peft's `target_parameters` order.
+
+    >>> fused_params(("q_proj", "up_proj", "down_proj"))
+    (('gate_up_proj', ('up_proj',)), ('down_proj', ('down_proj',)))
+    """
+    out = ((p, tuple(s for s in subs if s in targets)) for p, subs in FUSED_PARTS.items())
+    return tuple((p, subs) for p, subs in out if subs)
+
+
+def fused_key(module: str, params: tuple[str, ...], param: str, ab: str) -> str:
+    """peft's saved name of adapter `ab` of fused parameter `param` of `module` (the experts), `params` targeted.
+
+    >>> fused_key("base_model.model.m.layers.0.mlp.experts", ("gate_up_proj", "down_proj"), "gate_up_proj", "A")
+    'base_model.model.m.layers.0.mlp.experts.base_layer.lora_A.weight'
+    """
+    return f"{module}.{'base_layer.' * (len(params) - 1 - params.index(param))}lora_{ab}.weight"
+
+
+def fuse_expert_state(state: dict, targets) -> dict:
+    """PEFT state with per-expert keys (`...mlp.experts.5.gate_proj.lora_A.weight`) -> peft's fused keys."""
+    plan = fused_params(targets)
+    params = tuple(p for p, _ in plan)
+    out, groups = {}, {}
+    for key, t in state.items():
+        m = _PER_EXPERT.match(key)
+        if m is None:
+            out[key] = t
+        else:
+            groups.setdefault(m["module"], {})[(int(m["e"]), m["sub"], m["ab"])] = t
+    for module, got in groups.items():
+        experts = 1 + max(e for e, _, _ in got)
+        for param, subs in plan:
+            r, rows = got[(0, subs[0], "A")].shape[0], got[(0, subs[0], "B")].shape[0]
+            a, b = [], []
+            for e in range(experts):
+                a.append(torch.cat([got[(e, s, "A")] for s in subs]))
+                block = got[(e, subs[0], "B")].new_zeros(rows * len(FUSED_PARTS[param]), r * len(subs))
+                for j, s in enumerate(subs):
+                    k = FUSED_PARTS[param].index(s)
+                    block[k * rows:(k + 1) * rows, j * r:(j + 1) * r] = got[(e, s, "B")]
+                b.append(block)
+            out[fused_key(module, params, param, "A")] = torch.cat(a)
+            out[fused_key(module, params, param, "B")] = torch.stack(b, dim=-1).flatten(1)
+    return out
+
+
+def unfuse_expert_state(state: dict, targets, rank: int, num_experts: int, where: str) -> dict:
+    """The inverse of `fuse_expert_state` for the fused keys in `state`; an adapter whose fused gate_up_proj is
+    not block-diagonal over gate and up (trained fused) is refused."""
+    params = tuple(p for p, _ in fused_params(targets))
+    suffix = re.compile(r"^(?P<module>.+\.mlp\.experts)\.(?P<depth>(?:base_layer\.)*)lora_(?P<ab>[AB])\.weight$")
+    out = {}
+    for key, t in state.items():
+        m = suffix.match(key)
+        if m is None:
+            out[key] = t
+            continue
+        param = params[len(params) - 1 - m["depth"].count("base_layer.")]
+        subs = dict(fused_params(targets))[param]
+        for e in range(num_experts):
+            if m["ab"] == "A":
+                part = t.reshape(num_experts, -1, t.shape[-1])[e]
+                for j, s in enumerate(subs):
+                    out[f"{m['module']}.{e}.{s}.lora_A.weight"] = part[j * rank:(j + 1) * rank]
+                continue
+            block = t.reshape(t.shape[0], -1, num_experts)[..., e]
+            rows = t.shape[0] // len(FUSED_PARTS[param])
+            kept = torch.zeros_like(block, dtype=torch.bool)
+            for j, s in enumerate(subs):
+                k = FUSED_PARTS[param].index(s)
+                out[f"{m['module']}.{e}.{s}.lora_B.weight"] = block[k * rows:(k + 1) * rows, j * rank:(j + 1) * rank]
+                kept[k * rows:(k + 1) * rows, j * rank:(j + 1) * rank] = True
+            if block[~kept].any():
+                raise ValueError(f"{where}: '{key}' of expert {e} is not block-diagonal over "
+                                 f"{', '.join(subs)} at rank {rank}: a fused adapter trained as one cannot be split "
+                                 "into ours. Start from an adapter this trainer exported, or without one.")
+    return out

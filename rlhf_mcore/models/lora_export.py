@@ -30,6 +30,7 @@ import torch
 import torch.distributed as dist
 
 from rlhf_mcore.models.full_weights import global_key, unwrap_model
+from rlhf_mcore.models.lora_experts import fuse_expert_state, unfuse_expert_state
 
 ADAPTER_CONFIG = "adapter_config.json"
 ADAPTER_WEIGHTS = "adapter_model.safetensors"
@@ -141,15 +142,27 @@ def lora_state_for_hf(model, hf_config: dict, ctx) -> dict[str, torch.Tensor]:
         stages = [None] * ctx.dims.pp
         dist.all_gather_object(stages, state, group=ctx.pgs.pp)
         state = {k: v for stage in stages for k, v in stage.items()}
-    return state
+    return _fused(hf_config, state, lambda: fuse_expert_state(state, model.lora_settings.target_modules))
 
 
-def adapter_config(settings, base_model: str) -> dict:
-    """adapter_config.json for `settings` (`models.lora.LoraSettings`) on the base model at `base_model`."""
+def _fused(hf_config: dict, state: dict, convert) -> dict:
+    """`convert()` where the family stores its experts fused and the model has experts, else `state`."""
+    from rlhf_mcore.models.lora_experts import stores_fused_experts, text_experts
+
+    return convert() if text_experts(hf_config) and stores_fused_experts(hf_config) else state
+
+
+def adapter_config(settings, base_model: str, hf_config: dict | None = None) -> dict:
+    """adapter_config.json for `settings` (`models.lora.LoraSettings`) on the base model at `base_model`; a
+    family storing its experts fused (`hf_config`) adds peft's target_parameters (`models.lora_experts`)."""
+    from rlhf_mcore.models.lora_experts import fused_adapter_fields, stores_fused_experts, text_experts
+
+    fused = hf_config is not None and text_experts(hf_config) and stores_fused_experts(hf_config)
     return {"peft_type": "LORA", "task_type": "CAUSAL_LM", "r": settings.rank, "lora_alpha": settings.alpha,
             "lora_dropout": settings.dropout, "target_modules": sorted(settings.target_modules), "bias": "none",
             "base_model_name_or_path": base_model, "fan_in_fan_out": False, "inference_mode": True,
-            "use_rslora": False, "init_lora_weights": True, "modules_to_save": None}
+            "use_rslora": False, "init_lora_weights": True, "modules_to_save": None,
+            **(fused_adapter_fields(settings) if fused else {})}
 
 
 def save_peft_adapter(out_dir: str | os.PathLike, state: dict[str, torch.Tensor], config: dict) -> Path:
@@ -218,21 +231,26 @@ def load_peft_adapter(model, adapter_dir: str, hf_config: dict, ctx) -> str:
     description of the source for the log."""
     from safetensors import safe_open
 
+    from rlhf_mcore.models.lora_experts import text_experts
+
     model = unwrap_model(model)
     path = Path(adapter_dir) / ADAPTER_WEIGHTS
     count = 0
-    with safe_open(str(path), framework="pt") as f:
-        available = set(f.keys())
-        for key, ab, linear, param in _peft_keys(model, hf_config):
-            if key not in available:
-                raise ValueError(f"{path}: missing tensor '{key}'. Is this adapter for this model and "
-                                 "model.target_modules?")
-            full = f.get_tensor(key)
-            dim = split_dim(linear, ab)
-            part = full if dim < 0 or ctx.dims.tp == 1 else full.chunk(ctx.dims.tp, dim=dim)[ctx.tp_rank]
-            if tuple(part.shape) != tuple(param.shape):
-                raise ValueError(f"{path}: tensor '{key}' {list(full.shape)} gives {list(part.shape)} on TP rank "
-                                 f"{ctx.tp_rank}/{ctx.dims.tp}, but the adapter holds {list(param.shape)}.")
-            param.copy_(part)
-            count += 1
+    with safe_open(str(path), framework="pt") as f:  # adapters are small: read them all
+        tensors = {key: f.get_tensor(key) for key in f.keys()}
+    settings = model.lora_settings
+    tensors = _fused(hf_config, tensors, lambda: unfuse_expert_state(
+        tensors, settings.target_modules, settings.rank, text_experts(hf_config), str(path)))
+    for key, ab, linear, param in _peft_keys(model, hf_config):
+        if key not in tensors:
+            raise ValueError(f"{path}: missing tensor '{key}'. Is this adapter for this model and "
+                             "model.target_modules?")
+        full = tensors[key]
+        dim = split_dim(linear, ab)
+        part = full if dim < 0 or ctx.dims.tp == 1 else full.chunk(ctx.dims.tp, dim=dim)[ctx.tp_rank]
+        if tuple(part.shape) != tuple(param.shape):
+            raise ValueError(f"{path}: tensor '{key}' {list(full.shape)} gives {list(part.shape)} on TP rank "
+                             f"{ctx.tp_rank}/{ctx.dims.tp}, but the adapter holds {list(param.shape)}.")
+        param.copy_(part)
+        count += 1
     return f"{adapter_dir} ({count} adapter tensors on this rank)"

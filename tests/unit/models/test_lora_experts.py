@@ -187,3 +187,32 @@ def test_a_checkpoint_holds_the_expert_adapters_and_exports_them(moe_dir, mcore_
         base = AutoModelForCausalLM.from_pretrained(str(hf_dir), dtype=torch.float32).eval()
         peft = PeftModel.from_pretrained(base, f"{out}/{ADAPTER_DIR}").eval()(TOKENS).logits
     assert (merged - ours).abs().max().item() < 1e-4 and (peft - ours).abs().max().item() < 1e-4
+
+
+def test_fused_expert_adapters_round_trip_and_a_fused_trained_one_is_refused():
+    """Qwen3-VL-MoE's fused layout (`fuse_expert_state`): gate and up become one block-diagonal rank-2r
+    gate_up_proj adapter per expert, stacked as peft stacks them; `unfuse_expert_state` gives ours back, and
+    refuses a fused adapter with weight off the diagonal blocks (trained as one: not two rank-r adapters)."""
+    from rlhf_mcore.models.lora_experts import fuse_expert_state, fused_key, unfuse_expert_state
+
+    gen = torch.Generator().manual_seed(0)
+    module = "base_model.model.model.language_model.layers.0.mlp.experts"
+    shapes = {"gate_proj": ((2, 6), (5, 2)), "up_proj": ((2, 6), (5, 2)), "down_proj": ((2, 5), (6, 2))}
+    ours = {f"{module}.{e}.{s}.lora_{ab}.weight": torch.randn(*shape, generator=gen)
+            for e in range(3) for s, (a, b) in shapes.items() for ab, shape in (("A", a), ("B", b))}
+    ours["base_model.model.x.lora_A.weight"] = torch.ones(1)
+    targets = ("q_proj", "gate_proj", "up_proj", "down_proj")
+    fused = fuse_expert_state(ours, targets)
+    params = ("gate_up_proj", "down_proj")
+    a, b = fused[fused_key(module, params, "gate_up_proj", "A")], fused[fused_key(module, params, "gate_up_proj", "B")]
+    assert a.shape == (3 * 4, 6) and b.shape == (10, 4 * 3) and fused[f"{module}.lora_A.weight"].shape == (3 * 2, 5)
+    for e in range(3):  # peft's delta of expert e: B.reshape(out, R, E)[..., e] @ A.reshape(E, R, in)[e]
+        delta = b.reshape(10, 4, 3)[..., e] @ a.reshape(3, 4, 6)[e]
+        want = torch.cat([ours[f"{module}.{e}.{s}.lora_B.weight"] @ ours[f"{module}.{e}.{s}.lora_A.weight"]
+                          for s in ("gate_proj", "up_proj")])
+        assert torch.allclose(delta, want, atol=1e-6)
+    back = unfuse_expert_state(fused, targets, 2, 3, "adapter_model.safetensors")
+    assert back.keys() == ours.keys() and all(torch.equal(back[k], v) for k, v in ours.items())
+    b[0, -1] = 1.0  # gate's rows, up's rank columns
+    with pytest.raises(ValueError, match="is not block-diagonal over gate_proj, up_proj at rank 2"):
+        unfuse_expert_state(fused, targets, 2, 3, "adapter_model.safetensors")
