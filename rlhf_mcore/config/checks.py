@@ -8,6 +8,8 @@ import math
 DC = dict(kw_only=True, slots=True)  # every config section: keyword-only, slotted dataclasses
 # model.target_modules' names: HF projection names (rlhf_mcore.models.lora maps them onto megatron's layers)
 LORA_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+# ... or megatron's linear names (Megatron-Bridge's: verl's megatron LoRA, slime), each standing for its projections
+LORA_MEGATRON_TARGETS = ("linear_qkv", "linear_proj", "linear_fc1", "linear_fc2")
 
 
 def choice(key: str, value, options) -> list[str]:

@@ -11,7 +11,15 @@ import dataclasses
 from dataclasses import dataclass, field
 from typing import Optional
 
-from rlhf_mcore.config.checks import DC, LORA_TARGETS, choice, in_range, non_finite_floats, positive
+from rlhf_mcore.config.checks import (
+    DC,
+    LORA_MEGATRON_TARGETS,
+    LORA_TARGETS,
+    choice,
+    in_range,
+    non_finite_floats,
+    positive,
+)
 from rlhf_mcore.config.rollout_schema import (  # noqa: F401 - the rollout sections, re-exported
     MOVED_KEYS,
     AsyncTrainingConfig,
@@ -28,13 +36,13 @@ def lora_errors(m, p: str) -> list[str]:
 
     errs = positive(f"{p}.lora_rank", m.lora_rank, allow_zero=True) + positive(f"{p}.lora_alpha", m.lora_alpha)
     errs += in_range(f"{p}.lora_dropout", m.lora_dropout, 0.0, 1.0, hi_open=True, fix="Use e.g. 0.05, or 0 for none.")
-    names = ["all-linear", *LORA_TARGETS]
+    names = ["all-linear", *LORA_TARGETS, *LORA_MEGATRON_TARGETS]
     for name in m.target_modules:
         if name not in names:
             close = difflib.get_close_matches(name, names, n=1)
             hint = f" Did you mean '{close[0]}'?" if close else ""
             errs.append(f"{p}.target_modules: unknown module {name!r} (got {m.target_modules}).{hint} Use all-linear "
-                        f"or a list of {', '.join(LORA_TARGETS)}.")
+                        f"or a list of {', '.join(LORA_TARGETS)} (or megatron's {', '.join(LORA_MEGATRON_TARGETS)}).")
     if not m.target_modules:
         errs.append(f"{p}.target_modules: empty (got []). Use all-linear or a list of {', '.join(LORA_TARGETS)}.")
     return errs

@@ -73,6 +73,11 @@ def _verl_tools(value: Any) -> list[str]:
     return verl_tool_names(str(value).strip())
 
 
+def _path_or_none(value: Any) -> str:
+    """A verl path that may be null (verl's default): our empty string."""
+    return "" if value is None or str(value).strip() in ("", "null", "None", "~") else str(value).strip()
+
+
 def _dtype(value: Any) -> str:
     """verl's megatron dtype (bfloat16 | float16 | float32) -> model.dtype."""
     return {"bfloat16": "bf16", "bf16": "bf16", "float32": "fp32", "fp32": "fp32"}.get(str(value).strip(), str(value))
@@ -181,6 +186,27 @@ VERL_KEYS: dict[str, VerlKey] = {
     f"{_ARR}.model.target_modules": alias("model.target_modules"),
     f"{_ARR}.model.freeze_vision_tower": alias("model.freeze_vision_tower"),
     f"{_ARR}.model.exclude_modules": rejected("list the projections to adapt in model.target_modules"),
+    # verl's megatron LoRA (Megatron-Bridge's): megatron's linear names are model.target_modules names too
+    f"{_ARR}.model.lora.rank": alias("model.lora_rank"),
+    f"{_ARR}.model.lora.alpha": alias("model.lora_alpha"),
+    f"{_ARR}.model.lora.dropout": alias("model.lora_dropout"),
+    f"{_ARR}.model.lora.target_modules": alias("model.target_modules"),
+    f"{_ARR}.model.lora.adapter_path": alias("model.lora_adapter_path", convert=_path_or_none),
+    f"{_ARR}.model.lora.type": ignored("plain LoRA on the fused linears is ours (canonical_lora / dora / vlm_lora "
+                                       "are not)", only="lora"),
+    f"{_ARR}.model.lora.merge": ignored("SGLang always receives merged weights (W + scale B A) at each sync"),
+    f"{_ARR}.model.lora.dropout_position": ignored("dropout hits the LoRA input", only="pre"),
+    f"{_ARR}.model.lora.lora_A_init_method": ignored("A is kaiming-uniform as PEFT's, seeded per layer"),
+    f"{_ARR}.model.lora.lora_B_init_method": ignored("B starts at zero", only="zero"),
+    f"{_ARR}.model.lora.dtype": ignored("adapters take the model's dtype (model.dtype)"),
+    f"{_ARR}.model.lora.a2a_experimental": ignored("experts' adapters run with the experts (EP)", only="False"),
+    f"{_ARR}.model.lora.exclude_modules": ignored("list the projections to adapt in model.target_modules",
+                                                  only="[]"),
+    f"{_ARR}.model.lora.freeze_vision_model": ignored("LoRA adapts the language model; the tower follows "
+                                                      "model.freeze_vision_tower"),
+    f"{_ARR}.model.lora.freeze_vision_projection": ignored("the merger follows model.freeze_vision_tower"),
+    f"{_ARR}.model.lora.freeze_language_model": ignored("the language model's base is frozen under LoRA",
+                                                        only="True"),
     # actor
     f"{_ARR}.actor.optim.lr": alias("actor.optim.lr"),
     f"{_ARR}.actor.optim.weight_decay": alias("actor.optim.weight_decay"),
@@ -280,6 +306,8 @@ VERL_KEYS: dict[str, VerlKey] = {
     "critic.model.path": ignored("the critic starts from the actor's weights (or critic.load)"),
     "critic.model.": ignored(_FSDP),
     "critic.model.lora_rank": alias("critic.lora_rank"),
+    "critic.model.lora.rank": alias("critic.lora_rank"),
+    "critic.model.lora.": ignored("the critic's LoRA uses the actor's settings but its rank (critic.lora_rank)"),
     "critic.model.lora_alpha": ignored("the critic's LoRA uses model.lora_alpha (the actor's)"),
     "critic.model.target_modules": ignored("the critic's LoRA uses model.target_modules (the actor's)"),
     "critic.ppo_micro_batch_size_per_gpu": alias("critic.micro_batch_size_per_gpu"),

@@ -34,7 +34,7 @@ from typing import Iterator
 
 import torch
 
-from rlhf_mcore.config.checks import LORA_TARGETS
+from rlhf_mcore.config.checks import LORA_MEGATRON_TARGETS, LORA_TARGETS
 from rlhf_mcore.models.lora_experts import attach_expert_adapters
 from rlhf_mcore.models.roles import role_spec
 from rlhf_mcore.models.spec import join_fused
@@ -52,27 +52,32 @@ TARGETS: dict[str, tuple[str, str | None]] = {
 }
 SUBS = {"linear_qkv": ("q_proj", "k_proj", "v_proj"), "linear_proj": ("o_proj",),
         "linear_fc1": ("gate_proj", "up_proj"), "linear_fc2": ("down_proj",)}
-assert tuple(TARGETS) == LORA_TARGETS  # the config's names (validated before any model is built)
+assert tuple(TARGETS) == LORA_TARGETS and tuple(SUBS) == LORA_MEGATRON_TARGETS  # the config's names (validated)
 COLUMN = ("linear_qkv", "linear_fc1")  # column-parallel (output split over TP); the others are row-parallel
 
 
 def expand_targets(names, key: str = "model.target_modules") -> tuple[str, ...]:
-    """`all-linear` or HF projection names -> the HF names, in TARGETS order; unknown names raise.
+    """`all-linear`, HF projection names or megatron's linear names (Megatron-Bridge's, which verl's megatron
+    LoRA and slime use: linear_qkv, linear_proj, linear_fc1, linear_fc2) -> the HF names, in TARGETS order;
+    unknown names raise.
 
     >>> expand_targets(["all-linear"])[:3], expand_targets(["v_proj", "q_proj"])
     (('q_proj', 'k_proj', 'v_proj'), ('q_proj', 'v_proj'))
+    >>> expand_targets(["linear_qkv", "linear_fc2"])
+    ('q_proj', 'k_proj', 'v_proj', 'down_proj')
     """
     from rlhf_mcore.registry import suggest
 
     names = [names] if isinstance(names, str) else list(names)
     if ALL_LINEAR in names:
         return tuple(TARGETS)
-    bad = [n for n in names if n not in TARGETS]
+    bad = [n for n in names if n not in TARGETS and n not in SUBS]
     if bad or not names:
-        hint = suggest(bad[0], [*TARGETS, ALL_LINEAR]) if bad else ""
+        hint = suggest(bad[0], [*TARGETS, *SUBS, ALL_LINEAR]) if bad else ""
         raise ValueError(f"{key}: unknown module name {bad[0] if bad else '(none)'!r} (got {names}).{hint} "
-                         f"Use {ALL_LINEAR} or a list of {', '.join(TARGETS)}.")
-    return tuple(t for t in TARGETS if t in names)
+                         f"Use {ALL_LINEAR}, a list of {', '.join(TARGETS)}, or megatron's {', '.join(SUBS)}.")
+    wanted = {sub for n in names for sub in SUBS.get(n, (n,))}
+    return tuple(t for t in TARGETS if t in wanted)
 
 
 @dataclasses.dataclass(frozen=True, slots=True)

@@ -1,8 +1,9 @@
 """LoRA on a vision LM (Qwen2.5-VL, Qwen3-VL, Qwen3-VL-MoE; rank 4 on every linear of the language model, the MoE's
-experts too, which peft adapts as fused target_parameters): the start-up budget reads the LM's fields under config.json's `text_config` (it raised
-"'num_hidden_layers' is missing" before), and the HF export of its checkpoint writes merged weights that transformers
-loads and a PEFT adapter named after transformers' module tree (`model.language_model.layers.*`), which peft loads
-onto the base vision LM; both give the trainer's logits with images (fp32, within 1e-5), and the adapters move them."""
+experts too, which peft adapts as fused target_parameters): the start-up budget reads the LM's fields under
+config.json's `text_config` (it raised "'num_hidden_layers' is missing" before), and the HF export of its checkpoint
+writes merged weights that transformers loads and a PEFT adapter named after transformers' module tree
+(`model.language_model.layers.*`), which peft loads onto the base vision LM; both give the trainer's logits with
+images (fp32, within 1e-5), and the adapters move them."""
 from pathlib import Path
 from types import SimpleNamespace
 
