@@ -106,9 +106,10 @@ def _parallel_rules(cfg: Config, shape: dict, world_size: int | None) -> list[st
     if p.ep > 1 and (not experts or experts % p.ep):
         what = f"the expert count {experts}" if experts else "the experts of an MoE model (this model is dense)"
         errs.append(f"parallel.ep: must divide {what} (got {p.ep}). Pick a divisor of num_experts, or ep=1.")
-    if world_size is not None and not world_size % (p.tp * p.pp * p.cp) and \
-            not ep_fits(world_size, p.tp, p.pp, p.ep, p.cp):  # the expert group may span TP ranks as well as DP
-        errs.append(f"parallel.ep: must divide tp*dp = world / pp = {world_size // (p.pp * p.cp)} "
+    # the expert group may span TP ranks as well as DP; cp > 1 is refused on its own line (its fix changes dp)
+    if world_size is not None and p.cp == 1 and not world_size % (p.tp * p.pp) and \
+            not ep_fits(world_size, p.tp, p.pp, p.ep):
+        errs.append(f"parallel.ep: must divide tp*dp = world / pp = {world_size // p.pp} "
                     f"(got ep={p.ep}). Launch a multiple of pp*ep ranks, or pick a divisor.")
     if experts and p.tp > 1 and not p.sequence_parallel:  # megatron's MoE layer refuses to train at tp>1 without it
         engine = "" if cfg.rollout.engine == "sglang" else " with rollout.engine=sglang (the native engine decodes " \
