@@ -141,7 +141,8 @@ def bench_model(label: str, hf: dict, ctx, args, batch: dict) -> list[dict]:
     """One model (MoE: GroupedExperts, switched between both kernels on the same weights): per kernel the
     log-prob forward first (no weight changes, so the kernels' log-probs compare), then the update steps."""
     kernels = ("sequential", "grouped_mm") if hf.get("num_experts") else ("grouped_mm",)
-    model_cfg = ModelConfig(dtype=args.dtype, attention_backend="auto", moe_expert_impl="grouped")
+    model_cfg = ModelConfig(dtype=args.dtype, attention_backend="auto", moe_expert_impl="grouped",
+                            lora_rank=args.lora_rank, lora_alpha=2.0 * args.lora_rank)  # LoRA: experts' too
     actor_cfg = ActorConfig(optim=OptimConfig(lr=1e-6))
     parallel = ParallelConfig(use_distributed_optimizer=True)
     free_memory()
@@ -150,6 +151,8 @@ def bench_model(label: str, hf: dict, ctx, args, batch: dict) -> list[dict]:
     num_params = count_parameters(model)
     state = build_train_state(model, actor_cfg.optim, parallel)
     common = {"model": label, "layers": hf["num_hidden_layers"], "params_b": num_params / 1e9,
+              "lora_rank": args.lora_rank, "trainable_b": sum(p.numel() for p in model.parameters()
+                                                              if p.requires_grad) / 1e9,
               "active_params_b": active_params(hf) / 1e9, "build_s": time.perf_counter() - start, "init": drawn}
     loss_fn = partial(actor_loss, model=state.module, tp_group=ctx.pgs.tp, actor_cfg=actor_cfg, temperature=1.0,
                       norm_length=float(batch["tokens"].size(1)))
@@ -249,8 +252,9 @@ def largest_statement(moe: dict, rows: list[dict], args, tokens_per_micro: int) 
 
 
 def print_table(rows: list[dict], largest: dict, args) -> None:
+    lora = f"LoRA rank {args.lora_rank} on every linear (experts too)" if args.lora_rank else "full fine-tuning"
     print(f"{args.dtype}, {args.sequences} x {args.seq_len} tokens per step, micro-batch {args.micro_batch}, "
-          f"distributed optimizer; MFU of active-parameter FLOPs vs {args.peak_tflops:.0f} TFLOP/s")
+          f"distributed optimizer, {lora}; MFU of active-parameter FLOPs vs {args.peak_tflops:.0f} TFLOP/s")
     print(f"{'model':<14}{'layers':>7}{'params B':>9}{'active B':>9}{'impl':>12}{'phase':>10}{'step s':>9}"
           f"{'tokens/s':>11}{'TFLOP/s':>9}{'MFU':>7}{'peak GiB':>10}")
     for r in rows:
@@ -285,6 +289,7 @@ def parse_args(argv=None):
     p.add_argument("--seq-len", type=int, default=2048)
     p.add_argument("--micro-batch", type=int, default=4, help="sequences per micro-batch")
     p.add_argument("--steps", type=int, default=3)
+    p.add_argument("--lora-rank", type=int, default=0, help="LoRA rank on every linear, experts included (0: full)")
     p.add_argument("--warmup", type=int, default=1)
     p.add_argument("--peak-tflops", type=float, default=790.0)
     p.add_argument("--capacity-gib", type=float, default=0, help="device memory for the largest-fit statement")
@@ -296,13 +301,18 @@ def parse_args(argv=None):
     return args
 
 
+def result_name(args) -> str:
+    """moe_step[_lora<r>][_tiny].json"""
+    return f"moe_step{f'_lora{args.lora_rank}' if args.lora_rank else ''}{'_tiny' if args.tiny else ''}.json"
+
+
 def write_result(args, rows: list[dict], largest: dict | None) -> dict:
     """The result so far (written after every model, so a run cut short by a time limit keeps its rows)."""
     result = {"args": vars(args), "device": torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu",
               "torch": torch.__version__, "rows": rows, "largest_moe": largest}
     if args.out:
         os.makedirs(args.out, exist_ok=True)
-        path = os.path.join(args.out, "moe_step_tiny.json" if args.tiny else "moe_step.json")
+        path = os.path.join(args.out, result_name(args))
         with open(path, "w") as f:
             json.dump(result, f, indent=2)
     return result
@@ -330,7 +340,7 @@ def main(argv=None) -> dict:
     print_table(rows, largest, args)
     result = write_result(args, rows, largest)
     if args.out:
-        print(f"wrote {os.path.join(args.out, 'moe_step_tiny.json' if args.tiny else 'moe_step.json')}")
+        print(f"wrote {os.path.join(args.out, result_name(args))}")
     return result
 
 
