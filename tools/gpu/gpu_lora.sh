@@ -4,6 +4,10 @@
 #                                  # weights, bf16) with rank-32 all-linear LoRA: GRPO-like step (old log-prob
 #                                  # forward + update fwd/bwd + optimizer step, 32 x 1024 tokens) time, peak
 #                                  # memory, MFU; vs full fine-tuning of the same shape cut to the layers that fit
+#   bash tools/gpu/gpu_lora.sh C   # <= 300 s, one self-sufficient call (carry .gpu-speed-w1/mcore: it installs
+#                                  # megatron-core): LoRA on MoE experts: the MoE GPU tests (grouped_mm + LoRA vs
+#                                  # the fp32 loop), then bench_moe_step at the Qwen3-30B-A3B shape cut to 4 layers,
+#                                  # full fine-tuning against rank 32 on every linear (experts too): step s, peak
 #   bash tools/gpu/gpu_lora.sh B   # <= 170 s, after call B's SmolLM2 / GSM8K preparation ($SMOL/hf, $SMOL/mcore,
 #                                  # $SMOL/gsm8k/{train,test}.parquet, SMOL=/tmp/small_speed):
 #                                  # configs/gsm8k_grpo_lora_smollm2.yaml for ~130 s (trainer.time_limit_min counts
@@ -13,7 +17,7 @@
 #   DRY=1 OUT=/tmp/dry_lora PY=.venv/bin/python bash tools/gpu/gpu_lora.sh A
 #   DRY=1 OUT=/tmp/dry_lora PY=.venv/bin/python bash tools/gpu/gpu_lora.sh B
 set -uo pipefail
-PART=${1:?A|B}
+PART=${1:?A|B|C}
 PY=${PY:-python3}
 SMOL=${SMOL:-/tmp/small_speed}
 export PYTHONUNBUFFERED=1 NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1
@@ -21,8 +25,29 @@ export PYTHONUNBUFFERED=1 NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1
 D=$OUT/lora
 mkdir -p "$D"
 log() { echo "=== $* ($(date +%T), ${SECONDS}s)"; }
+if [[ -z "${DRY:-}" && $PART == C && ! -d /tmp/site/megatron ]]; then
+  source tools/gpu/gpu_env.sh
+  mkdir -p /tmp/site && install .gpu-speed-w1/mcore/megatron_core*.whl || exit 3
+fi
 if [[ -z "${DRY:-}" ]]; then
   [[ -d /tmp/site/megatron ]] || { echo "COLD_MACHINE: megatron-core is not in /tmp/site (call A installs it)"; exit 9; }
+fi
+
+if [[ $PART == C ]]; then
+  log "MoE GPU tests (LoRA on the grouped experts among them)"
+  timeout -k 5 100 $PY -m pytest -q -p no:cacheprovider tests/unit/models/test_moe_gpu.py -s 2>&1 \
+      | grep "rel err\|passed\|failed\|Error\|skipped" | tail -8
+  if [[ -n "${DRY:-}" ]]; then ARGS=(--tiny); else ARGS=(--moe-layers ${LAYERS:-4} --sequences 8 --steps 2); fi
+  for rank in 0 32; do
+    log "bench_moe_step, LoRA rank $rank (0: full fine-tuning)"
+    timeout -k 5 ${BENCH_S:-100} $PY -m tools.bench.bench_moe_step --find-largest 0 --dense 0 --lora-rank $rank \
+        --out $D "${ARGS[@]}" 2>&1 | grep -v "Warning\|warnings.warn\|return func" > $D/moe_lora$rank.log
+    echo "rc ${PIPESTATUS[0]}"
+    sed -n '/tokens per step/,/log-probs/p' $D/moe_lora$rank.log | cut -c1-200
+    grep -q "tokens per step" $D/moe_lora$rank.log || tail -8 $D/moe_lora$rank.log
+  done
+  log "done"
+  exit 0
 fi
 
 if [[ $PART == A ]]; then
@@ -36,7 +61,7 @@ if [[ $PART == A ]]; then
   log "done"
   exit 0
 fi
-[[ $PART == B ]] || { echo "gpu_lora.sh: part A or B (got $PART)"; exit 2; }
+[[ $PART == B ]] || { echo "gpu_lora.sh: part A, B or C (got $PART)"; exit 2; }
 
 if [[ -n "${DRY:-}" ]]; then
   SMOL=${DRY_SMOL:-/tmp/dry_smol_lora}
