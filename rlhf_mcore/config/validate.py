@@ -145,8 +145,9 @@ def _router_replay_rules(cfg: Config, experts: int) -> list[str]:
 
 def _r3_rollout_rules(cfg: Config) -> list[str]:
     """R3's rollouts: an engine that returns each token's experts (its `records_routing` trait: the native
-    engine's eager decode, SGLang's return_routed_experts), and every row from one generate() call: partial
-    rollouts and multi-turn rows are assembled from several."""
+    engine's eager decode, SGLang's return_routed_experts), and single-turn rows: a multi-turn row is assembled
+    from several calls and tool turns. Partial rollouts decode in rounds, the last of which routes the whole
+    row (`rollout.partial.Sample.routing`)."""
     from rlhf_mcore.rollout.base import ROLLOUT_ENGINES
 
     errs = []
@@ -156,9 +157,6 @@ def _r3_rollout_rules(cfg: Config) -> list[str]:
         errs.append(f"rollout.engine: actor.router_replay=R3 needs the rollout's experts, which only these "
                     f"engines return: {recording} (got {engine!r}). Set rollout.engine to one of them, or "
                     "actor.router_replay=R2.")
-    if cfg.async_training.partial_rollout:
-        errs.append("async_training.partial_rollout: rows resumed across steps carry no routing for actor."
-                    "router_replay=R3 (got true). Set it to false, or use actor.router_replay=R2.")
     if cfg.rollout.mode != "single_turn":
         errs.append(f"rollout.mode: actor.router_replay=R3 records single-turn rollouts only (got "
                     f"{cfg.rollout.mode!r}). Set rollout.mode=single_turn, or use actor.router_replay=R2.")

@@ -46,6 +46,10 @@ class Sample:
     tool_calls: int = 0
     tool_errors: int = 0
     tool_timeouts: int = 0
+    # R3 (actor.router_replay=R3): the experts of the last round that decoded it, [prompt + tokens, L, k]. A round
+    # continues the row from its exact prefix, so its prefill routes every earlier token again, at that round's
+    # weights: the last round's routing covers the whole row, as one generate() call's does.
+    routing: Any = None
 
     @property
     def done(self) -> bool:
@@ -223,13 +227,18 @@ def to_rollout_batch(groups: list[Group], pad_id: int, device=None,
         if multi_turn:
             mask[i, p:p + r] = torch.tensor(sample.mask, dtype=torch.bool)
     prompt_lengths = [len(p.prompt_ids) for p, _ in rows]
+    routed = None
+    if all(s.routing is not None for _, s in rows):  # R3
+        from rlhf_mcore.rollout.routing_record import stack_rows
+
+        routed = stack_rows([s.routing for _, s in rows], width).to(device)
     turns = TurnInfo(spans=[[(p + a, p + b) for a, b in s.spans] for p, (_, s) in zip(prompt_lengths, rows)],
                      tool_calls=[s.tool_calls for _, s in rows], tool_errors=[s.tool_errors for _, s in rows],
                      tool_timeouts=[s.tool_timeouts for _, s in rows]) if multi_turn else None
     batch = RolloutBatch(tokens=tokens.to(device), prompt_lengths=torch.tensor(prompt_lengths, device=device),
                          response_lengths=torch.tensor([len(s.tokens) for _, s in rows], device=device),
                          rollout_logprobs=logprobs.to(device), finish_reasons=[s.finish_reason for _, s in rows],
-                         loss_mask=mask.to(device) if multi_turn else None, turns=turns)
+                         loss_mask=mask.to(device) if multi_turn else None, turns=turns, routed_experts=routed)
     return batch, versions.to(device)
 
 

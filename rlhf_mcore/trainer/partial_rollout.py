@@ -48,7 +48,9 @@ class PartialRollouts:
             env.options.max_turns if env is not None else 0)
         self.pool = PartialPool(r.n, r.max_response_length, max_lag(a.staleness_threshold))
         self.pad_id, self.device = pad_id, device  # the trained batch goes where the engines put theirs
-        self.continuous = a.continuous and bool(getattr(engine, "continuous", False))
+        # R3 decodes in rounds: a round's generate() returns each row's experts, the continuous call does not
+        self.continuous = a.continuous and bool(getattr(engine, "continuous", False)) and \
+            cfg.actor.router_replay != "R3"
         self.max_num_seqs = a.max_num_seqs  # slots of the continuous decode (0 = one step's samples)
         self.dropped_at_save = 0
 
@@ -128,8 +130,10 @@ class PartialRollouts:
             pictures = {} if images is None else {"images": images,
                                                   "prompt_lengths": [len(p.prompt_ids) for p, _ in active]}
             batch = engine.generate([list(p.prompt_ids) + s.tokens for p, s in active], round_params, **pictures)
-            for (prompt, sample), (ids, logprobs, reason) in zip(active, sampled_turns(batch)):
+            for j, ((prompt, sample), (ids, logprobs, reason)) in enumerate(zip(active, sampled_turns(batch))):
                 self._ended(prompt, sample, ids, logprobs, reason, step, params.stop_token_ids)
+                if batch.routed_experts is not None:  # R3: this round re-routed the whole row (partial.Sample)
+                    sample.routing = batch.routed_experts[j, :len(prompt.prompt_ids) + len(sample.tokens)]
             rounds += 1
             decoded += bool(active)
         return decoded

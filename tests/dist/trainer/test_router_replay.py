@@ -148,3 +148,22 @@ def test_replay_and_load_metrics_at_ep1_and_ep2(tmp_path):
     one, two = results["R2_ep1"]["metrics"], results["R2_ep2"]["metrics"]
     for key in [k for k in one if k.startswith("moe/")]:
         assert two[key] == pytest.approx(one[key], rel=1e-6), key
+
+
+def test_r3_with_partial_rollouts_replays_each_rows_last_round(tmp_path, mcore_ctx, monkeypatch):
+    """async_training.partial_rollout in rounds of 4 tokens (several rounds a row): each round continues a row from
+    its prefix, so its prefill re-routes every earlier token, and the row keeps the last round's experts
+    (rollout.partial.Sample.routing). Every pass replays them, and in fp32 at the step's own weights the old pass
+    reproduces the rollout's log-probs: a row that kept an earlier round's (shorter) routing would not."""
+    hf_dir = save_tiny_moe(tmp_path / "hf")
+    runs = run_modes(tmp_path, hf_dir, monkeypatch, ("R3",), "async_training.partial_rollout=true",
+                     "async_training.staleness_threshold=1", "async_training.round_tokens=4")
+    r3, m3 = runs["R3"]
+    recorded = r3.recorded()
+    assert m3["async/rounds"] > 1, m3["async/rounds"]
+    assert [r3.differ(p, recorded) for p in r3.by_model.values()] == [0] * len(r3.by_model)
+    assert [r3.differ(step, recorded) for step in r3.update] == [0, 0]
+    b = r3.batch
+    gap = (b.old_logp - b.rollout_logp)[b.response_mask.bool()].abs().max().item()
+    print({"R3 + partial rollouts: rounds": m3["async/rounds"], "max |old_logp - rollout_logp|": gap})
+    assert gap <= 1e-5 and m3["rollout/mismatch_exact_frac"] == 1.0

@@ -21,6 +21,13 @@ def test_r3_loads_on_the_tiny_moe_preset():
     assert load_config(MOE, ["actor.router_replay=R3"], world_size=1).actor.router_replay == "R3"
 
 
+def test_r3_loads_with_partial_rollouts():
+    """Rounds re-route each row whole (rollout.partial.Sample.routing), so R3 takes partial rollouts."""
+    cfg = load_config(MOE, ["actor.router_replay=R3", "async_training.partial_rollout=true",
+                            "async_training.staleness_threshold=1"], world_size=1)
+    assert cfg.async_training.partial_rollout and cfg.actor.router_replay == "R3"
+
+
 REFUSALS = {
     "dense": (DENSE, ["actor.router_replay=R3"], 1,
               "actor.router_replay: needs an MoE model (got 'R3' with a dense model). Set actor.router_replay="
@@ -29,10 +36,6 @@ REFUSALS = {
                               "actor.router_replay: R3 cannot replay through full recompute at pp > 1 (got "
                               "model.recompute=full with pp=2). Use model.recompute=selective or none, or "
                               "parallel.pp=1."),
-    "partial rollouts": (MOE, ["actor.router_replay=R3", "async_training.partial_rollout=true",
-                               "async_training.staleness_threshold=1"], 1,
-                         "async_training.partial_rollout: rows resumed across steps carry no routing for "
-                         "actor.router_replay=R3 (got true). Set it to false, or use actor.router_replay=R2."),
     "multi-turn": (MOE, ["actor.router_replay=R3", "rollout.mode=multi_turn"], 1,
                    "rollout.mode: actor.router_replay=R3 records single-turn rollouts only (got 'multi_turn'). Set "
                    "rollout.mode=single_turn, or use actor.router_replay=R2."),
