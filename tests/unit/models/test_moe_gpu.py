@@ -13,12 +13,13 @@ from tests.support.tiny_moe import VOCAB, tiny_moe
 pytestmark = pytest.mark.gpu
 
 
-def build(path, hf_cfg, ctx, impl: str, dtype: str):
+def build(path, hf_cfg, ctx, impl: str, dtype: str, **model_fields):
     from rlhf_mcore.config.schema import ModelConfig, ParallelConfig
     from rlhf_mcore.models.build import build_model
     from rlhf_mcore.models.hf_load import load_hf_weights
 
-    model_cfg = dataclasses.replace(ModelConfig(dtype=dtype, attention_backend="sdpa"), moe_expert_impl=impl)
+    model_cfg = dataclasses.replace(ModelConfig(dtype=dtype, attention_backend="sdpa"), moe_expert_impl=impl,
+                                    **model_fields)
     model = build_model("actor", hf_cfg, model_cfg, ParallelConfig(), ctx)
     load_hf_weights(model, str(path), hf_cfg, 0, 1)
     return model
@@ -40,6 +41,16 @@ def rel_error(got: torch.Tensor, want: torch.Tensor) -> float:
     return ((got - want).norm() / want.norm().clamp_min(1e-12)).item()
 
 
+def grouped_mm_case(moe_dir, ctx):
+    """(config.json, tokens [4, 64] on the device) where torch._grouped_mm runs; a skip elsewhere."""
+    from rlhf_mcore.models.hf_io import read_hf_config
+
+    if not hasattr(torch, "_grouped_mm") or torch.cuda.get_device_capability() < (9, 0):
+        pytest.skip("torch._grouped_mm needs torch >= 2.8 and SM90")
+    tokens = torch.randint(0, VOCAB, (4, 64), generator=torch.Generator().manual_seed(3)).to(ctx.device)
+    return read_hf_config(moe_dir), tokens
+
+
 @pytest.fixture(scope="module")
 def moe_dir(tmp_path_factory):
     path = tmp_path_factory.mktemp("moe_gpu")
@@ -49,12 +60,8 @@ def moe_dir(tmp_path_factory):
 
 def test_grouped_mm_model_matches_sequential_in_bf16(moe_dir, mcore_ctx):
     from rlhf_mcore.models.experts_grouped import GroupedExperts
-    from rlhf_mcore.models.hf_io import read_hf_config
 
-    if not hasattr(torch, "_grouped_mm") or torch.cuda.get_device_capability() < (9, 0):
-        pytest.skip("torch._grouped_mm needs torch >= 2.8 and SM90")
-    hf_cfg = read_hf_config(moe_dir)
-    tokens = torch.randint(0, VOCAB, (4, 64), generator=torch.Generator().manual_seed(3)).to(mcore_ctx.device)
+    hf_cfg, tokens = grouped_mm_case(moe_dir, mcore_ctx)
     results = []
     for impl, dtype in (("sequential", "fp32"), ("sequential", "bf16"), ("auto", "bf16")):
         model = build(moe_dir, hf_cfg, mcore_ctx, impl, dtype)
@@ -102,23 +109,12 @@ def test_lora_on_the_grouped_experts_matches_the_fp32_loop_in_bf16(moe_dir, mcor
     """LoRA on every expert (models/lora_experts.py): the grouped experts stack W + scale B A in bf16
     (torch._grouped_mm), the loop runs the hooks; each against the fp32 loop with the same adapters, the grouped
     error in the logits and the adapters' gradients is no larger than twice the loop's own bf16 error (+ a floor)."""
-    from rlhf_mcore.models.hf_io import read_hf_config
     from rlhf_mcore.models.lora import adapter_parameters
 
-    if not hasattr(torch, "_grouped_mm") or torch.cuda.get_device_capability() < (9, 0):
-        pytest.skip("torch._grouped_mm needs torch >= 2.8 and SM90")
-    hf_cfg = read_hf_config(moe_dir)
-    tokens = torch.randint(0, VOCAB, (4, 64), generator=torch.Generator().manual_seed(3)).to(mcore_ctx.device)
+    hf_cfg, tokens = grouped_mm_case(moe_dir, mcore_ctx)
     results = []
     for impl, dtype in (("sequential", "fp32"), ("sequential", "bf16"), ("auto", "bf16")):
-        from rlhf_mcore.config.schema import ModelConfig, ParallelConfig
-        from rlhf_mcore.models.build import build_model
-        from rlhf_mcore.models.hf_load import load_hf_weights
-
-        model_cfg = dataclasses.replace(ModelConfig(dtype=dtype, attention_backend="sdpa"), moe_expert_impl=impl,
-                                        lora_rank=8, lora_alpha=16.0)
-        model = build_model("actor", hf_cfg, model_cfg, ParallelConfig(), mcore_ctx)
-        load_hf_weights(model, str(moe_dir), hf_cfg, 0, 1)
+        model = build(moe_dir, hf_cfg, mcore_ctx, impl, dtype, lora_rank=8, lora_alpha=16.0)
         gen = torch.Generator().manual_seed(5)
         with torch.no_grad():  # the same adapters in all three, B != 0
             for _, p in adapter_parameters(model):
