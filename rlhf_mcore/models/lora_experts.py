@@ -29,15 +29,6 @@ log = logging.getLogger(__name__)
 EXPERT_SEED_STRIDE = 100_003  # the seeds of expert e's adapters: the dense ones' + stride x (e + 1)
 
 
-def is_expert_linear(path: str) -> bool:
-    """An expert linear's module path (local or full).
-
-    >>> is_expert_linear("decoder.layers.0.mlp.experts.local_experts.3.linear_fc1"), is_expert_linear("mlp.linear_fc1")
-    (True, False)
-    """
-    return ".local_experts." in f".{path}"
-
-
 def text_experts(hf_config: dict) -> int:
     """The expert count of a config.json's language model (a vision LM's text_config), 0 for a dense one."""
     from rlhf_mcore.models.registry import spec_for_hf_config
