@@ -131,10 +131,12 @@ class PartialRollouts:
             pictures = {} if images is None else {"images": images,
                                                   "prompt_lengths": [len(p.prompt_ids) for p, _ in active]}
             batch = engine.generate([list(p.prompt_ids) + s.tokens for p, s in active], round_params, **pictures)
+            # R3: this round re-routed each whole row (partial.Sample.routing), kept on the host while carried
+            routed = None if batch.routed_experts is None else batch.routed_experts.cpu()
             for j, ((prompt, sample), (ids, logprobs, reason)) in enumerate(zip(active, sampled_turns(batch))):
                 self._ended(prompt, sample, ids, logprobs, reason, step, params.stop_token_ids)
-                if batch.routed_experts is not None:  # R3: this round re-routed the whole row (partial.Sample)
-                    sample.routing = batch.routed_experts[j, :len(prompt.prompt_ids) + len(sample.tokens)]
+                if routed is not None:
+                    sample.routing = routed[j, :len(prompt.prompt_ids) + len(sample.tokens)]
             rounds += 1
             decoded += bool(active)
         return decoded
