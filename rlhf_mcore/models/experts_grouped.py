@@ -30,6 +30,7 @@ import torch.nn.functional as F
 from megatron.core.transformer.moe.experts import SequentialMLP
 
 from rlhf_mcore.logs import log_once
+from rlhf_mcore.models.lora import live_weight  # LoRA on the experts: W + scale * B A (the base when off)
 from rlhf_mcore.registry import Registry
 
 log = logging.getLogger(__name__)
@@ -171,8 +172,6 @@ class GroupedExperts(SequentialMLP):
         kernel, why = (self.kernel, "asked") if self.kernel == "reference" else kernel_for(x.device, x.dtype)
         if kernel != self.kernel:
             log_once(log, f"fallback {why}", "MoE experts: grouped, torch reference loop (%s)", why)
-        from rlhf_mcore.models.lora import live_weight  # LoRA on the experts: W + scale * B A
-
         fc1 = [live_weight(e.linear_fc1) for e in self.local_experts]
         fc2 = [live_weight(e.linear_fc2) for e in self.local_experts]
         counts = [int(n) for n in tokens_per_expert.tolist()]

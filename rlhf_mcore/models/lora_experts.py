@@ -92,6 +92,11 @@ def stores_fused_experts(hf_config: dict) -> bool:
     return bool(getattr(spec_for_hf_config(hf_config), "fused_experts", False))
 
 
+def adapter_fuses_experts(hf_config: dict) -> bool:
+    """The PEFT adapter holds peft's fused expert tensors: an MoE whose checkpoints store their experts fused."""
+    return bool(text_experts(hf_config)) and stores_fused_experts(hf_config)
+
+
 def fused_adapter_fields(settings) -> dict:
     """adapter_config.json's fields for fused experts: target_parameters, and gate_up_proj's rank and alpha
     (2r, 2 alpha when both gate and up are adapted: peft's patterns, its own conversion's spelling)."""

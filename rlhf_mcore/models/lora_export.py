@@ -146,18 +146,19 @@ def lora_state_for_hf(model, hf_config: dict, ctx) -> dict[str, torch.Tensor]:
 
 
 def _fused(hf_config: dict, state: dict, convert) -> dict:
-    """`convert()` where the family stores its experts fused and the model has experts, else `state`."""
-    from rlhf_mcore.models.lora_experts import stores_fused_experts, text_experts
+    """`convert()` where the adapter holds fused expert tensors (`lora_experts.adapter_fuses_experts`), else
+    `state`."""
+    from rlhf_mcore.models.lora_experts import adapter_fuses_experts
 
-    return convert() if text_experts(hf_config) and stores_fused_experts(hf_config) else state
+    return convert() if adapter_fuses_experts(hf_config) else state
 
 
 def adapter_config(settings, base_model: str, hf_config: dict | None = None) -> dict:
     """adapter_config.json for `settings` (`models.lora.LoraSettings`) on the base model at `base_model`; a
     family storing its experts fused (`hf_config`) adds peft's target_parameters (`models.lora_experts`)."""
-    from rlhf_mcore.models.lora_experts import fused_adapter_fields, stores_fused_experts, text_experts
+    from rlhf_mcore.models.lora_experts import adapter_fuses_experts, fused_adapter_fields
 
-    fused = hf_config is not None and text_experts(hf_config) and stores_fused_experts(hf_config)
+    fused = hf_config is not None and adapter_fuses_experts(hf_config)
     return {"peft_type": "LORA", "task_type": "CAUSAL_LM", "r": settings.rank, "lora_alpha": settings.alpha,
             "lora_dropout": settings.dropout, "target_modules": sorted(settings.target_modules), "bias": "none",
             "base_model_name_or_path": base_model, "fan_in_fan_out": False, "inference_mode": True,

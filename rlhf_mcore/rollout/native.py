@@ -207,7 +207,8 @@ class NativeRolloutEngine:
         """Whether `generate_continuous` can run: with the static decoder, whose slots each have a position
         and a response column of their own (megatron's eager cache has one offset for all rows), and no expert
         group to keep in lockstep (its ranks would stop at different steps), and a text model (its rows are token
-        prefixes; a vision LM's carry images, which `generate` takes)."""
+        prefixes; a vision LM's carry images, which `generate` takes). R3's recording decodes eagerly: no static
+        decoder, so no continuous call either."""
         return self.static is not None and self.lockstep_group is None and vision_side(self.model) is None
 
     def generate_continuous(self, rows: list[list[int]], limits: list[int], params: SamplingParams,

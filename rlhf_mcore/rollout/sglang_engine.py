@@ -310,9 +310,10 @@ class SGLangRolloutEngine:
 
     @property
     def continuous(self) -> bool:
-        """Whether `generate_continuous` runs: a DP replica of one GPU (its engine alone decides when to stop), and a
-        text model (a vision LM's rows carry images, which `generate` takes: partial rollouts run in rounds)."""
-        return self.ctx.dims.tp * self.ctx.dims.pp == 1 and self.vision is None
+        """Whether `generate_continuous` runs: a DP replica of one GPU (its engine alone decides when to stop), a
+        text model (a vision LM's rows carry images, which `generate` takes: partial rollouts run in rounds), and no
+        R3 recording (`generate` returns each row's experts; the continuous call does not)."""
+        return self.ctx.dims.tp * self.ctx.dims.pp == 1 and self.vision is None and self.routing is None
 
     def generate_continuous(self, rows: list[list[int]], limits: list[int], params: SamplingParams,
                             on_finish, num_slots: int, feed=None) -> dict[int, Response]:

@@ -48,10 +48,7 @@ class PartialRollouts:
             env.options.max_turns if env is not None else 0)
         self.pool = PartialPool(r.n, r.max_response_length, max_lag(a.staleness_threshold))
         self.pad_id, self.device = pad_id, device  # the trained batch goes where the engines put theirs
-        # an engine recording R3's routing decodes in rounds: a round's generate() returns each row's experts, the
-        # continuous call does not
-        self.continuous = a.continuous and bool(getattr(engine, "continuous", False)) and \
-            getattr(engine, "routing", None) is None
+        self.continuous = a.continuous and bool(getattr(engine, "continuous", False))
         self.max_num_seqs = a.max_num_seqs  # slots of the continuous decode (0 = one step's samples)
         self.dropped_at_save = 0
 
