@@ -21,8 +21,8 @@
 #   bash tools/gpu/gpu_verl.sh G   # the start model, verl's export and ours through one evaluator; the comparison
 #                                  # (MODELS picks some: MODELS=verl after E and W alone, without F)
 # Each call must start within 30 s of the previous one's end: run nothing heavy locally meanwhile (a 43 MB carry
-# uploading beside a local test suite missed it once). The step job (~700 s): A, B, STEPS=2 C, D;
-# the real job alone (~1,500 s): A, REAL=1 B, STEPS=0 C, part1's copy, E (carry part 2), W, F, G.
+# uploading beside a local test suite missed it once). The step job (~600 s): A, B, STEPS=2 C, D;
+# the real job alone (~960 s at MINUTES=4): A, REAL=1 B, STEPS=0 C, part1's copy, E (carry part 2), W, F, G.
 # verl trains MINUTES from its first step (its start-up and export apart; VERL_TIMEOUT, 1,500 s, kills it); F then
 # trains ours as long as verl trained (bench_verl_grpo.train_minutes), at most MINUTES.
 # Results in $OUT: verl_<job>.log/_steps.json/.json, grpo_step_part_*.json, ours_gsm8k.log/_metrics.jsonl,
