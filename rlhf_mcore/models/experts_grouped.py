@@ -24,13 +24,14 @@ SM >= 90; else megatron's SequentialMLP) | sequential | grouped | grouped-refere
 from __future__ import annotations
 
 import logging
+from functools import partial
 
 import torch
 import torch.nn.functional as F
 from megatron.core.transformer.moe.experts import SequentialMLP
 
 from rlhf_mcore.logs import log_once
-from rlhf_mcore.models.lora import live_weight  # LoRA on the experts: W + scale * B A (the base when off)
+from rlhf_mcore.models.lora_experts import grouped_lora_term, has_expert_lora
 from rlhf_mcore.registry import Registry
 
 log = logging.getLogger(__name__)
@@ -89,48 +90,109 @@ def weighted_swiglu_backward(grad: torch.Tensor, h: torch.Tensor, probs: torch.T
     return d_h, (silu * up * g).sum(-1).to(probs.dtype)
 
 
+def _zero_empty(grads: torch.Tensor, counts: list[int]) -> torch.Tensor:
+    """Per-expert weight gradients [E, ...] with the experts no token chose set to zero (whatever the kernel
+    leaves in an empty group)."""
+    empty = [i for i, n in enumerate(counts) if n == 0]
+    if empty:
+        grads.index_fill_(0, torch.tensor(empty, device=grads.device), 0)
+    return grads
+
+
 class _GroupedSwiGLU(torch.autograd.Function):
-    """y = fc2_e(weighted_swiglu(fc1_e(x))) per expert group; saves x, p and h, never the stacked weights."""
+    """(y, a): y = fc2_e(a), a = weighted_swiglu(fc1_e(x) + d1) per expert group. d1 [T, 2F] (or None) is added
+    to the first GEMM's output (the experts' LoRA term, computed outside); `a` is returned for the second one's.
+    Saves x, p and h, never the stacked weights."""
 
     @staticmethod
-    def forward(ctx, x, probs, offs, counts, mm, num, *weights):
+    def forward(ctx, x, probs, d1, offs, counts, mm, num, *weights):
+        ctx.set_materialize_grads(False)
         fc1, fc2 = torch.stack(weights[:num]), torch.stack(weights[num:])  # [E, 2F, H], [E, H, F]
         h = mm(x, fc1.transpose(1, 2), offs, counts)  # [T, 2F]
-        y = mm(weighted_swiglu(h, probs), fc2.transpose(1, 2), offs, counts)  # [T, H]
+        if d1 is not None:
+            h = h + d1
+        a = weighted_swiglu(h, probs)  # [T, F]
+        y = mm(a, fc2.transpose(1, 2), offs, counts)  # [T, H]
         ctx.save_for_backward(x, probs, offs, h, *weights)
         ctx.counts, ctx.mm, ctx.num = counts, mm, num
-        return y
+        return y, a
 
     @staticmethod
-    def backward(ctx, grad_y):
+    def backward(ctx, grad_y, grad_a_out):
         x, probs, offs, h, *weights = ctx.saved_tensors
         counts, mm, num = ctx.counts, ctx.mm, ctx.num
-        want_w = any(ctx.needs_input_grad[6:])
-        grad_y = grad_y.contiguous()
+        want_w = grad_y is not None and any(ctx.needs_input_grad[7:])
         fc1, fc2 = torch.stack(weights[:num]), torch.stack(weights[num:])  # [E, 2F, H], [E, H, F]
-        grad_a = mm(grad_y, fc2, offs, counts)  # [T, F]
+        grad_a = None
+        if grad_y is not None:
+            grad_y = grad_y.contiguous()
+            grad_a = mm(grad_y, fc2, offs, counts)  # [T, F]
         del fc2
+        if grad_a_out is not None:
+            grad_a = grad_a_out if grad_a is None else grad_a + grad_a_out
+        if grad_a is None:
+            return (None,) * (7 + 2 * num)
         grad_h, grad_p = weighted_swiglu_backward(grad_a, h, probs)  # [T, 2F], [T]
         grad_x = mm(grad_h, fc1, offs, counts) if ctx.needs_input_grad[0] else None  # [T, H]
         del fc1
         grads_w = [None] * (2 * num)
         if want_w:
-            d_fc1 = mm(grad_h.t(), x, offs, counts)  # [E, 2F, H]
-            d_fc2 = mm(grad_y.t(), weighted_swiglu(h, probs), offs, counts)  # [E, H, F]
-            empty = [i for i, n in enumerate(counts) if n == 0]
-            if empty:  # no tokens, no gradient (whatever the kernel leaves in an empty group)
-                index = torch.tensor(empty, device=d_fc1.device)
-                d_fc1.index_fill_(0, index, 0)
-                d_fc2.index_fill_(0, index, 0)
+            d_fc1 = _zero_empty(mm(grad_h.t(), x, offs, counts), counts)  # [E, 2F, H]
+            d_fc2 = _zero_empty(mm(grad_y.t(), weighted_swiglu(h, probs), offs, counts), counts)  # [E, H, F]
             grads_w = [*d_fc1.unbind(0), *d_fc2.unbind(0)]
-        return grad_x, grad_p, None, None, None, None, *grads_w
+        grad_d1 = grad_h if ctx.needs_input_grad[2] else None
+        return grad_x, grad_p, grad_d1, None, None, None, None, *grads_w
 
 
-def grouped_swiglu(x, probs, counts: list[int], fc1: list, fc2: list, kernel: str = "reference"):
+class _GroupedLinear(torch.autograd.Function):
+    """y = x_e @ w_e^T per expert group, w stacked [E, N, K] (small: the LoRA factors), saved for backward."""
+
+    @staticmethod
+    def forward(ctx, x, w, offs, counts, mm):
+        ctx.save_for_backward(x, w, offs)
+        ctx.counts, ctx.mm = counts, mm
+        return mm(x, w.transpose(1, 2), offs, counts)
+
+    @staticmethod
+    def backward(ctx, grad_y):
+        x, w, offs = ctx.saved_tensors
+        counts, mm = ctx.counts, ctx.mm
+        grad_y = grad_y.contiguous()
+        grad_x = mm(grad_y, w, offs, counts) if ctx.needs_input_grad[0] else None
+        grad_w = _zero_empty(mm(grad_y.t(), x, offs, counts), counts) if ctx.needs_input_grad[1] else None
+        return grad_x, grad_w, None, None, None
+
+
+def expert_offsets(counts: list[int], device) -> torch.Tensor:
+    """The cumulative token counts (int32) torch._grouped_mm takes as `offs`."""
+    return torch.tensor(counts, dtype=torch.int64).cumsum(0).to(torch.int32).to(device, non_blocking=True)
+
+
+def grouped_swiglu(x, probs, counts: list[int], fc1: list, fc2: list, kernel: str = "reference", lora=None):
     """The experts' output [T, H] for tokens x [T, H] sorted by expert (counts[e] rows each) with routing
-    probabilities p [T]; fc1 / fc2: the experts' [2F, H] / [H, F] weights."""
-    offs = torch.tensor(counts, dtype=torch.int64).cumsum(0).to(torch.int32).to(x.device, non_blocking=True)
-    return _GroupedSwiGLU.apply(x.contiguous(), probs, offs, counts, GROUPED_MM.get(kernel), len(fc1), *fc1, *fc2)
+    probabilities p [T]; fc1 / fc2: the experts' [2F, H] / [H, F] weights. `lora(which, x, linear)`: the experts'
+    LoRA term of linear_fc1 / linear_fc2 for their input ([T, out] or None; `lora_experts.grouped_lora_term`),
+    given `linear(x, w)`, x_e @ w_e^T per group for a stack w [E, N, K]."""
+    offs = expert_offsets(counts, x.device)
+    x = x.contiguous()
+
+    def linear(inp, w):
+        return _GroupedLinear.apply(inp.contiguous(), w, offs, counts, GROUPED_MM.get(low_rank_kernel(kernel, w)))
+
+    d1 = lora("linear_fc1", x, linear) if lora else None
+    y, a = _GroupedSwiGLU.apply(x, probs, d1, offs, counts, GROUPED_MM.get(kernel), len(fc1), *fc1, *fc2)
+    d2 = lora("linear_fc2", a, linear) if lora else None
+    return y if d2 is None else y + d2
+
+
+def low_rank_kernel(kernel: str, w: torch.Tensor) -> str:
+    """The kernel for a LoRA factor stack w [E, N, K]: torch._grouped_mm needs every dimension's rows 16-byte
+    aligned (a rank that is a multiple of 8 in bf16); the reference loop otherwise."""
+    if kernel == "grouped_mm" and any(d * w.element_size() % 16 for d in w.shape[1:]):
+        log_once(log, "lora rank align", "MoE experts: LoRA rank %s is not a multiple of 8: its grouped GEMMs "
+                 "run the torch reference loop (slower)", min(w.shape[1:]))
+        return "reference"
+    return kernel
 
 
 def kernel_for(device: torch.device, dtype: torch.dtype) -> tuple[str, str]:
@@ -172,10 +234,11 @@ class GroupedExperts(SequentialMLP):
         kernel, why = (self.kernel, "asked") if self.kernel == "reference" else kernel_for(x.device, x.dtype)
         if kernel != self.kernel:
             log_once(log, f"fallback {why}", "MoE experts: grouped, torch reference loop (%s)", why)
-        fc1 = [live_weight(e.linear_fc1) for e in self.local_experts]
-        fc2 = [live_weight(e.linear_fc2) for e in self.local_experts]
+        fc1 = [e.linear_fc1.weight for e in self.local_experts]
+        fc2 = [e.linear_fc2.weight for e in self.local_experts]
         counts = [int(n) for n in tokens_per_expert.tolist()]
-        return grouped_swiglu(x, probs, counts, fc1, fc2, kernel), None
+        lora = partial(grouped_lora_term, self.local_experts) if has_expert_lora(self.local_experts) else None
+        return grouped_swiglu(x, probs, counts, fc1, fc2, kernel, lora), None
 
 
 def expert_impl_for(name: str, device: torch.device, dtype: torch.dtype) -> tuple[str, str]:

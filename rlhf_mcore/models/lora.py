@@ -191,7 +191,7 @@ def _attach(linear, name: str, subs: tuple[str, ...], settings: LoraSettings, tc
     linear.lora_groups = (tc.num_query_groups or tc.num_attention_heads) // tp_size
     linear.lora_local_rows = {s: o // (tp_size if column else 1) for s, (o, _) in shapes.items()}
     linear.lora_scale, linear.lora_enabled = settings.scale, True
-    linear.lora_dropout = 0.0 if expert else settings.dropout  # the grouped experts merge their adapters
+    linear.lora_dropout = 0.0 if expert else settings.dropout  # as the grouped experts' term (lora_experts)
     linear.lora_tp_group = where.tp_group
     linear.register_forward_hook(_column_hook if column else _row_hook, with_kwargs=True)
     linear.sharded_state_dict = _sharded_state_dict.__get__(linear)
@@ -302,12 +302,6 @@ def lora_delta(linear) -> torch.Tensor | None:
 def effective_weight(linear) -> torch.Tensor:
     delta = lora_delta(linear)
     return linear.weight if delta is None else linear.weight + delta
-
-
-def live_weight(linear) -> torch.Tensor:
-    """The weight a forward that reads `linear.weight` itself must use: the effective one (with autograd to A
-    and B) while its adapters are on, else the base (the grouped experts, `models.experts_grouped`)."""
-    return effective_weight(linear) if getattr(linear, "lora_enabled", False) else linear.weight
 
 
 def _dropout(linear, x: torch.Tensor) -> torch.Tensor:

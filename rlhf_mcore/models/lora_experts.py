@@ -8,9 +8,9 @@ expert-data-parallel group, as the experts' weights). A is drawn from a seed of 
 and the GLOBAL expert index, so every EP layout holds the same adapters; B starts at zero.
 
 y_e = W_e x + scale * B_e A_e x. SequentialMLP calls each expert's linears: the forward hooks add the LoRA term.
-GroupedExperts stacks the experts' weights for its grouped GEMMs: it stacks the effective weights W_e + scale *
-B_e A_e instead (`models.lora.live_weight`), so autograd carries the weights' gradients to A and B. Expert
-adapters therefore run without dropout (the stacked weights are shared by all the expert's tokens).
+GroupedExperts adds it as two more low-rank grouped GEMMs per linear (`grouped_lora_term`: x A_e^T, then B_e^T),
+beside the base's, never building W_e + scale B_e A_e (which cost 2.9x the update's time at the Qwen3-30B shape:
+benchmarks/2026-12-06-lora-moe). Expert adapters run without dropout in both.
 
 PEFT's names are the per-expert HF modules of the checkpoint (`model.layers.3.mlp.experts.5.gate_proj`): the
 layout transformers 4 and the LoRA servers use, which peft converts when it loads the adapter onto transformers
@@ -70,6 +70,32 @@ def attach_expert_adapters(model, settings, attach) -> int:
         log.info("lora: expert adapters run without dropout (model.lora_dropout=%s applies to the others)",
                  settings.dropout)
     return count
+
+
+def has_expert_lora(experts) -> bool:
+    """The local experts (SequentialMLP's `local_experts`) carry adapters and they are on."""
+    return any(getattr(getattr(e, name), "lora_enabled", False) and hasattr(getattr(e, name), "lora_A")
+               for e in experts[:1] for name in ("linear_fc1", "linear_fc2"))
+
+
+def grouped_lora_term(experts, name: str, x: torch.Tensor, linear) -> torch.Tensor | None:
+    """scale * B_e A_e x_e for every expert's tokens at once ([T, out], None where `name` has no adapters on):
+    the grouped experts' LoRA term for linear_fc1 / linear_fc2, as two low-rank grouped GEMMs through
+    `linear(x, w)` (x_e @ w_e^T per expert group, w stacked [E, N, K]; `experts_grouped.grouped_swiglu`), never a
+    W + B A weight. The A of the adapted projections are stacked into one GEMM ([E, n r, in]); each projection's
+    B is its own, and an unadapted one contributes zeros ([gate; up] along the output: linear_fc1's layout)."""
+    linears = [getattr(e, name) for e in experts]
+    first = linears[0]
+    if not getattr(first, "lora_enabled", False) or not hasattr(first, "lora_A"):
+        return None
+    subs = [s for s in first.lora_subs if s in first.lora_A]
+    if not subs:
+        return None
+    h = linear(x, torch.stack([torch.cat([lin.lora_A[s] for s in subs]) for lin in linears]))  # [T, n r]
+    low = dict(zip(subs, h.chunk(len(subs), dim=-1)))
+    parts = [linear(low[s], torch.stack([lin.lora_B[s] for lin in linears])) if s in low else
+             x.new_zeros(x.shape[0], first.lora_local_rows[s]) for s in first.lora_subs]
+    return torch.cat(parts, dim=-1) * first.lora_scale
 
 
 # ---- checkpoints that store experts fused (Qwen3-VL-MoE: ModelSpec.fused_experts) ----

@@ -121,16 +121,18 @@ def test_native_engine_decodes_the_grouped_moe_eagerly(moe_dir, mcore_ctx):
     assert mask.sum() == 3 * 12 and gap.mean() <= 2e-2
 
 
-def test_lora_on_the_grouped_experts_matches_the_fp32_loop_in_bf16(moe_dir, mcore_ctx):
-    """LoRA on every expert (models/lora_experts.py): the grouped experts stack W + scale B A in bf16
-    (torch._grouped_mm), the loop runs the hooks; each against the fp32 loop with the same adapters, the grouped
-    error in the logits and the adapters' gradients is no larger than twice the loop's own bf16 error (+ a floor)."""
+@pytest.mark.parametrize("rank", [8, 12])
+def test_lora_on_the_grouped_experts_matches_the_fp32_loop_in_bf16(moe_dir, mcore_ctx, rank):
+    """LoRA on every expert (models/lora_experts.py): the grouped experts add low-rank grouped GEMMs in bf16
+    (torch._grouped_mm at rank 8; rank 12 is not 16-byte aligned: the reference loop), the loop runs the hooks;
+    each against the fp32 loop with the same adapters, the grouped error in the logits and the adapters' gradients
+    is no larger than twice the loop's own bf16 error (+ a floor)."""
     from rlhf_mcore.models.lora import adapter_parameters
 
     hf_cfg, tokens = grouped_mm_case(moe_dir, mcore_ctx)
     results = []
     for impl, dtype in (("sequential", "fp32"), ("sequential", "bf16"), ("auto", "bf16")):
-        model = build(moe_dir, hf_cfg, mcore_ctx, impl, dtype, lora_rank=8, lora_alpha=16.0)
+        model = build(moe_dir, hf_cfg, mcore_ctx, impl, dtype, lora_rank=rank, lora_alpha=2.0 * rank)
         gen = torch.Generator().manual_seed(5)
         with torch.no_grad():  # the same adapters in all three, B != 0
             for _, p in adapter_parameters(model):
