@@ -66,6 +66,13 @@ def attach_expert_adapters(model, settings, attach) -> int:
             attach(linear, name, subs, expert_shapes(linear, name), layer.layer_number,
                    salt=EXPERT_SEED_STRIDE * (expert + 1))
             count += 1
+    halves = [s for s in ("gate_proj", "up_proj") if s in settings.target_modules]
+    if count and len(halves) == 1:
+        other = "up_proj" if halves == ["gate_proj"] else "gate_proj"
+        log.warning("lora: the experts' %s is adapted but not their %s: this trains, but peft fuses the two when it "
+                    "loads the adapter onto transformers 5's MoE experts and refuses one alone (\"Cannot convert "
+                    "PEFT target(s) %s without also targeting %s\"). Add %s to model.target_modules for an adapter "
+                    "peft loads.", halves[0], other, halves[0], other, other)
     if count and settings.dropout:
         log.info("lora: expert adapters run without dropout (model.lora_dropout=%s applies to the others)",
                  settings.dropout)

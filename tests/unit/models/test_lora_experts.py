@@ -48,7 +48,7 @@ def moe_dir(tmp_path_factory):
     return path, read_hf_config(path)
 
 
-def test_expert_adapters_are_expert_parallel_and_seeded_per_expert(moe_dir, mcore_ctx):
+def test_expert_adapters_are_expert_parallel_and_seeded_per_expert(moe_dir, mcore_ctx, caplog):
     from rlhf_mcore.models.lora import adapter_parameters, trainable_names
 
     model = build(*moe_dir, mcore_ctx, "sequential")
@@ -65,6 +65,9 @@ def test_expert_adapters_are_expert_parallel_and_seeded_per_expert(moe_dir, mcor
     experts = [n for n in trainable_names(model) if ".local_experts." in n]
     assert len(experts) == 2 * 8 * 3 * 2  # layers x experts x (gate, up, down) x (A, B)
     only_down = build(*moe_dir, mcore_ctx, "sequential", targets=("q_proj", "down_proj"))
+    assert "peft" not in caplog.text
+    build(*moe_dir, mcore_ctx, "sequential", targets=("q_proj", "gate_proj"))
+    assert "adapted but not their up_proj" in caplog.text and "Add up_proj to model.target_modules" in caplog.text
     assert not [n for n in trainable_names(only_down) if "linear_fc1" in n]
     assert [n for n in trainable_names(only_down) if "linear_fc2.lora_A.down_proj" in n]
 
