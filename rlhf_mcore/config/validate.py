@@ -145,9 +145,9 @@ def _router_replay_rules(cfg: Config, experts: int) -> list[str]:
 
 def _r3_rollout_rules(cfg: Config) -> list[str]:
     """R3's rollouts: an engine that returns each token's experts (its `records_routing` trait: the native
-    engine's eager decode, SGLang's return_routed_experts), and single-turn rows: a multi-turn row is assembled
-    from several calls and tool turns. Partial rollouts decode in rounds, the last of which routes the whole
-    row (`rollout.partial.Sample.routing`)."""
+    engine's eager decode, SGLang's return_routed_experts). Multi-turn rows and partial rollouts are assembled from
+    several calls, each continuing a row from its exact prefix: the last call routes the whole row
+    (`rollout.modes.trajectory.Trajectory.routing`, `rollout.partial.Sample.routing`)."""
     from rlhf_mcore.rollout.base import ROLLOUT_ENGINES
 
     errs = []
@@ -157,9 +157,6 @@ def _r3_rollout_rules(cfg: Config) -> list[str]:
         errs.append(f"rollout.engine: actor.router_replay=R3 needs the rollout's experts, which only these "
                     f"engines return: {recording} (got {engine!r}). Set rollout.engine to one of them, or "
                     "actor.router_replay=R2.")
-    if cfg.rollout.mode != "single_turn":
-        errs.append(f"rollout.mode: actor.router_replay=R3 records single-turn rollouts only (got "
-                    f"{cfg.rollout.mode!r}). Set rollout.mode=single_turn, or use actor.router_replay=R2.")
     return errs
 
 

@@ -31,14 +31,14 @@ def tiny_mixtral(seed: int = 0):
 NUM_LAYERS, TOPK, EXPERTS = 2, 2, 8
 
 
-def save_tiny_moe(path, seed: int = 0) -> str:
-    """A random tiny Qwen3MoeForCausalLM over the byte tokenizer's vocabulary (258)."""
+def save_tiny_moe(path, seed: int = 0, positions: int = 128) -> str:
+    """A random tiny Qwen3MoeForCausalLM over the byte tokenizer's vocabulary (258), `positions` long."""
     from transformers import AutoModelForCausalLM, Qwen3MoeConfig
 
     config = Qwen3MoeConfig(hidden_size=64, intermediate_size=96, moe_intermediate_size=32,
                             num_hidden_layers=NUM_LAYERS, num_attention_heads=4, num_key_value_heads=2, head_dim=16,
                             num_experts=EXPERTS, num_experts_per_tok=TOPK, norm_topk_prob=True, vocab_size=258,
-                            max_position_embeddings=128, rms_norm_eps=1e-6, tie_word_embeddings=False)
+                            max_position_embeddings=positions, rms_norm_eps=1e-6, tie_word_embeddings=False)
     model = AutoModelForCausalLM.from_config(config)
     randomize_(model, seed)
     model.save_pretrained(str(path))

@@ -26,6 +26,9 @@ the all-to-alls meet (its engine runs padding forwards). Without such a group (E
 there is no extra collective. A row's tools_kwargs (`extra_info.tools_kwargs[name]`, verl's
 create_kwargs / execute_kwargs merged) reach tool `name` as its context with every call of that row.
 
+Routing replay R3: each call returns the experts of every token of its rows (the prefill re-routes the prefix,
+tool turns included), and each row keeps its last call's (`keep_routing`), which cover the whole row.
+
 A vision LM's prompts carry their images into every turn (a later turn's row: its prompt's images, and the
 prompt's length, past which an image id is text) and the batch carries them to the trainer. Tool results are text.
 """
@@ -98,6 +101,13 @@ def generate_turn(engine, prompts, trajs: list[Trajectory], active: list[int], p
     return engine.generate([trajs[i].prefix for i in active], dataclasses.replace(
         params, n=1, max_new_tokens=budget, seed=turn_seed(params.seed, turn)), show_progress=show_progress,
         **pictures)
+
+
+def keep_routing(t: Trajectory, routed, j: int) -> None:
+    """R3: row j of this call's experts (None without R3) become trajectory t's, cut to its tokens so far: the call
+    re-routed t's whole prefix, so the last call's routing covers the finished row (`Trajectory.routing`)."""
+    if routed is not None:
+        t.routing = routed[j, :len(t.prompt) + len(t.response)]
 
 
 def end_of_turn(t: Trajectory, ids: list[int], kept: list[int], stop_ids, last_turn: bool,
@@ -179,9 +189,10 @@ def multi_turn(engine, prompts, params: SamplingParams, env: ModeEnv, show_progr
             break
         batch = generate_turn(engine, prompts, trajs, active, turn_params, turn, budget, show_progress, images)
         calls = {}
-        for i, (ids, logprobs, _) in zip(active, sampled_turns(batch)):
+        for j, (i, (ids, logprobs, _)) in enumerate(zip(active, sampled_turns(batch))):
             t = trajs[i]
             kept = t.add_turn(ids, logprobs)
+            keep_routing(t, batch.routed_experts, j)
             t.finish_reason = end_of_turn(t, ids, kept, stop_ids, last_turn=turn == opts.max_turns - 1,
                                           sampled_end=bool(env.sampled_end))
             if t.done:

@@ -7,9 +7,11 @@ and result ids (loss mask 0, log-prob 0, never read). The whole response stays w
 from __future__ import annotations
 
 import dataclasses
+from typing import Any
 
 import torch
 
+from rlhf_mcore.rollout.routing_record import stack_rows
 from rlhf_mcore.rollout.types import RolloutBatch, TurnInfo
 
 
@@ -25,6 +27,10 @@ class Trajectory:
     tool_calls: int = 0
     tool_errors: int = 0
     tool_timeouts: int = 0
+    # R3 (actor.router_replay=R3): the experts of the last call on this row [prompt + response, L, k]. Each call
+    # continues the row from its exact prefix, so its prefill re-routes every earlier token (tool turns included):
+    # the last call's routing covers the whole row, which ends on a sampled token.
+    routing: Any = dataclasses.field(default=None, repr=False)
 
     @property
     def done(self) -> bool:
@@ -83,6 +89,9 @@ def assemble(trajectories: list[Trajectory], pad_id: int, device) -> RolloutBatc
         tokens[i, :end] = torch.tensor(t.prompt + t.response, dtype=torch.long)
         logprobs[i, p:end] = torch.tensor(t.logprobs, dtype=torch.float32)
         mask[i, p:end] = torch.tensor(t.mask, dtype=torch.bool)
+    routed = None
+    if trajectories and all(t.routing is not None for t in trajectories):  # R3
+        routed = stack_rows([t.routing for t in trajectories], width).to(device)
     turns = TurnInfo(spans=[list(t.spans) for t in trajectories], tool_calls=[t.tool_calls for t in trajectories],
                      tool_errors=[t.tool_errors for t in trajectories],
                      tool_timeouts=[t.tool_timeouts for t in trajectories])
@@ -91,4 +100,4 @@ def assemble(trajectories: list[Trajectory], pad_id: int, device) -> RolloutBatc
         prompt_lengths=torch.tensor([len(t.prompt) for t in trajectories], dtype=torch.long, device=device),
         response_lengths=torch.tensor([len(t.response) for t in trajectories], dtype=torch.long, device=device),
         rollout_logprobs=logprobs.to(device), finish_reasons=[t.finish_reason or "stop" for t in trajectories],
-        loss_mask=mask.to(device), turns=turns)
+        loss_mask=mask.to(device), turns=turns, routed_experts=routed)

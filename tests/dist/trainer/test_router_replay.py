@@ -167,3 +167,43 @@ def test_r3_with_partial_rollouts_replays_each_rows_last_round(tmp_path, mcore_c
     gap = (b.old_logp - b.rollout_logp)[b.response_mask.bool()].abs().max().item()
     print({"R3 + partial rollouts: rounds": m3["async/rounds"], "max |old_logp - rollout_logp|": gap})
     assert gap <= 1e-5 and m3["rollout/mismatch_exact_frac"] == 1.0
+
+
+def test_r3_with_multi_turn_replays_each_rows_last_call(tmp_path, mcore_ctx, monkeypatch):
+    """rollout.mode=multi_turn, every turn calling the calculator (a scripted parser: the tiny random model writes no
+    call of its own): each turn's call continues a row from its prefix, tool turn included, so its prefill
+    re-routes every earlier token, and the row keeps the last call's experts (Trajectory.routing). Every pass
+    replays them, and in fp32 the old pass reproduces the rollout's log-probs, with partial rollouts too; a row that
+    kept its first turn's (shorter) routing would not."""
+    import rlhf_mcore.rollout.modes.build as build_mod
+    import rlhf_mcore.rollout.modes.multi_turn as multi_turn_mod
+    from rlhf_mcore.agent.parsers import ToolCall
+
+    def first_call_only(t, routed, j):
+        if routed is not None and t.routing is None:
+            t.routing = routed[j, :len(t.prompt) + len(t.response)]
+
+    calls = (lambda text: [ToolCall("calculator", {"expression": f"{len(text)}*3"})],
+             tuple("abcdefghijklmnopqrstuvwxyz0123456789"))  # turns of a few tokens, each calling the tool
+    monkeypatch.setattr(build_mod, "parser_fn", lambda name: calls)
+    hf_dir = save_tiny_moe(tmp_path / "hf", positions=1088)  # the prompt holds the calculator's schema (bytes)
+    turns = ("rollout.mode=multi_turn", "rollout.multi_turn.tools=[calculator]", "rollout.multi_turn.max_turns=3",
+             "rollout.multi_turn.max_tool_calls=1", "rollout.max_response_length=40", "data.max_prompt_length=1024")
+    partial = ("async_training.partial_rollout=true", "async_training.staleness_threshold=1",
+               "async_training.round_tokens=4")  # rounds of 4 tokens, tool results joining as they come
+    gaps = {}
+    for name, extra in (("last call", ()), ("first call (broken)", ()), ("partial rollouts", partial)):
+        with monkeypatch.context() as patch:
+            if name == "first call (broken)":
+                patch.setattr(multi_turn_mod, "keep_routing", first_call_only)
+            r3, m3 = run_modes(tmp_path / name.split()[0], hf_dir, monkeypatch, ("R3",), *turns, *extra)["R3"]
+        b = r3.batch
+        gaps[name] = (b.old_logp - b.rollout_logp)[b.response_mask.bool()].abs().max().item()
+        assert m3["num_turns/mean"] > 1 and m3["tool_calls/mean"] > 0, m3
+        if name != "first call (broken)":
+            recorded = r3.recorded()
+            assert [r3.differ(p, recorded) for p in r3.by_model.values()] == [0] * len(r3.by_model)
+            assert [r3.differ(step, recorded) for step in r3.update] == [0, 0]
+            assert m3["rollout/mismatch_exact_frac"] == 1.0
+    print({"R3 + multi-turn, max |old_logp - rollout_logp|": gaps})
+    assert gaps["last call"] <= 1e-5 and gaps["partial rollouts"] <= 1e-5 and gaps["first call (broken)"] > 1e-2

@@ -28,6 +28,13 @@ def test_r3_loads_with_partial_rollouts():
     assert cfg.async_training.partial_rollout and cfg.actor.router_replay == "R3"
 
 
+def test_r3_loads_with_multi_turn_rollouts():
+    """Each turn's call re-routes its row's whole prefix (rollout.modes.trajectory.Trajectory.routing)."""
+    cfg = load_config(MOE, ["actor.router_replay=R3", "rollout.mode=multi_turn",
+                            "rollout.multi_turn.tools=[calculator]"], world_size=1)
+    assert cfg.rollout.mode == "multi_turn" and cfg.actor.router_replay == "R3"
+
+
 REFUSALS = {
     "dense": (DENSE, ["actor.router_replay=R3"], 1,
               "actor.router_replay: needs an MoE model (got 'R3' with a dense model). Set actor.router_replay="
@@ -36,9 +43,6 @@ REFUSALS = {
                               "actor.router_replay: R3 cannot replay through full recompute at pp > 1 (got "
                               "model.recompute=full with pp=2). Use model.recompute=selective or none, or "
                               "parallel.pp=1."),
-    "multi-turn": (MOE, ["actor.router_replay=R3", "rollout.mode=multi_turn"], 1,
-                   "rollout.mode: actor.router_replay=R3 records single-turn rollouts only (got 'multi_turn'). Set "
-                   "rollout.mode=single_turn, or use actor.router_replay=R2."),
 }
 
 
