@@ -121,7 +121,7 @@ class _GroupedSwiGLU(torch.autograd.Function):
     def backward(ctx, grad_y, grad_a_out):
         x, probs, offs, h, *weights = ctx.saved_tensors
         counts, mm, num = ctx.counts, ctx.mm, ctx.num
-        want_w = grad_y is not None and any(ctx.needs_input_grad[7:])
+        want_w = any(ctx.needs_input_grad[7:])
         fc1, fc2 = torch.stack(weights[:num]), torch.stack(weights[num:])  # [E, 2F, H], [E, H, F]
         grad_a = None
         if grad_y is not None:
@@ -138,8 +138,9 @@ class _GroupedSwiGLU(torch.autograd.Function):
         grads_w = [None] * (2 * num)
         if want_w:
             d_fc1 = _zero_empty(mm(grad_h.t(), x, offs, counts), counts)  # [E, 2F, H]
-            d_fc2 = _zero_empty(mm(grad_y.t(), weighted_swiglu(h, probs), offs, counts), counts)  # [E, H, F]
-            grads_w = [*d_fc1.unbind(0), *d_fc2.unbind(0)]
+            d_fc2 = [torch.zeros_like(w) for w in weights[num:]] if grad_y is None else \
+                _zero_empty(mm(grad_y.t(), weighted_swiglu(h, probs), offs, counts), counts).unbind(0)  # [E, H, F]
+            grads_w = [*d_fc1.unbind(0), *d_fc2]
         grad_d1 = grad_h if ctx.needs_input_grad[2] else None
         return grad_x, grad_p, grad_d1, None, None, None, None, *grads_w
 
