@@ -22,7 +22,7 @@ B starts at zero (the model is the base, bitwise); A is drawn from a seed fixed 
 the sub-projection (kaiming-uniform as PEFT), then sliced: the same adapters at every TP/PP layout. Only
 adapters train (a scalar head, new for a critic, trains too); the base is frozen. Dropout hits the LoRA
 input only, in training forwards with gradients (log-prob passes are deterministic). MoE expert MLPs get
-the same adapters per expert (`models.lora_experts`: expert TP 1, expert-parallel, no dropout).
+the same adapters per expert (`models.lora_experts`: expert TP 1, expert-parallel).
 """
 from __future__ import annotations
 
@@ -191,7 +191,7 @@ def _attach(linear, name: str, subs: tuple[str, ...], settings: LoraSettings, tc
     linear.lora_groups = (tc.num_query_groups or tc.num_attention_heads) // tp_size
     linear.lora_local_rows = {s: o // (tp_size if column else 1) for s, (o, _) in shapes.items()}
     linear.lora_scale, linear.lora_enabled = settings.scale, True
-    linear.lora_dropout = 0.0 if expert else settings.dropout  # as the grouped experts' term (lora_experts)
+    linear.lora_dropout = settings.dropout
     linear.lora_tp_group = where.tp_group
     linear.register_forward_hook(_column_hook if column else _row_hook, with_kwargs=True)
     linear.sharded_state_dict = _sharded_state_dict.__get__(linear)
@@ -304,7 +304,8 @@ def effective_weight(linear) -> torch.Tensor:
     return linear.weight if delta is None else linear.weight + delta
 
 
-def _dropout(linear, x: torch.Tensor) -> torch.Tensor:
+def dropout_input(linear, x: torch.Tensor) -> torch.Tensor:
+    """x with model.lora_dropout applied (training forwards with gradients only): the adapters' input."""
     if linear.lora_dropout and linear.training and torch.is_grad_enabled():
         return torch.nn.functional.dropout(x, p=linear.lora_dropout)
     return x
@@ -322,7 +323,7 @@ def _column_hook(linear, args, kwargs, output):
     group = linear.lora_tp_group
     if linear.lora_sp:  # the base gathers the sequence itself; the LoRA gradient is complete: split it
         x = gather_from_sequence_parallel_region(x, tensor_parallel_output_grad=False, group=group)
-    x = _dropout(linear, x)
+    x = dropout_input(linear, x)
     subs = [s for s in linear.lora_subs if s in linear.lora_A]
     a = torch.cat([linear.lora_A[s] for s in subs])  # [n * r, in]
     h = copy_to_tensor_model_parallel_region(torch.matmul(x, a.t()), group=group)  # [s, b, n * r]
@@ -343,7 +344,7 @@ def _row_hook(linear, args, kwargs, output):
 
     if not linear.lora_enabled:
         return output
-    x = _dropout(linear, args[0] if args else kwargs["input_"])  # [s, b, in / tp]
+    x = dropout_input(linear, args[0] if args else kwargs["input_"])  # [s, b, in / tp]
     (sub,) = linear.lora_subs
     u = torch.matmul(x, linear.lora_A[sub].t())  # [s, b, r], a partial sum over TP
     group = linear.lora_tp_group

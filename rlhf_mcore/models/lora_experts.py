@@ -10,7 +10,7 @@ and the GLOBAL expert index, so every EP layout holds the same adapters; B start
 y_e = W_e x + scale * B_e A_e x. SequentialMLP calls each expert's linears: the forward hooks add the LoRA term.
 GroupedExperts adds it as two more low-rank grouped GEMMs per linear (`grouped_lora_term`: x A_e^T, then B_e^T),
 beside the base's, never building W_e + scale B_e A_e (which cost 2.9x the update's time at the Qwen3-30B shape:
-benchmarks/2026-12-06-lora-moe). Expert adapters run without dropout in both.
+benchmarks/2026-12-06-lora-moe). model.lora_dropout applies to their input in both, as to the dense adapters'.
 
 PEFT's names are the per-expert HF modules of the checkpoint (`model.layers.3.mlp.experts.5.gate_proj`): the
 layout transformers 4 and the LoRA servers use, which peft converts when it loads the adapter onto transformers
@@ -73,9 +73,6 @@ def attach_expert_adapters(model, settings, attach) -> int:
                     "loads the adapter onto transformers 5's MoE experts and refuses one alone (\"Cannot convert "
                     "PEFT target(s) %s without also targeting %s\"). Add %s to model.target_modules for an adapter "
                     "peft loads.", halves[0], other, halves[0], other, other)
-    if count and settings.dropout:
-        log.info("lora: expert adapters run without dropout (model.lora_dropout=%s applies to the others)",
-                 settings.dropout)
     return count
 
 
@@ -98,6 +95,9 @@ def grouped_lora_term(experts, name: str, x: torch.Tensor, linear) -> torch.Tens
     subs = [s for s in first.lora_subs if s in first.lora_A]
     if not subs:
         return None
+    from rlhf_mcore.models.lora import dropout_input  # (models.lora imports this module)
+
+    x = dropout_input(first, x)  # one mask per token row, shared by the projections (the dense column hook's rule)
     h = linear(x, torch.stack([torch.cat([lin.lora_A[s] for s in subs]) for lin in linears]))  # [T, n r]
     low = dict(zip(subs, h.chunk(len(subs), dim=-1)))
     parts = [linear(low[s], torch.stack([lin.lora_B[s] for lin in linears])) if s in low else

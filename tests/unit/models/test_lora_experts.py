@@ -100,6 +100,32 @@ def test_grouped_experts_with_adapters_equal_sequential_logits_and_gradients(moe
         assert torch.allclose(want, got, atol=1e-5, rtol=1e-4), (key, (want - got).abs().max().item())
 
 
+def test_lora_dropout_drops_the_expert_adapters_input_in_both_implementations(moe_dir, mcore_ctx):
+    """model.lora_dropout on the experts too (peft's per-expert modules drop their input): only the adapters see
+    it, in training forwards with gradients, in the loop's hooks and the grouped experts' low-rank GEMMs alike.
+    Attention adapters off (target_modules: the experts' projections), so any change comes from the experts."""
+    from rlhf_mcore.models.lora import adapters_disabled
+
+    experts_only = ("gate_proj", "up_proj", "down_proj")
+    for impl in ("sequential", "grouped-reference"):
+        model = build(*moe_dir, mcore_ctx, impl, experts_only, dropout=0.5)
+        randomize_adapters_(model)
+        model.train()
+        with torch.no_grad():
+            frozen = forward(model, mcore_ctx)  # no gradients: no dropout
+            with adapters_disabled(model):
+                base = forward(model, mcore_ctx)
+        torch.manual_seed(0)
+        dropped = forward(model, mcore_ctx).detach()
+        torch.manual_seed(1)
+        other = forward(model, mcore_ctx).detach()
+        effect = (frozen - base).abs().max().item()
+        moved = (dropped - frozen).abs().max().item()
+        print(f"{impl}: adapters' effect {effect:.2e}, dropout's {moved:.2e}")
+        assert effect > 0.05 and moved > 0.05 * effect, impl  # the experts' adapters see the dropout
+        assert not torch.equal(dropped, other)  # a fresh mask per forward
+
+
 def test_expert_adapters_export_to_peft_and_merged_weights_and_load_back(moe_dir, mcore_ctx, tmp_path):
     """The PEFT adapter (per-expert modules, as transformers 4 names them) loads with peft onto transformers 5's
     fused experts and gives the trainer's logits; so does the merged export; an actor started from the adapter
