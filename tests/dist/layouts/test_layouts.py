@@ -10,7 +10,8 @@ take: one line each, exit 2, before any model is built.
 - Expert parallelism: the tiny MoE preset (a random 4-layer Qwen3-MoE, 8 experts top-2, drawn per global expert
   index so every layout builds the same model) at EP2, EP4, TP2xEP2 (sequence parallel) and PP2xEP2.
 - LoRA (rank 8 actor, rank 4 critic, on every linear): TP2, PP2 and TP2xPP2 after three steps, so A (whose first
-  gradient is zero while B is zero) is compared too; with packing; on the MoE model at EP2 and TP2.
+  gradient is zero while B is zero) is compared too; with packing; on the MoE model at EP2 and TP2, with the
+  sequential and the grouped experts.
 - A vision LM (the tiny Qwen2.5-VL preset, an image in every row) at DP2, TP2 and PP2, padded and packed; the tiny
   Qwen3-VL at DP2 and TP2, and Qwen3-VL-MoE at DP2 and EP2.
 - Full MoE fine-tuning at TP2 + SP after three steps. At EP 1 megatron 0.16.1 marks expert weights
@@ -55,6 +56,9 @@ RUNS = {
     "lora_packed": (2, "tiny_grpo.yaml", "1x1,2x1", ("--packing", "both", "--steps", "2", "--sequence-parallel",
                                                      "--max-tokens", "45", *LORA)),
     "lora_moe": (2, MOE, "1x1,1x1x2,2x1", ("--steps", "3", *LORA, "critic.optim.lr=1e-2")),
+    # ... through the grouped experts (the GPU default), their adapters as low-rank grouped GEMMs
+    "lora_moe_grouped": (2, MOE, "1x1,1x1x2,2x1", ("--steps", "3", *LORA, "critic.optim.lr=1e-2",
+                                                   "model.moe_expert_impl=grouped-reference")),
     # actor lr 1e-3 (the preset's 1e-2 also passes): Adam's first steps scale each gradient element by
     # 1/(|g| + eps), so elements with |g| ~ eps turn fp32 summation-order noise into ~1e-5 log-prob differences
     "moe_tp2_sp": (2, MOE, "1x1,2x1,2x1x2", ("--steps", "3", "actor.optim.lr=1e-3")),  # 2x1x2: EP over TP, dp 1
@@ -213,10 +217,12 @@ def test_lora_packed_equals_padded_at_tp1_and_tp2(runs):
     assert "tp2 pp1 dp1 sp packed" in out.stdout and "PASS" in out.stdout
 
 
-def test_lora_on_an_moe_model_agrees_at_ep2_and_tp2(runs):
+@pytest.mark.parametrize("run", ["lora_moe", "lora_moe_grouped"])
+def test_lora_on_an_moe_model_agrees_at_ep2_and_tp2(runs, run):
     """LoRA on the tiny Qwen3-MoE (attention and every expert adapted, router frozen): EP2 and TP2 (sequence
-    parallel) give the TP1 numbers after three steps, for the actor and a LoRA critic."""
-    out = Out(runs["lora_moe"])
+    parallel) give the TP1 numbers after three steps, for the actor and a LoRA critic, with megatron's expert loop
+    (hooks) and with the grouped experts (low-rank grouped GEMMs)."""
+    out = Out(runs[run])
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
     assert "tp1 pp1 ep2 dp2" in out.stdout and "tp2 pp1 dp1 sp" in out.stdout and "PASS" in out.stdout
     moved = re.search(r"actor logp ([0-9.e+-]+), values ([0-9.e+-]+)", out.stdout)
