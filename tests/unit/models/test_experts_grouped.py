@@ -77,6 +77,31 @@ def test_grouped_mm_reference_by_hand():
     assert torch.equal(weight_grads[0], torch.zeros(3, 1)) and torch.equal(weight_grads[1, :, 0], a.sum(0))
 
 
+def test_the_activation_output_carries_gradients_to_fc1_alone():
+    """_GroupedSwiGLU returns (y, a); with only `a` used (the fc2 LoRA term's input), fc1 and x get gradients through
+    it, equal to autograd through the plain maths, and fc2 gets zeros (an expert no token chose: zeros too)."""
+    from rlhf_mcore.models.experts_grouped import GROUPED_MM, _GroupedSwiGLU, expert_offsets, weighted_swiglu
+
+    gen = torch.Generator().manual_seed(0)
+    counts, hidden, ffn = [2, 0, 3], 4, 5
+    x = torch.randn(5, hidden, generator=gen, requires_grad=True)
+    probs = torch.rand(5, generator=gen)
+    fc1 = [torch.randn(2 * ffn, hidden, generator=gen, requires_grad=True) for _ in counts]
+    fc2 = [torch.randn(hidden, ffn, generator=gen, requires_grad=True) for _ in counts]
+    _, a = _GroupedSwiGLU.apply(x, probs, None, expert_offsets(counts, "cpu"), counts, GROUPED_MM.get("reference"),
+                                len(counts), *fc1, *fc2)
+    (a * torch.arange(a.numel()).view_as(a)).sum().backward()
+    got = [x.grad, *(w.grad for w in fc1)]
+    for t in (x, *fc1):
+        t.grad = None
+    rows = torch.repeat_interleave(torch.arange(len(counts)), torch.tensor(counts))
+    h = torch.stack([x[i] @ fc1[e].t() for i, e in enumerate(rows.tolist())])
+    (weighted_swiglu(h, probs) * torch.arange(a.numel()).view_as(a)).sum().backward()
+    for g, want in zip(got, [x.grad, *(w.grad for w in fc1)]):
+        assert torch.allclose(g, torch.zeros_like(g) if want is None else want, atol=1e-5)  # None: no token
+    assert not got[2].any() and all(not w.grad.any() for w in fc2)
+
+
 def test_auto_picks_sequential_off_gpu_and_explicit_names_win():
     assert expert_impl_for("auto", torch.device("cpu"), torch.bfloat16)[0] == "sequential"
     assert expert_impl_for("auto", torch.device("cpu"), torch.float32)[0] == "sequential"
