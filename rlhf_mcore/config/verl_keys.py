@@ -1,6 +1,6 @@
 """verl's dotted config keys, accepted as aliases of ours: a verl command line or overrides YAML runs as is.
 
-One table, three kinds of entry (`VERL_KEYS`):
+One table, three kinds of entry (`VERL_KEYS`; `verl_entry` defines them, `verl_noops` holds most ignored ones):
   alias     the verl key sets one or more of our keys, the value converted where the meaning differs
             (`enable_gradient_checkpointing=True` -> `model.recompute=full`);
   ignored   the key has no effect here (FSDP offload, vLLM's own TP); accepted with a note that says why;
@@ -12,33 +12,13 @@ docs/verl.md's table is `markdown_table()` (a test keeps the two equal).
 """
 from __future__ import annotations
 
-import dataclasses
-from typing import Any, Callable
+from typing import Any
 
+from rlhf_mcore.config.verl_entry import VerlKey, alias, ignored, rejected
+from rlhf_mcore.config.verl_noops import NOOP_KEYS, ROLLOUT_TP
 from rlhf_mcore.registry import suggest
 
 _ARR = "actor_rollout_ref"
-
-
-@dataclasses.dataclass(frozen=True)
-class VerlKey:
-    ours: tuple[str, ...] = ()  # our keys this one sets (empty: ignored or rejected)
-    convert: Callable[[Any], Any] | None = None  # verl value -> our value (None: as is)
-    note: str = ""  # ignored: why it has no effect; rejected: what to use instead
-    rejected: bool = False
-    only: str | None = None  # ignored keys with one meaningful value: any other value is an error
-
-
-def alias(*ours: str, convert=None, note: str = "") -> VerlKey:
-    return VerlKey(ours=ours, convert=convert, note=note)
-
-
-def ignored(why: str, only: str | None = None) -> VerlKey:
-    return VerlKey(note=why, only=only)
-
-
-def rejected(fix: str) -> VerlKey:
-    return VerlKey(note=fix, rejected=True)
 
 
 def _truthy(value: Any) -> bool:
@@ -171,8 +151,21 @@ _FSDP = ("FSDP options have no effect: megatron shards the model with parallel.t
          "parallel.use_distributed_optimizer")
 _LOGPROB_MB = "log-prob passes use the update's micro-batches (actor.micro_batch_size_per_gpu)"
 _LOGPROB_TOK = "one budget for the old-policy and reference passes: the last one given wins"
-_ROLLOUT_TP = "the native engine decodes in the training layout; SGLang runs inference TP=1 per GPU"
 _WORLD = "the world size comes from torchrun (--nproc_per_node x nodes); parallel.tp/pp split it"
+
+def _minutes(value: Any) -> float:
+    """verl's nccl_timeout (seconds) -> parallel.collective_timeout_min.
+
+    >>> _minutes("1200")
+    20.0
+    """
+    return float(value) / 60.0
+
+
+def _correction_level(value: Any) -> str:
+    """verl's algorithm.rollout_correction.rollout_is (null | token | sequence) -> actor.rollout_correction."""
+    value = str(value).strip()
+    return "none" if value in ("None", "null", "~", "") else value
 
 VERL_KEYS: dict[str, VerlKey] = {
     # model
@@ -244,6 +237,8 @@ VERL_KEYS: dict[str, VerlKey] = {
     f"{_ARR}.actor.megatron.router_replay.mode": alias("actor.router_replay"),
     f"{_ARR}.actor.fsdp_config.": ignored(_FSDP),
     f"{_ARR}.actor.strategy": ignored("the strategy is megatron-core, always"),
+    f"{_ARR}.nccl_timeout": alias("parallel.collective_timeout_min", convert=_minutes,
+                                  note="seconds in verl, minutes here"),
     # rollout
     f"{_ARR}.rollout.name": alias("rollout.engine", convert=_engine,
                                   note="vllm is not embedded: vllm/hf decode with the native engine"),
@@ -258,7 +253,7 @@ VERL_KEYS: dict[str, VerlKey] = {
     f"{_ARR}.rollout.val_kwargs.top_p": alias("rollout.val_top_p"),
     f"{_ARR}.rollout.val_kwargs.top_k": alias("rollout.val_top_k"),
     f"{_ARR}.rollout.val_kwargs.do_sample": alias("rollout.val_do_sample"),
-    f"{_ARR}.rollout.tensor_model_parallel_size": ignored(_ROLLOUT_TP),
+    f"{_ARR}.rollout.tensor_model_parallel_size": ignored(ROLLOUT_TP),
     f"{_ARR}.rollout.log_prob_micro_batch_size_per_gpu": ignored(_LOGPROB_MB),
     f"{_ARR}.rollout.log_prob_micro_batch_size": ignored(_LOGPROB_MB),
     f"{_ARR}.rollout.log_prob_use_dynamic_bsz": ignored(_LOGPROB_MB),
@@ -297,6 +292,8 @@ VERL_KEYS: dict[str, VerlKey] = {
     "data.max_response_length": alias("rollout.max_response_length"),
     "data.truncation": ignored("prompts longer than data.max_prompt_length are filtered "
                                "(data.filter_overlong_prompts) or rejected, never cut"),
+    "data.image_key": ignored("images are read from verl's 'images' column; rename another column to it",
+                              only="images"),
     "data.prompt_key": ignored("prompts are read from verl's 'prompt' column; rename another column to it",
                                only="prompt"),
     "data.return_raw_chat": ignored("prompts are chat-templated by the tokenizer"),
@@ -314,6 +311,7 @@ VERL_KEYS: dict[str, VerlKey] = {
     "critic.ppo_max_token_len_per_gpu": alias("critic.max_tokens_per_gpu"),
     "critic.grad_clip": alias("critic.optim.grad_clip"),
     "critic.optim.clip_grad": alias("critic.optim.grad_clip"),
+    "critic.optim.lr_warmup_steps_ratio": rejected("set critic.optim.lr_warmup_steps (a step count)"),
     "critic.strategy": ignored("the strategy is megatron-core, always"),
     # algorithm
     "algorithm.kl_ctrl.kl_coef": alias("algorithm.kl_coef"),
@@ -321,8 +319,21 @@ VERL_KEYS: dict[str, VerlKey] = {
     "algorithm.kl_ctrl.target_kl": alias("algorithm.target_kl"),
     "algorithm.kl_ctrl.horizon": alias("algorithm.kl_horizon"),
     "algorithm.norm_adv_by_std_in_grpo": alias("algorithm.norm_adv_by_std"),
+    # verl's rollout correction (TIS): truncated importance weights pi_old / pi_rollout (algorithms/mismatch.py)
+    "algorithm.rollout_correction.rollout_is": alias("actor.rollout_correction", convert=_correction_level),
+    "algorithm.rollout_correction.rollout_is_threshold": alias("actor.rollout_correction_threshold"),
+    "algorithm.rollout_correction.rollout_is_batch_normalize": ignored("the weights are not renormalised",
+                                                                       only="False"),
+    "algorithm.rollout_correction.rollout_rs": ignored(
+        "verl's rejection modes are not ours: actor.rollout_correction_mode=mask zeroes the weights outside the "
+        "threshold (MIS)", only="None"),
+    "algorithm.rollout_correction.bypass_mode": ignored(
+        "set actor.policy_loss=bypass_mode (the rollout's log-probs as pi_old)", only="False"),
     # reward
     "reward_model.enable": ignored("a reward model runs when reward.model_path is set"),
+    "reward_model.num_workers": alias("reward.num_workers"),
+    "reward.custom_reward_function.path": alias("reward.custom_fn", note="verl 0.9's place of custom_reward_function"),
+    "reward.custom_reward_function.name": alias("reward.custom_fn", note="verl 0.9's place of custom_reward_function"),
     "reward_model.model.path": alias("reward.model_path"),
     "custom_reward_function.path": alias("reward.custom_fn", note="with custom_reward_function.name, or verl's "
                                          "default name compute_score"),
@@ -361,6 +372,7 @@ VERL_KEYS: dict[str, VerlKey] = {
         "the old log-probs are recomputed at the current weights whenever a token is stale (decoupled PPO)"),
     "async_training.use_rollout_log_probs": alias(
         "actor.old_log_prob", convert=lambda v: "rollout" if _truthy(v) else "recompute"),
+    **NOOP_KEYS,
 }
 
 
@@ -377,7 +389,8 @@ def is_verl_key(dotted: str, our_keys) -> bool:
     return dotted not in our_keys and (dotted.startswith(f"{_ARR}.") or lookup(dotted) is not None)
 
 
-CUSTOM_REWARD = {"custom_reward_function.path": 0, "custom_reward_function.name": 1}  # part of path:name
+CUSTOM_REWARD = {"custom_reward_function.path": 0, "custom_reward_function.name": 1,  # part of path:name
+                 "reward.custom_reward_function.path": 0, "reward.custom_reward_function.name": 1}  # verl 0.9's
 
 
 def custom_reward_fn(current: str, dotted: str, value: Any) -> str:
