@@ -230,6 +230,8 @@ VERL_KEYS: dict[str, VerlKey] = {
     f"{_ARR}.actor.policy_loss.loss_mode": alias("actor.policy_loss"),
     f"{_ARR}.actor.policy_loss.ppo_kl_coef": alias("actor.kl_cov_coef"),
     f"{_ARR}.actor.policy_loss.kl_cov_ratio": alias("actor.kl_cov_ratio"),
+    f"{_ARR}.actor.tau_pos": alias("actor.tau_pos"),
+    f"{_ARR}.actor.tau_neg": alias("actor.tau_neg"),
     **megatron_keys(f"{_ARR}.actor.megatron", "actor", "model.load"),
     **megatron_keys(f"{_ARR}.ref.megatron", "reference", "ref.load"),
     **megatron_keys("critic.megatron", "critic", "critic.load"),
