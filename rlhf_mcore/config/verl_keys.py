@@ -15,7 +15,7 @@ from __future__ import annotations
 from typing import Any
 
 from rlhf_mcore.config.verl_entry import VerlKey, alias, ignored, rejected
-from rlhf_mcore.config.verl_noops import NOOP_KEYS, ROLLOUT_TP
+from rlhf_mcore.config.verl_noops import LOGPROB_MB, NOOP_KEYS, ROLLOUT_TP
 from rlhf_mcore.registry import suggest
 
 _ARR = "actor_rollout_ref"
@@ -149,8 +149,8 @@ def _resume_mode(value: Any) -> str:
 
 _FSDP = ("FSDP options have no effect: megatron shards the model with parallel.tp/pp and "
          "parallel.use_distributed_optimizer")
-_LOGPROB_MB = "log-prob passes use the update's micro-batches (actor.micro_batch_size_per_gpu)"
 _LOGPROB_TOK = "one budget for the old-policy and reference passes: the last one given wins"
+_FORWARD_TOK = "one budget for every forward-only pass (log-probs, values, reward model): the last one given wins"
 _WORLD = "the world size comes from torchrun (--nproc_per_node x nodes); parallel.tp/pp split it"
 
 def _minutes(value: Any) -> float:
@@ -256,18 +256,14 @@ VERL_KEYS: dict[str, VerlKey] = {
     f"{_ARR}.rollout.val_kwargs.top_k": alias("rollout.val_top_k"),
     f"{_ARR}.rollout.val_kwargs.do_sample": alias("rollout.val_do_sample"),
     f"{_ARR}.rollout.tensor_model_parallel_size": ignored(ROLLOUT_TP),
-    f"{_ARR}.rollout.log_prob_micro_batch_size_per_gpu": ignored(_LOGPROB_MB),
-    f"{_ARR}.rollout.log_prob_micro_batch_size": ignored(_LOGPROB_MB),
-    f"{_ARR}.rollout.log_prob_use_dynamic_bsz": ignored(_LOGPROB_MB),
+    f"{_ARR}.rollout.log_prob_micro_batch_size_per_gpu": ignored(LOGPROB_MB),
+    f"{_ARR}.rollout.log_prob_micro_batch_size": ignored(LOGPROB_MB),
+    f"{_ARR}.rollout.log_prob_use_dynamic_bsz": ignored(LOGPROB_MB),
     f"{_ARR}.rollout.engine_kwargs.": ignored("vLLM / SGLang server arguments: the embedded SGLang engine takes "
                                               "rollout.sglang.*, the native engine none"),
     f"{_ARR}.rollout.log_prob_max_token_len_per_gpu": alias("actor.log_prob_max_tokens_per_gpu", note=_LOGPROB_TOK),
     f"{_ARR}.hybrid_engine": ignored("actor, reference and rollout always share the ranks here (one SPMD program)",
                                      only="True"),
-    f"{_ARR}.rollout.enforce_eager": ignored("the native engine graphs decode per rollout.native.cuda_graphs"),
-    f"{_ARR}.rollout.free_cache_engine": ignored("engine memory is always released during training"),
-    f"{_ARR}.rollout.enable_chunked_prefill": ignored("vLLM option"),
-    f"{_ARR}.rollout.max_num_batched_tokens": ignored("vLLM option"),
     f"{_ARR}.rollout.max_num_seqs": alias("async_training.max_num_seqs", note=(
         "samples decoded at once by partial rollouts' continuous batching; a synchronous step decodes its rows "
         "together (rollout.micro_batch_size bounds them)")),
@@ -285,10 +281,10 @@ VERL_KEYS: dict[str, VerlKey] = {
     f"{_ARR}.rollout.multi_turn.interaction_config_path": rejected(
         "simulated users (interactions) are not supported; rows keep extra_info.interaction_kwargs for rewards"),
     # reference
-    f"{_ARR}.ref.log_prob_micro_batch_size_per_gpu": ignored(_LOGPROB_MB),
-    f"{_ARR}.ref.log_prob_micro_batch_size": ignored(_LOGPROB_MB),
+    f"{_ARR}.ref.log_prob_micro_batch_size_per_gpu": ignored(LOGPROB_MB),
+    f"{_ARR}.ref.log_prob_micro_batch_size": ignored(LOGPROB_MB),
     f"{_ARR}.ref.log_prob_max_token_len_per_gpu": alias("actor.log_prob_max_tokens_per_gpu", note=_LOGPROB_TOK),
-    f"{_ARR}.ref.log_prob_use_dynamic_bsz": ignored(_LOGPROB_MB),
+    f"{_ARR}.ref.log_prob_use_dynamic_bsz": ignored(LOGPROB_MB),
     f"{_ARR}.ref.fsdp_config.": ignored(_FSDP),
     # data
     "data.max_response_length": alias("rollout.max_response_length"),
@@ -313,6 +309,8 @@ VERL_KEYS: dict[str, VerlKey] = {
     "critic.ppo_max_token_len_per_gpu": alias("critic.max_tokens_per_gpu"),
     "critic.grad_clip": alias("critic.optim.grad_clip"),
     "critic.optim.clip_grad": alias("critic.optim.grad_clip"),
+    "critic.forward_max_token_len_per_gpu": alias("actor.log_prob_max_tokens_per_gpu", note=_FORWARD_TOK),
+    "reward_model.forward_max_token_len_per_gpu": alias("actor.log_prob_max_tokens_per_gpu", note=_FORWARD_TOK),
     "critic.optim.lr_warmup_steps_ratio": rejected("set critic.optim.lr_warmup_steps (a step count)"),
     "critic.strategy": ignored("the strategy is megatron-core, always"),
     # algorithm
@@ -364,8 +362,6 @@ VERL_KEYS: dict[str, VerlKey] = {
     "trainer.resume_from_path": alias("trainer.resume"),
     "trainer.max_actor_ckpt_to_keep": alias("trainer.max_checkpoints_to_keep"),
     "trainer.balance_batch": ignored("with data.use_sequence_packing, rows are balanced across DP ranks by tokens"),
-    "trainer.log_val_generations": ignored("validation logs its scores, not its generations"),
-    "trainer.device": ignored("the device is CUDA when present, else CPU"),
     # the fully-async recipe's keys (ours: async_training.partial_rollout, .staleness_threshold, .round_tokens)
     "async_training.trigger_parameter_sync_step": ignored(
         "the rollout runs on the training ranks: the weights it uses refresh after every step"),

@@ -6,6 +6,7 @@ from rlhf_mcore.config.verl_entry import VerlKey, ignored, rejected
 
 _ARR = "actor_rollout_ref"
 ROLLOUT_TP = "the native engine decodes in the training layout; SGLang runs inference TP=1 per GPU"
+LOGPROB_MB = "forward-only passes use the update's micro-batches (actor.micro_batch_size_per_gpu)"
 _ULYSSES = ("Ulysses sequence parallelism is FSDP's; here parallel.tp with parallel.sequence_parallel=true splits "
             "long sequences")
 _COMPILE = "verl compiles its entropy and log-prob functions; ours are fused kernels chosen by device"
@@ -59,6 +60,16 @@ NOOP_KEYS: dict[str, VerlKey] = {
     "global_profiler.": ignored(_PROFILER),
     "reward_model.model.": ignored("FSDP options of the reward model have no effect: it runs on the training "
                                    "layout (reward.model_path)"),
+    f"{_ARR}.rollout.enforce_eager": ignored("the native engine graphs decode per rollout.native.cuda_graphs"),
+    f"{_ARR}.rollout.free_cache_engine": ignored("engine memory is always released during training"),
+    f"{_ARR}.rollout.enable_chunked_prefill": ignored("vLLM option"),
+    f"{_ARR}.rollout.max_num_batched_tokens": ignored("vLLM option"),
+    "trainer.log_val_generations": ignored("validation logs its scores, not its generations"),
+    "trainer.device": ignored("the device is CUDA when present, else CPU"),
+    "critic.forward_micro_batch_size_per_gpu": ignored(LOGPROB_MB),
+    "critic.forward_micro_batch_size": ignored(LOGPROB_MB),
+    "reward_model.micro_batch_size_per_gpu": ignored(LOGPROB_MB),
+    "reward_model.micro_batch_size": ignored(LOGPROB_MB),
     "reward_model.use_reward_loop": ignored("rewards run in reward workers (reward.num_workers) during the step"),
     "reward_model.rollout.": rejected(
         "a generative reward model served by its own engine is not supported; score with reward.custom_fn (it may "

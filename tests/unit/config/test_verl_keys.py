@@ -450,6 +450,7 @@ def test_verls_qwen3_vl_30b_megatron_script_is_understood_and_its_layout_refused
 # Keys of verl's example and recipe scripts (examples/, recipe/ at volcengine/verl b178a3c, used by 2 to 19 scripts
 # each) that were "unknown verl key" errors before 2026-12-06, with the values the scripts pass.
 SCRIPT_KEYS = {
+    "critic.forward_max_token_len_per_gpu": "8192", "reward_model.micro_batch_size_per_gpu": "32",
     "actor_rollout_ref.actor.ulysses_sequence_parallel_size": "1",
     "actor_rollout_ref.ref.ulysses_sequence_parallel_size": "1", "critic.ulysses_sequence_parallel_size": "1",
     "actor_rollout_ref.actor.use_torch_compile": "False", "actor_rollout_ref.ref.use_torch_compile": "False",
@@ -474,7 +475,7 @@ def test_verls_common_script_keys_load_and_land_on_ours(verl_model_dir):
     assert all(any(n.startswith(f"verl key {k}") for n in notes) for k in SCRIPT_KEYS), notes
     assert cfg.parallel.collective_timeout_min == 20.0  # 1200 s
     assert (cfg.actor.rollout_correction, cfg.actor.rollout_correction_threshold) == ("token", 2.0)
-    assert cfg.reward.num_workers == 8
+    assert cfg.reward.num_workers == 8 and cfg.actor.log_prob_max_tokens_per_gpu == 8192  # the last budget given
 
 
 def test_verl_keys_with_no_counterpart_here_say_what_to_use():
