@@ -95,7 +95,7 @@ def test_every_result_of_every_kind_fits_a_small_budget():
     from rlhf_mcore.rollout.modes.multi_turn import run_calls
 
     def slow(arguments, context):
-        time.sleep(2)
+        time.sleep(3)
         return "late"
 
     tools = {"slow": Tool("slow", "d", {"type": "object", "properties": {}}, slow, sandboxed=False),
@@ -103,7 +103,9 @@ def test_every_result_of_every_kind_fits_a_small_budget():
     calls = [ParseError("the <tool_call> block is not valid JSON " * 3), ToolCall("search" * 20, {}),
              ToolCall("python", {"code": 3}), ToolCall("calculator", {"expression": "x" * 80}), ToolCall("slow", {}),
              ToolCall("python", {"code": "import os\nos._exit(1)"}), ToolCall("python", {"code": "print('y' * 1000)"})]
-    with ToolExecutor(tools, timeout_s=0.5, max_output_chars=40, memory_mb=512, workers=4) as ex:
+    with ToolExecutor(tools, timeout_s=2.0, max_output_chars=40, memory_mb=512, workers=4) as ex:
+        # 2 s: the python sandbox that crashes must start and exit within it on a loaded 2-core machine (it read
+        # "timeout" at 0.5 s in a CI run); "slow" sleeps past it
         results = ex.run(calls)
         env = SimpleNamespace(executor=ex, options=SimpleNamespace(max_tool_response_chars=40))
         per_row = run_calls(env, {0: [ToolCall("calculator", {"expression": "1+1"})] * 3}, 1, {})
