@@ -425,6 +425,7 @@ parallel.tp/pp split it'
     if entry.rejected:
         return [], None, f"{dotted}: not supported here (got {value!r}). Instead, {entry.note}."
     given = "None" if str(value).strip() in ("null", "None", "~") else str(value).strip()  # YAML's and Hydra's null
+    given = {"true": "True", "false": "False"}.get(given.lower(), given)  # Hydra's booleans, any case
     if entry.only is not None and given != entry.only:
         return [], None, f"{dotted}: only {entry.only} is supported here (got {value!r}): {entry.note}. Drop the key."
     if not entry.ours:
